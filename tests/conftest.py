@@ -1,0 +1,39 @@
+"""Shared fixtures: every rule test runs through each front end and the real tract runtime."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchlower
+from torchlower.api import FRONTENDS, ExportReport
+
+
+@pytest.fixture(params=FRONTENDS)
+def frontend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def export_and_check(
+    model: torch.nn.Module,
+    args: torch.Tensor | Sequence[torch.Tensor],
+    tmp_path: Path,
+    frontend: str = "jit",
+    tolerance: float | None = None,
+) -> ExportReport:
+    """Export, run in tract, and assert that every output matches PyTorch."""
+    report = torchlower.export(
+        model.eval(), args, tmp_path / "model.nnef.tgz", frontend=frontend, tolerance=tolerance
+    )
+    assert report.errors, "the export was not checked"
+    for err in report.errors:
+        assert err.ok, f"{err.name}: max |torch - tract| = {err.max_abs}"
+    return report

@@ -1,0 +1,35 @@
+"""torchlower: lower PyTorch modules into portable, verified inference artifacts.
+
+Heavy modules (torch, the front ends) load on first use, so ``import torchlower`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["ExportReport", "errors", "export", "register_function_rule", "register_module_rule"]
+
+if TYPE_CHECKING:
+    from torchlower.api import ExportReport, export
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("export", "ExportReport"):
+        from torchlower import api
+
+        return getattr(api, name)
+    if name == "register_function_rule":
+        from torchlower.rules import NNEF_RULES
+
+        return NNEF_RULES.function
+    if name == "register_module_rule":
+        from torchlower.rules import NNEF_RULES
+
+        return NNEF_RULES.module
+    if name in ("errors", "jit", "fx", "lattice", "nnef", "rules"):
+        import importlib
+
+        return importlib.import_module(f"torchlower.{name}")
+    raise AttributeError(f"module 'torchlower' has no attribute {name!r}")

@@ -1,0 +1,218 @@
+"""``torchlower.export``: model → verified artifact, the one call most users need."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from torchlower.errors import CheckError, InvalidArgumentError, TorchlowerError
+from torchlower.frontends.session import MISSING, Session
+from torchlower.nnef import archive
+from torchlower.nnef.builder import NNEFBuilder
+from torchlower.nnef.tract import OutputError, compare, run_in_tract
+from torchlower.values import Value
+
+log = logging.getLogger("torchlower")
+
+FRONTENDS = ("jit",)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str
+
+
+@dataclass
+class ExportReport:
+    """What was written and how well it matches PyTorch."""
+
+    path: Path
+    frontend: str
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    op_histogram: Counter[str]
+    weight_bytes: int
+    errors: list[OutputError] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def checked(self) -> bool:
+        return bool(self.errors)
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((e.max_abs for e in self.errors), default=0.0)
+
+
+def export(
+    model: nn.Module,
+    args: torch.Tensor | Sequence[torch.Tensor],
+    path: str | os.PathLike[str],
+    *,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    frontend: str = "jit",
+    check: bool = True,
+    tolerance: float | None = None,
+) -> ExportReport:
+    """Export ``model`` called on ``args`` to an NNEF artifact at ``path`` and verify it in tract.
+
+    The user's model is never modified: lowering reads parameters, it never replaces them.
+    """
+    if not isinstance(model, nn.Module):
+        raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    example = _as_tuple(args)
+    if frontend not in FRONTENDS:
+        raise InvalidArgumentError(f"frontend must be one of {FRONTENDS}, got {frontend!r}")
+    target = Path(path)
+    archive.archive_kind(target)  # reject unknown suffixes before any work
+    names_in = _input_names(model, example, input_names)
+
+    module = _eval_view(model)
+    with torch.no_grad():
+        expected = _flatten_outputs(module(*example))
+    names_out = _output_names(expected, output_names)
+
+    builder = NNEFBuilder()
+    builder.reserve(names_in + names_out)
+    inputs = [builder.add_input(n, t.dtype, tuple(t.shape)) for n, t in zip(names_in, example, strict=True)]
+    session = Session(builder, frontend)
+    outputs = _lower(frontend, builder, module, example, inputs, session)
+    session.finish()
+    if len(outputs) != len(expected) or any(o is MISSING for o in outputs):
+        raise InvalidArgumentError(f"the graph has {len(outputs)} outputs, the model returns {len(expected)}")
+    builder.set_outputs(names_out, [_as_value(o) for o in outputs])
+    weights = builder.live_weights()
+    final = archive.write(target, builder.graph_text(), weights)
+    report = ExportReport(
+        path=final,
+        frontend=frontend,
+        inputs=[
+            TensorInfo(n, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+            for n, t in zip(names_in, example, strict=True)
+        ],
+        outputs=[
+            TensorInfo(n, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+            for n, t in zip(names_out, expected, strict=True)
+        ],
+        op_histogram=builder.op_histogram(),
+        weight_bytes=sum(t.numel() * t.element_size() for t in weights.values()),
+    )
+    if check:
+        report.errors = verify(final, example, expected, names_out, tolerance)
+    return report
+
+
+def verify(
+    artifact: Path,
+    example: Sequence[torch.Tensor],
+    expected: Sequence[torch.Tensor],
+    names: Sequence[str],
+    tolerance: float | None = None,
+) -> list[OutputError]:
+    """Run ``artifact`` in tract and compare with ``expected``; raise ``CheckError`` on mismatch."""
+    actual = run_in_tract(artifact, [t.detach().numpy() for t in example])
+    want = [t.detach().numpy() for t in expected]
+    tol = tolerance if tolerance is not None else default_tolerance(want)
+    errors = compare(names, want, actual, tol)
+    for e in errors:
+        log.info("output %s: max |torch - tract| = %.3g (rel %.3g)", e.name, e.max_abs, e.max_rel)
+    bad = [e for e in errors if not e.ok]
+    if bad:
+        detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
+        raise CheckError(f"{artifact}: tract disagrees with PyTorch — {detail}", errors)
+    return errors
+
+
+def default_tolerance(expected: Sequence[np.ndarray]) -> float:
+    """1e-4 relative to the largest magnitude (at least absolute 1e-4) for float outputs."""
+    scale = max((float(np.abs(e).max()) for e in expected if e.size and e.dtype.kind == "f"), default=1.0)
+    return 1e-4 * max(1.0, scale)
+
+
+def _lower(
+    frontend: str,
+    builder: NNEFBuilder,
+    module: nn.Module,
+    example: tuple[torch.Tensor, ...],
+    inputs: list[Value],
+    session: Session,
+) -> list[Any]:
+    from torchlower.frontends.jit import ModuleTracer, lower_jit
+
+    return lower_jit(builder, ModuleTracer(module, args=example), inputs, session)
+
+
+def _eval_view(model: nn.Module) -> nn.Module:
+    """The model in eval mode without touching the caller's: a shallow copy when training."""
+    if not any(m.training for m in model.modules()):
+        return model
+    log.warning("%s is in training mode; exporting an eval-mode copy", type(model).__name__)
+    view = copy.deepcopy(model)
+    return view.eval()
+
+
+def _as_tuple(args: Any) -> tuple[torch.Tensor, ...]:
+    items = (
+        (args,)
+        if isinstance(args, torch.Tensor)
+        else tuple(args)
+        if isinstance(args, (tuple, list))
+        else None
+    )
+    if items is None or not items or not all(isinstance(a, torch.Tensor) for a in items):
+        raise InvalidArgumentError(
+            f"args must be a tensor or a non-empty tuple of tensors, got {type(args).__name__}"
+        )
+    return items
+
+
+def _input_names(model: nn.Module, example: Sequence[torch.Tensor], names: Sequence[str] | None) -> list[str]:
+    if names is not None:
+        if len(names) != len(example):
+            raise InvalidArgumentError(f"{len(names)} input names for {len(example)} inputs")
+        return list(names)
+    try:
+        params = list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        params = []
+    if len(params) >= len(example) and all(p.isidentifier() for p in params[: len(example)]):
+        return params[: len(example)]
+    return [f"input_{i}" for i in range(len(example))]
+
+
+def _output_names(expected: Sequence[torch.Tensor], names: Sequence[str] | None) -> list[str]:
+    if names is not None:
+        if len(names) != len(expected):
+            raise InvalidArgumentError(f"{len(names)} output names for {len(expected)} outputs")
+        return list(names)
+    return [f"output_{i}" for i in range(len(expected))] if len(expected) > 1 else ["output"]
+
+
+def _flatten_outputs(out: Any) -> list[torch.Tensor]:
+    leaves, _ = torch.utils._pytree.tree_flatten(out)
+    bad = [type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)]
+    if bad:
+        raise InvalidArgumentError(f"model outputs must be tensors; found {', '.join(sorted(set(bad)))}")
+    return leaves
+
+
+def _as_value(out: Any) -> Value:
+    if isinstance(out, Value):
+        return out
+    if isinstance(out, (int, float, bool)):
+        return Value("const", const=torch.tensor(out))
+    raise TorchlowerError(f"an output lowered to {type(out).__name__}, not a tensor")

@@ -1,0 +1,62 @@
+"""One exception hierarchy: every failure a user can meet is a ``TorchlowerError``.
+
+Messages name the culprit (op, module path, argument, file) and what was expected, so a
+user can act without reading a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class TorchlowerError(Exception):
+    """Base class of every error torchlower raises on purpose."""
+
+
+class InvalidArgumentError(TorchlowerError, ValueError):
+    """A call to the public API got an argument it cannot use."""
+
+
+class TraceError(TorchlowerError):
+    """A front end could not capture the model's graph (tracing / export failed)."""
+
+
+class LoweringError(TorchlowerError):
+    """A rule exists but cannot honour the arguments it was given."""
+
+
+@dataclass(frozen=True)
+class UnsupportedOp:
+    """One operator without a rule: how often it appears and where it is first used."""
+
+    op: str
+    count: int
+    first_use: str
+
+
+class UnsupportedOpsError(TorchlowerError):
+    """The model uses operators without a lowering rule; lists all of them at once."""
+
+    def __init__(self, ops: Sequence[UnsupportedOp], frontend: str = "") -> None:
+        self.ops = list(ops)
+        self.frontend = frontend
+        lines = [f"  - {o.op} ×{o.count} (first used at {o.first_use or '<top level>'})" for o in self.ops]
+        where = f" ({frontend} front end)" if frontend else ""
+        super().__init__(
+            f"{len(self.ops)} unsupported op(s){where}; every one needs a lowering rule:\n"
+            + "\n".join(lines)
+            + "\nRegister one with torchlower.register_function_rule / register_module_rule."
+        )
+
+
+class CheckError(TorchlowerError):
+    """The artifact ran but its outputs differ from PyTorch beyond tolerance, or it failed to run."""
+
+    def __init__(self, message: str, errors: Sequence[object] = ()) -> None:
+        self.errors = list(errors)
+        super().__init__(message)
+
+
+class ArtifactError(TorchlowerError):
+    """An artifact (archive, .dat, graph text, lattice folder) is malformed or unsafe."""

@@ -1,0 +1,231 @@
+"""The TorchScript front end: ``torch.jit.trace`` a module and walk its inlined graph.
+
+``prim::`` structure (constants, lists, tuples, attribute reads) is resolved here in Python;
+every ``aten::`` node becomes one rule call through the shared session.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlower.errors import InvalidArgumentError, TraceError
+from torchlower.frontends.session import MISSING, Meta, Session
+from torchlower.values import Value, constant
+
+_SCALAR_TYPES = {
+    "Float": torch.float32, "Double": torch.float64, "Half": torch.float16,
+    "BFloat16": torch.bfloat16, "Long": torch.int64, "Int": torch.int32, "Short": torch.int16,
+    "Char": torch.int8, "Byte": torch.uint8, "Bool": torch.bool,
+}  # fmt: skip
+# ScalarType enum values, as traced graphs store dtype arguments
+_DTYPE_OF_CODE = {
+    0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
+    5: torch.float16, 6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16,
+}  # fmt: skip
+
+
+def _is_quantized_input_module(module: nn.Module) -> bool:
+    """True when the first compute layer is a quantized conv/linear (expects quantized input)."""
+    for sub in module.modules():
+        kind = type(sub).__module__
+        if kind.startswith("torch.ao.nn.quantized") and type(sub).__name__ in {
+            "Conv1d", "Conv2d", "Conv3d", "Linear", "ConvTranspose1d", "ConvTranspose2d",
+        }:  # fmt: skip
+            return True
+        if isinstance(sub, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
+            return False
+    return False
+
+
+def maybe_quantize_args(module: nn.Module, args: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+    """Quantize float tensor args when ``module`` expects quantized input.
+
+    Only to make tracing work: the scale (1.0) and zero point (0) are dummies and the
+    quantized values are not representative of real data.
+    """
+    if args is None or not _is_quantized_input_module(module):
+        return args
+    return tuple(
+        torch.quantize_per_tensor(a, 1.0, 0, torch.quint8)
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and not a.is_quantized
+        else a
+        for a in args
+    )
+
+
+class ModuleTracer:
+    """Trace ``module`` with ``torch.jit.trace`` (lazily, once) and expose its graph."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        traced_module: torch.jit.TracedModule | None = None,
+        fn_name: str = "forward",
+        args: tuple[Any, ...] | None = None,
+    ) -> None:
+        self.mod = module  # kept to route whole-module rules by the original class
+        self._traced_module = traced_module
+        self.fn_name = fn_name
+        self.args = maybe_quantize_args(module, args)
+
+    @property
+    def traced_module(self) -> torch.jit.TracedModule:
+        if self._traced_module is None:
+            try:
+                self._traced_module = _trace(self.mod, self.fn_name, self.args)
+            except RuntimeError as exc:
+                raise TraceError(
+                    f"torch.jit.trace failed on {type(self.mod).__qualname__}.{self.fn_name}: "
+                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+                ) from exc
+        return self._traced_module
+
+    @property
+    def torch_graph(self) -> torch.Graph:
+        if self.fn_name == "forward":
+            return self.traced_module.graph
+        return getattr(self.traced_module, self.fn_name).graph
+
+
+def _trace(module: nn.Module, fn_name: str, args: tuple[Any, ...] | None) -> Any:
+    inputs = () if args is None else args
+    options: dict[str, Any] = {"check_trace": False}
+    if "strict" in torch.jit.trace.__code__.co_varnames:
+        options["strict"] = False
+    if fn_name == "forward":
+        return torch.jit.trace(module, inputs, **options)
+    return torch.jit.trace_module(module, {fn_name: inputs}, **options)
+
+
+@dataclass
+class _ModuleRef:
+    path: str
+    module: Any
+
+
+def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], session: Session) -> list[Any]:
+    """Walk the inlined graph, lowering every node; returns the flattened outputs."""
+    graph = tracer.torch_graph.copy()
+    torch._C._jit_pass_inline(graph)
+    graph_inputs = list(graph.inputs())
+    env: dict[Any, Any] = {graph_inputs[0]: _ModuleRef("", tracer.mod)}
+    tensor_inputs = graph_inputs[1:]
+    if len(tensor_inputs) != len(inputs):
+        raise InvalidArgumentError(
+            f"the traced graph takes {len(tensor_inputs)} tensor inputs, {len(inputs)} were given"
+        )
+    env.update(zip(tensor_inputs, inputs, strict=True))
+    for node in graph.nodes():
+        outputs = list(node.outputs())
+        results = _lower_node(node, [env[i] for i in node.inputs()], session)
+        if len(outputs) == 1:
+            env[outputs[0]] = results
+        else:
+            if results is MISSING:
+                results = [MISSING] * len(outputs)
+            env.update(zip(outputs, results, strict=True))
+    returned = [env[v] for v in graph.return_node().inputs()]
+    return _flatten(returned[0] if len(returned) == 1 else returned)
+
+
+def _lower_node(node: torch._C.Node, args: list[Any], session: Session) -> Any:
+    kind = node.kind()
+    where = _scope(node)
+    if kind == "prim::Constant":
+        value = node.output().toIValue()
+        return constant(value, name="const") if isinstance(value, torch.Tensor) else value
+    if kind == "prim::GetAttr":
+        return _get_attr(args[0], node.s("name"))
+    if kind == "prim::ListConstruct":
+        return list(args)
+    if kind == "prim::TupleConstruct":
+        return tuple(args)
+    if kind in ("prim::ListUnpack", "prim::TupleUnpack"):
+        return list(args[0]) if args[0] is not MISSING else MISSING
+    if kind == "prim::TupleIndex":
+        return args[0][args[1]]
+    if kind == "prim::NumToTensor":
+        return constant(torch.tensor(args[0])) if isinstance(args[0], (int, float, bool)) else args[0]
+    if kind in ("aten::Int", "aten::Float", "aten::ScalarImplicit", "aten::Bool"):
+        x = args[0]
+        if isinstance(x, Value) and x.is_const:
+            return x.const.item()
+        return x
+    if kind.startswith("prim::") and kind not in ("prim::device", "prim::dtype"):
+        session.record_missing(kind, where)
+        return MISSING
+    schema = node.schema() if kind.startswith("aten::") else ""
+    key = schema.split("(", 1)[0] if schema and schema != "(no schema)" else kind
+    args = _normalize_args(schema, args)
+    metas = [_meta(o) for o in node.outputs()]
+    fold = getattr(torch.ops.aten, kind.split("::", 1)[1], None) if kind.startswith("aten::") else None
+    return session.apply(key, args, where, metas, fold)
+
+
+def _get_attr(owner: Any, name: str) -> Any:
+    if not isinstance(owner, _ModuleRef):
+        raise TraceError(f"attribute {name!r} read from a non-module value {owner!r}")
+    item = getattr(owner.module, name)
+    path = f"{owner.path}.{name}" if owner.path else name
+    if isinstance(item, torch.Tensor):
+        return constant(item, label=path)
+    if isinstance(item, nn.Module):
+        return _ModuleRef(path, item)
+    return item
+
+
+def _meta(output: torch._C.Value) -> Meta:
+    ty = output.type()
+    if not isinstance(ty, torch._C.TensorType):
+        return (None, None)
+    sizes = ty.sizes()
+    return _SCALAR_TYPES.get(ty.scalarType() or ""), tuple(sizes) if sizes is not None else None
+
+
+_ARG_TYPE = re.compile(r"^\s*([A-Za-z]+)")
+
+
+def _normalize_args(schema: str, args: list[Any]) -> list[Any]:
+    """Turn ScalarType ints into torch dtypes, using the node's schema."""
+    if not schema or "ScalarType" not in schema:
+        return args
+    params = schema.split("(", 1)[1].rsplit(") ->", 1)[0]
+    types = [m.group(1) if (m := _ARG_TYPE.match(p)) else "" for p in _split_params(params)]
+    return [
+        _DTYPE_OF_CODE.get(a, a) if t == "ScalarType" and isinstance(a, int) else a
+        for t, a in zip(types, args, strict=False)
+    ]
+
+
+def _split_params(params: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in params:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return [p for p in (p.strip() for p in parts) if p and p != "*"]
+
+
+def _scope(node: torch._C.Node) -> str:
+    """``__module.features/__module.features.0`` → ``features.0``."""
+    scope = node.scopeName().split("/")[-1]
+    return scope.removeprefix("__module.").removeprefix("__module")
+
+
+def _flatten(item: Any) -> list[Any]:
+    if isinstance(item, (list, tuple)):
+        return [leaf for sub in item for leaf in _flatten(sub)]
+    return [item]

@@ -1,0 +1,158 @@
+"""What every front end shares: applying rules, folding constants, collecting what is missing.
+
+A front end translates its graph into ``session.apply(key, args, where, meta)`` calls. The
+session looks the rule up, folds calls whose inputs are all constants (so shapes, ``arange``
+of static sizes and scalar math leave no ops behind), records unsupported ops without
+stopping, and stamps results with the dtype/shape the front end observed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from torchlower.errors import LoweringError, TorchlowerError, UnsupportedOp, UnsupportedOpsError
+from torchlower.rules.registry import describe, normalize_key
+from torchlower.values import Shape, Value, constant
+
+Meta = tuple[torch.dtype | None, Shape | None]
+
+# ops whose result is not a function of their inputs: never fold them
+_NOT_FOLDABLE = {
+    "rand",
+    "randn",
+    "randint",
+    "rand_like",
+    "randn_like",
+    "bernoulli",
+    "normal",
+    "dropout",
+    "feature_dropout",
+    "alpha_dropout",
+    "empty",
+    "empty_like",
+    "uniform",
+}
+
+
+class Missing:
+    """Stands for the result of an op without a rule, so lowering goes on to find the others."""
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING = Missing()
+
+
+@dataclass
+class Session:
+    builder: Any
+    frontend: str
+    missing: Counter[str] = field(default_factory=Counter)
+    first_use: dict[str, str] = field(default_factory=dict)
+
+    def apply(
+        self,
+        key: object,
+        args: Sequence[Any],
+        where: str,
+        metas: Sequence[Meta] | None = None,
+        fold: Callable[..., Any] | None = None,
+    ) -> Any:
+        """Lower one call; returns Value(s), Python objects (folded scalars) or MISSING."""
+        rule = self.builder.rules.lookup_function(key)
+        if rule is None and fold is None:
+            self.record_missing(describe(normalize_key(key)), where)
+            return MISSING
+        if _contains(args, Missing):
+            return MISSING
+        if fold is not None and _foldable(key, args):
+            folded = _try_fold(fold, args)
+            if folded is not _FAILED:
+                return _wrap_constants(folded)
+        if rule is None:
+            self.record_missing(describe(normalize_key(key)), where)
+            return MISSING
+        self.builder.hint = where.replace(".", "_") or "v"
+        try:
+            result = rule.fn(self.builder, *args)
+        except TorchlowerError:
+            raise
+        except (TypeError, ValueError, IndexError, NotImplementedError) as exc:
+            raise LoweringError(
+                f"rule for {describe(normalize_key(key))} failed at {where or '<top level>'}: {exc}"
+            ) from exc
+        return stamp(result, metas)
+
+    def record_missing(self, op: str, where: str) -> None:
+        self.missing[op] += 1
+        self.first_use.setdefault(op, where)
+
+    def finish(self) -> None:
+        """Raise one error listing every unsupported op, if any."""
+        if self.missing:
+            ops = [UnsupportedOp(op, n, self.first_use[op]) for op, n in sorted(self.missing.items())]
+            raise UnsupportedOpsError(ops, self.frontend)
+
+
+def stamp(result: Any, metas: Sequence[Meta] | None) -> Any:
+    """Attach observed dtype/shape to the rule's result(s); constants keep their own."""
+    if not metas:
+        return result
+    if isinstance(result, Value):
+        return result if result.is_const else result.with_meta(*metas[0])
+    if isinstance(result, (tuple, list)) and len(result) == len(metas):
+        return type(result)(
+            r.with_meta(*m) if isinstance(r, Value) and not r.is_const else r
+            for r, m in zip(result, metas, strict=True)
+        )
+    return result
+
+
+_FAILED = object()
+
+
+def _foldable(key: object, args: Sequence[Any]) -> bool:
+    name = str(normalize_key(key)).split("::")[-1]
+    if name in _NOT_FOLDABLE:
+        return False
+    return not _contains(args, Value, only_non_const=True)
+
+
+def _try_fold(fold: Callable[..., Any], args: Sequence[Any]) -> Any:
+    try:
+        with torch.no_grad():
+            return fold(*[_unwrap(a) for a in args])
+    except Exception:  # folding is an optimisation: the rule handles what torch refuses
+        return _FAILED
+
+
+def _unwrap(arg: Any) -> Any:
+    if isinstance(arg, Value):
+        return arg.const
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_unwrap(a) for a in arg)
+    return arg
+
+
+def _wrap_constants(result: Any) -> Any:
+    if isinstance(result, torch.Tensor):
+        return constant(result)
+    if isinstance(result, (list, tuple)):
+        return type(result)(_wrap_constants(r) for r in result)
+    return result
+
+
+def _contains(args: Any, kind: type, only_non_const: bool = False) -> bool:
+    if isinstance(args, kind):
+        return not (only_non_const and isinstance(args, Value) and args.is_const)
+    if isinstance(args, (list, tuple)):
+        return any(_contains(a, kind, only_non_const) for a in args)
+    if isinstance(args, dict):
+        return any(_contains(a, kind, only_non_const) for a in args.values())
+    return False

@@ -1,0 +1,115 @@
+"""Writing NNEF artifacts atomically and reproducibly (directory, ``.nnef.tar``, ``.nnef.tgz``).
+
+Reproducible: members sorted, mtime 0, uid/gid 0, no owner names, a gzip header without file
+name or time. Atomic: everything goes to a temporary sibling first, then ``os.replace``, so a
+failed export never leaves a partial file and keeps any previous one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from torchlower.errors import InvalidArgumentError
+from torchlower.nnef import dat
+
+ARCHIVE_SUFFIXES = (".nnef.tgz", ".tgz", ".tar.gz", ".nnef.tar", ".tar")
+
+
+def archive_kind(path: Path) -> str:
+    """``"tgz"``, ``"tar"`` or ``"dir"`` from the path's suffix."""
+    name = path.name
+    if name.endswith((".nnef.tgz", ".tgz", ".tar.gz")):
+        return "tgz"
+    if name.endswith(".tar"):
+        return "tar"
+    if name.endswith(".nnef") or path.is_dir():
+        return "dir"
+    raise InvalidArgumentError(
+        f"cannot tell the artifact format of {str(path)!r}: use a name ending in .nnef.tgz, "
+        ".nnef.tar or .nnef (a directory)"
+    )
+
+
+def members(graph: str, weights: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, bytes]]:
+    """(path, bytes) of every file, sorted by path; tensors are encoded one at a time."""
+    files: dict[str, object] = {"graph.nnef": graph}
+    files.update({f"{label}.dat": tensor for label, tensor in weights.items()})
+    for name in sorted(files):
+        item = files[name]
+        if isinstance(item, str):
+            yield name, item.encode()
+        else:
+            yield name, dat.encode(_to_numpy(item))  # type: ignore[arg-type]
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().contiguous().numpy()
+
+
+def write(path: str | os.PathLike[str], graph: str, weights: Mapping[str, torch.Tensor]) -> Path:
+    """Write the artifact at ``path`` atomically; returns the final path."""
+    target = Path(path)
+    kind = archive_kind(target)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise InvalidArgumentError(f"output folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise InvalidArgumentError(f"output folder {str(folder)!r} is not writable")
+    if kind == "dir":
+        _write_directory(target, graph, weights)
+    else:
+        _write_tar(target, graph, weights, compress=kind == "tgz")
+    return target
+
+
+def _write_tar(target: Path, graph: str, weights: Mapping[str, torch.Tensor], compress: bool) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            stream = (
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6)
+                if compress
+                else raw
+            )
+            with tarfile.open(fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+                for name, blob in members(graph, weights):
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mtime, info.mode = len(blob), 0, 0o644
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    tar.addfile(info, io.BytesIO(blob))
+            if compress:
+                stream.close()
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_directory(target: Path, graph: str, weights: Mapping[str, torch.Tensor]) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for name, blob in members(graph, weights):
+            file = tmp / name
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_bytes(blob)
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

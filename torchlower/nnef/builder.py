@@ -1,0 +1,236 @@
+"""The NNEF builder: owns names, weights, extensions and the graph text.
+
+Rules call ``b.call(op, args, attrs)`` and never print text or branch on the target:
+target knowledge (tract vs Khronos-only, which extensions exist) lives here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchlower.errors import InvalidArgumentError, LoweringError
+from torchlower.nnef import text
+from torchlower.values import Shape, Value
+
+TRACT_DTYPES = {
+    torch.float16: "f16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.uint8: "u8",
+    torch.bool: "bool",
+}
+
+_VARIABLE_KIND = {"f": "scalar", "c": "scalar", "i": "integer", "u": "integer", "b": "logical"}
+
+Operand = Any  # Value | bool | int | float | str | list | tuple of those
+
+
+class NNEFBuilder:
+    """Collects assignments into an NNEF graph for tract (``tract=True``) or plain Khronos."""
+
+    def __init__(self, *, tract: bool = True) -> None:
+        from torchlower.rules import NNEF_RULES
+
+        self.rules = NNEF_RULES
+        self.tract = tract
+        self.inputs: list[Value] = []
+        self.outputs: list[tuple[str, Value]] = []
+        self.assignments: list[text.Assignment] = []
+        self.weights: dict[str, torch.Tensor] = {}
+        self.extensions: set[str] = {"tract_registry tract_core"} if tract else set()
+        self.symbols: list[str] = []
+        self.hint = "v"  # set by front ends per node, gives readable names
+        self._taken: set[str] = set()
+        self._reserved: set[str] = set()
+        self._materialized: dict[object, Value] = {}
+
+    # ---- names --------------------------------------------------------------------------
+    def fresh(self, hint: str | None = None) -> str:
+        base = text.identifier(hint or self.hint)
+        name, n = base, 1
+        while name in self._taken or name in self._reserved:
+            n += 1
+            name = f"{base}_{n}"
+        self._taken.add(name)
+        return name
+
+    def reserve(self, names: Sequence[str]) -> None:
+        """Keep user-facing input/output names free for the inputs and outputs themselves."""
+        self._reserved = set(names)
+
+    # ---- graph interface ----------------------------------------------------------------
+    def add_input(self, name: str, dtype: torch.dtype, shape: Shape) -> Value:
+        self._reserved.discard(name)
+        ident = self.fresh(name)
+        if ident != name:
+            raise InvalidArgumentError(
+                f"input name {name!r} is not a valid, unique NNEF identifier (try {ident!r})"
+            )
+        for dim in shape:
+            if isinstance(dim, str) and dim not in self.symbols:
+                self.symbols.append(dim)
+        value = Value(ident, dtype, tuple(shape))
+        dims = [d for d in shape]
+        if self.tract:
+            op, attrs = "tract_core_external", {"shape": dims, "datum_type": self.dtype_name(dtype)}
+        else:
+            op, attrs = "external<scalar>", {"shape": dims}
+        self.assignments.append(text.Assignment([value], op, [], attrs))
+        self.inputs.append(value)
+        return value
+
+    def set_outputs(self, names: Sequence[str], values: Sequence[Value]) -> None:
+        if len(names) != len(values):
+            raise InvalidArgumentError(f"{len(names)} output names for {len(values)} outputs")
+        self.outputs = []
+        for name, value in zip(names, values, strict=True):
+            ident = text.identifier(name)
+            if ident != name:
+                raise InvalidArgumentError(f"output name {name!r} is not a valid NNEF identifier")
+            self.outputs.append((name, self.tensor(value)))
+
+    def call(
+        self,
+        op: str,
+        args: Sequence[Operand] = (),
+        attrs: dict[str, Operand] | None = None,
+        *,
+        dtype: torch.dtype | None = None,
+        shape: Shape | None = None,
+        hint: str | None = None,
+    ) -> Value:
+        """Emit ``y = op(args..., attrs...)`` and return ``y``."""
+        out = Value(self.fresh(hint), dtype, shape)
+        args = [self._operand(a) for a in args]
+        self.assignments.append(text.Assignment([out], op, args, dict(attrs or {})))
+        return out
+
+    def call_multi(
+        self, op: str, args: Sequence[Operand], attrs: dict[str, Operand] | None, count: int
+    ) -> tuple[Value, ...]:
+        """Emit an op with several results, e.g. ``(a, b) = split(...)``."""
+        outs = [Value(self.fresh(f"{self.hint}_{i}")) for i in range(count)]
+        args = [self._operand(a) for a in args]
+        self.assignments.append(text.Assignment(outs, op, args, dict(attrs or {})))
+        return tuple(outs)
+
+    def use_extension(self, extension: str) -> None:
+        """Declare an extension (e.g. ``tract_registry tract_transformers``) used by an op."""
+        if not self.tract and extension.startswith("tract_"):
+            raise LoweringError(f"extension {extension!r} is not available in Khronos-only mode")
+        self.extensions.add(extension)
+
+    # ---- constants ----------------------------------------------------------------------
+    def tensor(self, value: Value | float | int | bool) -> Value:
+        """A graph value for ``value``: constants become variables (once per weight)."""
+        if not isinstance(value, Value):
+            value = Value("const", *_scalar_meta(value), const=torch.tensor(value))
+        if value.const is None:
+            return value
+        tensor = value.const.detach()
+        # a labelled weight is shared by every use with the same data and layout
+        key: object = (
+            (value.label, tuple(tensor.shape), tensor.dtype, tensor.data_ptr())
+            if value.label is not None
+            else id(value.const)
+        )
+        if key in self._materialized:
+            return self._materialized[key]
+        label = value.label or f"constants/{self.fresh('c')}"
+        if label in self.weights:
+            label = self.fresh(f"{label}_v")
+        self.weights[label] = tensor
+        out = Value(self.fresh(label), tensor.dtype, tuple(tensor.shape), label=label)
+        kind = _VARIABLE_KIND[_dtype_kind(tensor.dtype)]
+        attrs = {"label": label, "shape": list(tensor.shape)}
+        self.assignments.append(text.Assignment([out], f"variable<{kind}>", [], attrs))
+        self._materialized[key] = out
+        return out
+
+    def _operand(self, arg: Operand) -> Operand:
+        """Constants in operand position: scalars print as literals, tensors become variables."""
+        if isinstance(arg, Value):
+            if arg.const is not None and arg.const.dim() == 0:
+                return arg.const.item()
+            return self.tensor(arg)
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(self._operand(a) for a in arg)
+        if isinstance(arg, torch.Tensor):
+            raise LoweringError("rules pass tensors as constant Values, not raw torch.Tensor")
+        return arg
+
+    def dtype_name(self, dtype: torch.dtype) -> str:
+        try:
+            return TRACT_DTYPES[dtype]
+        except KeyError:
+            raise LoweringError(f"dtype {dtype} has no NNEF/tract equivalent") from None
+
+    # ---- output -------------------------------------------------------------------------
+    def live_assignments(self) -> list[text.Assignment]:
+        """Assignments that reach an output (rules may leave dead helpers behind)."""
+        needed = {v.name for _, v in self.outputs} | {v.name for v in self.inputs}
+        live: list[text.Assignment] = []
+        for a in reversed(self.assignments):
+            if any(o.name in needed for o in a.outputs):
+                live.append(a)
+                needed.update(v.name for v in _values_in(a.args) + _values_in(list(a.attrs.values())))
+        live.reverse()
+        return live
+
+    def graph_text(self) -> str:
+        live = self.live_assignments()
+        names = self._output_renames(live)
+        body = [a.render(names) for a in live]
+        used_inputs = [v.name for v in self.inputs]
+        extensions = sorted(self.extensions) + [f"tract_symbol {s}" for s in self.symbols]
+        return text.document(extensions, used_inputs, [n for n, _ in self.outputs], body)
+
+    def live_weights(self) -> dict[str, torch.Tensor]:
+        labels = {a.attrs["label"] for a in self.live_assignments() if a.op.startswith("variable")}
+        return {k: v for k, v in sorted(self.weights.items()) if k in labels}
+
+    def op_histogram(self) -> Counter[str]:
+        return Counter(a.op.split("<")[0] for a in self.live_assignments())
+
+    def _output_renames(self, live: list[text.Assignment]) -> dict[str, str]:
+        """Give each output its user-facing name, copying when one value is output twice."""
+        names: dict[str, str] = {}
+        inputs = {v.name for v in self.inputs}
+        for name, value in self.outputs:
+            if value.name in names or value.name in inputs:
+                live.append(text.Assignment([Value(name)], "copy", [value], {}))
+            else:
+                names[value.name] = name
+        return names
+
+
+def _values_in(items: list[Any]) -> list[Value]:
+    found: list[Value] = []
+    for item in items:
+        if isinstance(item, Value):
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            found += _values_in(list(item))
+    return found
+
+
+def _dtype_kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "b"
+    if dtype.is_floating_point or dtype.is_complex:
+        return "f"
+    return "u" if dtype == torch.uint8 else "i"
+
+
+def _scalar_meta(value: float | int | bool) -> tuple[torch.dtype, Shape]:
+    if isinstance(value, bool):
+        return torch.bool, ()
+    return (torch.int64 if isinstance(value, int) else torch.float32), ()

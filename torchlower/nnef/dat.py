@@ -1,0 +1,100 @@
+"""The NNEF tensor file (``.dat``): 128-byte header, then C-order little-endian data."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from torchlower.errors import ArtifactError
+
+HEADER_SIZE = 128
+MAGIC = b"\x4e\xef"
+MAX_RANK = 8
+
+# item type codes of the Khronos header
+FLOAT, UINT, QUINT, QINT, INT, BOOL = 0, 1, 2, 3, 4, 5
+
+_CODE_OF_KIND = {"f": FLOAT, "u": UINT, "i": INT, "b": BOOL}
+_DTYPES = {
+    (FLOAT, 16): np.float16,
+    (FLOAT, 32): np.float32,
+    (FLOAT, 64): np.float64,
+    (INT, 8): np.int8,
+    (INT, 16): np.int16,
+    (INT, 32): np.int32,
+    (INT, 64): np.int64,
+    (UINT, 8): np.uint8,
+    (UINT, 16): np.uint16,
+    (UINT, 32): np.uint32,
+    (UINT, 64): np.uint64,
+    (BOOL, 1): np.bool_,
+}
+
+
+def header(
+    shape: tuple[int, ...],
+    bits: int,
+    item_type: int,
+    data_length: int,
+    vendor: int = 0,
+    raw_item_type: bytes | None = None,
+) -> bytes:
+    """Pack a header; ``raw_item_type`` overrides (item type, vendor) bytes for vendor formats."""
+    if len(shape) > MAX_RANK:
+        raise ArtifactError(f".dat rank {len(shape)} exceeds the NNEF limit of {MAX_RANK}")
+    dims = list(shape) + [0] * (MAX_RANK - len(shape))
+    head = MAGIC + bytes([1, 0]) + struct.pack("<II8II", data_length, len(shape), *dims, bits)
+    head += raw_item_type if raw_item_type is not None else struct.pack("<HH", item_type, vendor)
+    return head + b"\0" * (HEADER_SIZE - len(head) - 0)
+
+
+def encode(array: np.ndarray) -> bytes:
+    """Encode a numpy array (float16/32/64, int8..64, uint8..64, bool) as ``.dat`` bytes."""
+    array = np.ascontiguousarray(array)
+    kind = array.dtype.kind
+    if kind not in _CODE_OF_KIND:
+        raise ArtifactError(f"cannot store dtype {array.dtype} in a .dat file")
+    if kind == "b":
+        data = np.packbits(array.reshape(-1), bitorder="big").tobytes()
+        bits = 1
+    else:
+        data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        bits = array.dtype.itemsize * 8
+    return header(array.shape, bits, _CODE_OF_KIND[kind], len(data)) + data
+
+
+def decode(blob: bytes, name: str = "<tensor>") -> np.ndarray:
+    """Decode ``.dat`` bytes, validating every header field against the data."""
+    if len(blob) < HEADER_SIZE:
+        raise ArtifactError(f"{name}: file is {len(blob)} bytes, shorter than the 128-byte header")
+    if blob[:2] != MAGIC:
+        raise ArtifactError(f"{name}: bad magic {blob[:2].hex()} (expected 4eef)")
+    if blob[2] != 1:
+        raise ArtifactError(f"{name}: unsupported version {blob[2]}.{blob[3]} (expected 1.x)")
+    length, rank = struct.unpack_from("<II", blob, 4)
+    if rank > MAX_RANK:
+        raise ArtifactError(f"{name}: rank {rank} exceeds {MAX_RANK}")
+    dims = struct.unpack_from("<8I", blob, 12)[:rank]
+    bits, item_type, vendor = struct.unpack_from("<IHH", blob, 44)
+    if len(blob) != HEADER_SIZE + length:
+        raise ArtifactError(
+            f"{name}: data length field says {length} bytes but the file holds {len(blob) - HEADER_SIZE}"
+        )
+    dtype = _DTYPES.get((item_type, bits)) if vendor == 0 else None
+    if dtype is None:
+        raise ArtifactError(
+            f"{name}: unknown item type {item_type} with {bits} bits per item (vendor {vendor})"
+        )
+    count = 1
+    for d in dims:
+        count *= d
+    expected = (count + 7) // 8 if bits == 1 else count * bits // 8
+    if expected != length:
+        raise ArtifactError(f"{name}: dims {list(dims)} need {expected} bytes, header says {length}")
+    data = blob[HEADER_SIZE:]
+    if bits == 1:
+        flat = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="big")[:count].astype(bool)
+    else:
+        flat = np.frombuffer(data, np.dtype(dtype).newbyteorder("<")).astype(dtype)
+    return flat.reshape(dims)

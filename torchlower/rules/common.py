@@ -1,0 +1,64 @@
+"""Small helpers shared by rule families (rank alignment, constants, shape attributes)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from torchlower.nnef.builder import NNEFBuilder
+from torchlower.values import Dim, Shape, Value, constant
+
+Builder = NNEFBuilder
+Scalar = float | int | bool
+Operand = Value | Scalar
+
+
+def rank_of(x: Operand) -> int:
+    return x.rank if isinstance(x, Value) else 0
+
+
+def shape_of(x: Operand) -> Shape:
+    if isinstance(x, Value):
+        if x.shape is None:
+            raise ValueError(f"shape of {x.name} is unknown")
+        return x.shape
+    return ()
+
+
+def unsqueeze_to(b: Builder, x: Operand, rank: int) -> Operand:
+    """Prepend unit dims so ``x`` has ``rank`` (tract broadcasts only equal ranks safely)."""
+    if not isinstance(x, Value) or x.rank >= rank or (x.is_const and x.const.dim() == 0):
+        return x
+    extra = rank - x.rank
+    if x.is_const:
+        return constant(x.const.reshape((1,) * extra + tuple(x.const.shape)), label=None)
+    return b.call(
+        "unsqueeze", [x], {"axes": list(range(extra))}, dtype=x.dtype, shape=(1,) * extra + shape_of(x)
+    )
+
+
+def align_ranks(b: Builder, *xs: Operand) -> list[Operand]:
+    rank = max(rank_of(x) for x in xs)
+    return [unsqueeze_to(b, x, rank) for x in xs]
+
+
+def as_const(x: Operand, dtype: torch.dtype) -> Value:
+    return constant(torch.tensor(x, dtype=dtype)) if not isinstance(x, Value) else x
+
+
+def reshape(b: Builder, x: Value, shape: Sequence[Dim]) -> Value:
+    if x.is_const:
+        return constant(x.const.reshape([int(d) for d in shape]))
+    return b.call("reshape", [x], {"shape": list(shape)}, dtype=x.dtype, shape=tuple(shape))
+
+
+def channel_param(param: Value, rank: int, axis: int = 1) -> Value:
+    """A per-channel constant reshaped to broadcast along ``axis`` of a rank-``rank`` tensor."""
+    shape = [1] * rank
+    shape[axis] = -1
+    return constant(param.const.reshape(shape), label=param.label)
+
+
+def pairs(values: Sequence[int]) -> list[tuple[int, int]]:
+    return [(int(v), int(v)) for v in values]
