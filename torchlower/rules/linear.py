@@ -11,6 +11,7 @@ from torchlower.values import Value
 def linear(b: Builder, x: Value, w: Value, bias: Value | None) -> Value:
     """linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor"""
     shape = (*shape_of(x)[:-1], shape_of(w)[0])
+    w = unsqueeze_to(b, w, x.rank)  # tract's matmul wants equal ranks
     y = b.call("matmul", [x, w], {"transposeA": False, "transposeB": True}, dtype=x.dtype, shape=shape)
     if bias is None:
         return y
