@@ -7,6 +7,7 @@ every ``aten::`` node becomes one rule call through the shared session.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,9 +99,12 @@ def _trace(module: nn.Module, fn_name: str, args: tuple[Any, ...] | None) -> Any
     options: dict[str, Any] = {"check_trace": False}
     if "strict" in torch.jit.trace.__code__.co_varnames:
         options["strict"] = False
-    if fn_name == "forward":
-        return torch.jit.trace(module, inputs, **options)
-    return torch.jit.trace_module(module, {fn_name: inputs}, **options)
+    with warnings.catch_warnings():  # jit.trace is deprecated upstream; it is this front end's job
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        if fn_name == "forward":
+            return torch.jit.trace(module, inputs, **options)
+        return torch.jit.trace_module(module, {fn_name: inputs}, **options)
 
 
 @dataclass

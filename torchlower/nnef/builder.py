@@ -136,12 +136,9 @@ class NNEFBuilder:
         if value.const is None:
             return value
         tensor = value.const.detach()
-        # a labelled weight is shared by every use with the same data and layout
-        key: object = (
-            (value.label, tuple(tensor.shape), tensor.dtype, tensor.data_ptr())
-            if value.label is not None
-            else id(value.const)
-        )
+        # one variable per distinct data and layout; stored tensors keep their memory alive,
+        # so a data pointer cannot be reused by another constant while it is a key here
+        key = (value.label, tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.data_ptr())
         if key in self._materialized:
             return self._materialized[key]
         label = value.label or f"constants/{self.fresh('c')}"

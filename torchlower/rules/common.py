@@ -32,7 +32,7 @@ def unsqueeze_to(b: Builder, x: Operand, rank: int) -> Operand:
         return x
     extra = rank - x.rank
     if x.is_const:
-        return constant(x.const.reshape((1,) * extra + tuple(x.const.shape)), label=None)
+        return constant(x.const.reshape((1,) * extra + tuple(x.const.shape)), label=x.label)
     return b.call(
         "unsqueeze", [x], {"axes": list(range(extra))}, dtype=x.dtype, shape=(1,) * extra + shape_of(x)
     )
