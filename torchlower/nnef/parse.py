@@ -66,6 +66,7 @@ class Invocation:
     generic: str | None
     args: list[Any]
     attrs: dict[str, Any]
+    call: bool = True  # False for tract's plain ``x = [[0.5]];`` / ``y = x;`` (op "literal" / "alias")
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,11 @@ class _Parser:
         outputs = self.lvalue(0)
         self.take("=")
         op_tok = self.tok
+        if not self._is_call():
+            value = self.expr(0)
+            self.take(";")
+            op = "alias" if _idents(value) else "literal"
+            return Invocation(line, outputs, op, None, [value], {}, call=False)
         op = self.ident()
         generic = None
         if self.accept("<"):
@@ -275,6 +281,15 @@ class _Parser:
                 self.take(",")
         self.take(";")
         return Invocation(line, outputs, op, generic, args, attrs)
+
+    def _is_call(self) -> bool:
+        """An op invocation ``name(`` or ``name<type>(`` starts here (not a plain value)."""
+        if self.tok.kind not in ("id", "esc_id") or self.tok.text in ("true", "false"):
+            return False
+        nxt = self.toks[self.i + 1]
+        if nxt.text == "<" and nxt.kind == "op":
+            return self.toks[self.i + 3].text == ">" if self.i + 3 < len(self.toks) else True
+        return nxt.text == "(" and nxt.kind == "op"
 
     def lvalue(self, depth: int) -> list[str]:
         if depth > MAX_DEPTH:
@@ -415,7 +430,7 @@ def _check(graph: Graph) -> None:
             first_line[name] = a.line
     defined: set[str] = set()
     for a in graph.assignments:
-        if not is_known_op(a.op) and a.op not in fragments:
+        if a.call and not is_known_op(a.op) and a.op not in fragments:
             raise ArtifactError(f"graph.nnef line {a.line}: unknown op {a.op!r}")
         for ref in _idents([a.args, list(a.attrs.values())]):
             if ref in defined or ref in symbols:
