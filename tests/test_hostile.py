@@ -46,7 +46,10 @@ def info(name: str, size: int = 0, kind: bytes = tarfile.REGTYPE, link: str = ""
 
 
 def build(
-    path: Path, entries: list[tuple[tarfile.TarInfo, bytes | None]], gz: bool = True, fmt: int = tarfile.GNU_FORMAT
+    path: Path,
+    entries: list[tuple[tarfile.TarInfo, bytes | None]],
+    gz: bool = True,
+    fmt: int = tarfile.GNU_FORMAT,
 ) -> Path:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
@@ -59,7 +62,9 @@ def build(
     return path
 
 
-def files(*extra: tuple[str, bytes], graph: str = GRAPH, w: bytes | None = W) -> list[tuple[tarfile.TarInfo, bytes]]:
+def files(
+    *extra: tuple[str, bytes], graph: str = GRAPH, w: bytes | None = W
+) -> list[tuple[tarfile.TarInfo, bytes]]:
     out = [(info("graph.nnef"), graph.encode())]
     if w is not None:
         out.append((info("w.dat"), w))
@@ -113,7 +118,7 @@ _G = GRAPH.splitlines()
 
 def graph_with(line: int, text: str) -> str:
     """GRAPH with line ``line`` (1-based) replaced by ``text``."""
-    return "\n".join(_G[: line - 1] + [text] + _G[line:]) + "\n"
+    return "\n".join([*_G[: line - 1], text, *_G[line:]]) + "\n"
 
 
 # (case id, how to build the hostile artifact, limits, message fragment)
@@ -122,75 +127,196 @@ CASES: list[tuple[str, Callable[[Path], Path], Limits | None, str]] = [
     ("absolute-path", lambda p: build(p, files(("/tmp/evil.dat", W))), None, "absolute path"),
     ("dotdot", lambda p: build(p, files(("../evil.dat", W))), None, r"climbs out.*'\.\.'"),
     ("dotdot-inner", lambda p: build(p, files(("a/../../evil.dat", W))), None, "climbs out"),
-    ("symlink", lambda p: build(p, [*files(), (info("l.dat", kind=tarfile.SYMTYPE, link="/etc/passwd"), None)]),
-     None, "symbolic link"),
-    ("hardlink", lambda p: build(p, [*files(), (info("h.dat", kind=tarfile.LNKTYPE, link="w.dat"), None)]),
-     None, "hard link"),
-    ("char-device", lambda p: build(p, [*files(), (info("zero.dat", kind=tarfile.CHRTYPE), None)]), None, "device"),
-    ("block-device", lambda p: build(p, [*files(), (info("sda.dat", kind=tarfile.BLKTYPE), None)]), None, "device"),
+    (
+        "symlink",
+        lambda p: build(p, [*files(), (info("l.dat", kind=tarfile.SYMTYPE, link="/etc/passwd"), None)]),
+        None,
+        "symbolic link",
+    ),
+    (
+        "hardlink",
+        lambda p: build(p, [*files(), (info("h.dat", kind=tarfile.LNKTYPE, link="w.dat"), None)]),
+        None,
+        "hard link",
+    ),
+    (
+        "char-device",
+        lambda p: build(p, [*files(), (info("zero.dat", kind=tarfile.CHRTYPE), None)]),
+        None,
+        "device",
+    ),
+    (
+        "block-device",
+        lambda p: build(p, [*files(), (info("sda.dat", kind=tarfile.BLKTYPE), None)]),
+        None,
+        "device",
+    ),
     ("fifo", lambda p: build(p, [*files(), (info("f.dat", kind=tarfile.FIFOTYPE), None)]), None, "FIFO"),
     ("sparse", sparse, None, "not a regular file"),
     ("duplicate", lambda p: build(p, files(("w.dat", W))), None, "appears twice"),
-    ("duplicate-dot-slash", lambda p: build(p, files(("./graph.nnef", GRAPH.encode()))), None, "appears twice"),
+    (
+        "duplicate-dot-slash",
+        lambda p: build(p, files(("./graph.nnef", GRAPH.encode()))),
+        None,
+        "appears twice",
+    ),
     ("file-and-folder", lambda p: build(p, files(("w.dat/x.dat", W))), None, "is a file"),
     ("backslash", lambda p: build(p, files(("..\\evil.dat", W))), None, "backslash"),
     ("control-char", lambda p: build(p, files(("e\x1bvil.dat", W))), None, "control character"),
     ("too-deep", deep, None, "nested deeper"),
     ("huge-declared-size", huge_declared, None, "declares 107374182400 bytes"),
-    ("members-over-total", lambda p: build(p, files(*[(f"z{i}.dat", bytes(MiB)) for i in range(4)])),
-     Limits(max_total_bytes=2 * MiB), "more than 2097152 bytes|exceeds 2097152"),
+    (
+        "members-over-total",
+        lambda p: build(p, files(*[(f"z{i}.dat", bytes(MiB)) for i in range(4)])),
+        Limits(max_total_bytes=2 * MiB),
+        "more than 2097152 bytes|exceeds 2097152",
+    ),
     ("gzip-bomb-stream", pax_bomb, Limits(max_total_bytes=MiB, max_header_bytes=8 * MiB), "exceeds 1048576"),
     ("pax-header-bomb", pax_bomb, None, "extended tar header"),
-    ("too-many-members", lambda p: build(p, files(*[(f"m{i}.dat", W) for i in range(10)])),
-     Limits(max_members=5), "more than 5 members"),
-    ("graph-too-big", lambda p: build(p, files(graph=GRAPH + "#" * 4096)), Limits(max_graph_bytes=1024), "graph.nnef"),
+    (
+        "too-many-members",
+        lambda p: build(p, files(*[(f"m{i}.dat", W) for i in range(10)])),
+        Limits(max_members=5),
+        "more than 5 members",
+    ),
+    (
+        "graph-too-big",
+        lambda p: build(p, files(graph=GRAPH + "#" * 4096)),
+        Limits(max_graph_bytes=1024),
+        "graph.nnef",
+    ),
     ("truncated-gzip", truncated_gzip, None, "not a readable tgz"),
     ("not-an-archive", lambda p: (p.write_bytes(os.urandom(3000)), p)[1], None, "not a readable tar"),
     ("bzip2-tar", bzip2, None, "not a readable tar"),
     ("no-graph", lambda p: build(p, [(info("w.dat"), W)]), None, "no graph.nnef"),
-    ("unexpected-member", lambda p: build(p, files(("run.sh", b"rm -rf ~"))), None, "unexpected member 'run.sh'"),
+    (
+        "unexpected-member",
+        lambda p: build(p, files(("run.sh", b"rm -rf ~"))),
+        None,
+        "unexpected member 'run.sh'",
+    ),
     ("missing-dat", lambda p: build(p, files(w=None)), None, r"line 8: variable 'w' has no 'w.dat'"),
     # ---- .dat headers -------------------------------------------------------------------------
     ("dat-magic", with_dat(b"PK" + W[2:]), None, r"w\.dat: bad magic"),
     ("dat-version", with_dat(patch(W, 2, "<B", 2)), None, r"w\.dat: unsupported version"),
     ("dat-rank", with_dat(patch(W, 8, "<I", 9)), None, r"w\.dat: rank 9"),
     ("dat-dims-overflow-u64", with_dat(patch(W, 8, "<I8I", 8, *([2**32 - 1] * 8))), None, r"w\.dat: dims"),
-    ("dat-dims-wrap-u32", with_dat(patch(patch(W, 4, "<I", 0), 8, "<III", 2, 65536, 65536)[:128]), None,
-     r"w\.dat: dims \[65536, 65536\] need 17179869184 bytes"),
+    (
+        "dat-dims-wrap-u32",
+        with_dat(patch(patch(W, 4, "<I", 0), 8, "<III", 2, 65536, 65536)[:128]),
+        None,
+        r"w\.dat: dims \[65536, 65536\] need 17179869184 bytes",
+    ),
     ("dat-length", with_dat(W[:-4]), None, r"w\.dat: data length"),
     ("dat-item-type", with_dat(patch(W, 48, "<H", 9)), None, r"w\.dat: unknown item type 9"),
     ("dat-zero-bits", with_dat(patch(W, 44, "<I", 0)), None, r"w\.dat: unknown item type 0 with 0 bits"),
-    ("dat-shape-vs-graph", with_dat(dat.encode(np.zeros((3, 2), np.float32))), None, "differs from graph.nnef line 8"),
-    ("dat-dtype-vs-graph", with_dat(dat.encode(np.zeros((2, 3), np.int32))), None, r"cannot back a variable<scalar>"),
+    (
+        "dat-shape-vs-graph",
+        with_dat(dat.encode(np.zeros((3, 2), np.float32))),
+        None,
+        "differs from graph.nnef line 8",
+    ),
+    (
+        "dat-dtype-vs-graph",
+        with_dat(dat.encode(np.zeros((2, 3), np.int32))),
+        None,
+        r"cannot back a variable<scalar>",
+    ),
     # ---- graph.nnef ---------------------------------------------------------------------------
     ("graph-truncated", with_graph(GRAPH[: GRAPH.index("y = add")]), None, "line 9: text ends early"),
-    ("graph-assigned-twice", with_graph(graph_with(9, "    w = add(x, w);\n    y = add(x, w);")), None,
-     r"line 9: 'w' is assigned again \(first at line 8\)"),
-    ("graph-undefined", with_graph(graph_with(9, "    y = add(x, ghost);")), None, "line 9: 'ghost' is not defined"),
-    ("graph-use-before-def", with_graph(GRAPH.replace("    w = var", "    v = add(x, w);\n    w = var").replace("add(x, w)", "add(x, v)", 1)
-     .replace("v = add(x, v)", "v = add(x, w)")),
-     None, "line 8: 'w' is used before its assignment"),
-    ("graph-unknown-op", with_graph(graph_with(9, "    y = system(x, w);")), None, "line 9: unknown op 'system'"),
-    ("graph-output-unassigned", with_graph(GRAPH.replace("-> (y)", "-> (y, z)")), None, "output 'z' is never assigned"),
-    ("graph-no-version", with_graph(GRAPH.replace("version 1.0;", "")), None, "must start with 'version 1.0;'"),
-    ("graph-version-2", with_graph(GRAPH.replace("version 1.0;", "version 2.0;")), None, "unsupported NNEF version"),
-    ("graph-deep-nesting", with_graph(graph_with(9, "    y = add(x, " + "[" * 5000 + "]" * 5000 + ");")), None,
-     "line 9: nesting deeper than 64"),
-    ("graph-not-utf8", lambda p: build(p, [(info("graph.nnef"), GRAPH.encode() + b"\xff\xfe"), (info("w.dat"), W)]),
-     None, "line 11: not UTF-8"),
+    (
+        "graph-assigned-twice",
+        with_graph(graph_with(9, "    w = add(x, w);\n    y = add(x, w);")),
+        None,
+        r"line 9: 'w' is assigned again \(first at line 8\)",
+    ),
+    (
+        "graph-undefined",
+        with_graph(graph_with(9, "    y = add(x, ghost);")),
+        None,
+        "line 9: 'ghost' is not defined",
+    ),
+    (
+        "graph-use-before-def",
+        with_graph(
+            GRAPH.replace("    w = var", "    v = add(x, w);\n    w = var")
+            .replace("add(x, w)", "add(x, v)", 1)
+            .replace("v = add(x, v)", "v = add(x, w)")
+        ),
+        None,
+        "line 8: 'w' is used before its assignment",
+    ),
+    (
+        "graph-unknown-op",
+        with_graph(graph_with(9, "    y = system(x, w);")),
+        None,
+        "line 9: unknown op 'system'",
+    ),
+    (
+        "graph-output-unassigned",
+        with_graph(GRAPH.replace("-> (y)", "-> (y, z)")),
+        None,
+        "output 'z' is never assigned",
+    ),
+    (
+        "graph-no-version",
+        with_graph(GRAPH.replace("version 1.0;", "")),
+        None,
+        "must start with 'version 1.0;'",
+    ),
+    (
+        "graph-version-2",
+        with_graph(GRAPH.replace("version 1.0;", "version 2.0;")),
+        None,
+        "unsupported NNEF version",
+    ),
+    (
+        "graph-deep-nesting",
+        with_graph(graph_with(9, "    y = add(x, " + "[" * 5000 + "]" * 5000 + ");")),
+        None,
+        "line 9: nesting deeper than 64",
+    ),
+    (
+        "graph-not-utf8",
+        lambda p: build(p, [(info("graph.nnef"), GRAPH.encode() + b"\xff\xfe"), (info("w.dat"), W)]),
+        None,
+        "line 11: not UTF-8",
+    ),
     ("graph-nul", with_graph(GRAPH.replace("add", "a\0dd")), None, "line 9: NUL byte"),
-    ("graph-unterminated-string", with_graph(graph_with(8, "    w = variable<scalar>(label = 'w, shape = [2, 3]);")),
-     None, "line 8: unterminated string"),
+    (
+        "graph-unterminated-string",
+        with_graph(graph_with(8, "    w = variable<scalar>(label = 'w, shape = [2, 3]);")),
+        None,
+        "line 8: unterminated string",
+    ),
     ("graph-trailing-text", with_graph(GRAPH + "graph again() -> () {}\n"), None, "after the graph body"),
-    ("graph-input-not-external", with_graph(graph_with(7, "    x = copy(1.0);")), None,
-     "input 'x' is not declared with external"),
-    ("graph-variable-no-label", with_graph(graph_with(8, "    w = variable<scalar>(shape = [2, 3]);")), None,
-     "line 8: variable needs one result and a string label"),
-    ("graph-huge-int", with_graph(graph_with(8, "    w = variable<scalar>(label = 'w', shape = [2, 99999999999999999999]);")),
-     None, "line 8: integer literal out of the 64-bit range"),
-    ("graph-attr-twice", with_graph(graph_with(8, "    w = variable<scalar>(label = 'w', label = 'v', shape = [2, 3]);")),
-     None, "line 8: attribute 'label' given twice"),
-]  # fmt: skip
+    (
+        "graph-input-not-external",
+        with_graph(graph_with(7, "    x = copy(1.0);")),
+        None,
+        "input 'x' is not declared with external",
+    ),
+    (
+        "graph-variable-no-label",
+        with_graph(graph_with(8, "    w = variable<scalar>(shape = [2, 3]);")),
+        None,
+        "line 8: variable needs one result and a string label",
+    ),
+    (
+        "graph-huge-int",
+        with_graph(
+            graph_with(8, "    w = variable<scalar>(label = 'w', shape = [2, 99999999999999999999]);")
+        ),
+        None,
+        "line 8: integer literal out of the 64-bit range",
+    ),
+    (
+        "graph-attr-twice",
+        with_graph(graph_with(8, "    w = variable<scalar>(label = 'w', label = 'v', shape = [2, 3]);")),
+        None,
+        "line 8: attribute 'label' given twice",
+    ),
+]
 
 
 @pytest.mark.parametrize(("make", "limits", "match"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
