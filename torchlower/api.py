@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchlower import validate
+from torchlower import progress, validate
 from torchlower.errors import CheckError, InvalidArgumentError, TorchlowerError
 from torchlower.frontends.session import MISSING, Session
 from torchlower.nnef import archive
@@ -102,7 +102,8 @@ def export(
     builder.reserve(names_in + names_out)
     inputs = [builder.add_input(n, t.dtype, tuple(t.shape)) for n, t in zip(names_in, example, strict=True)]
     session = Session(builder, frontend)
-    outputs = _lower(frontend, builder, module, example, inputs, session)
+    with progress.stage("tracing", unit="ops"):  # the front end retotals it as "lowering"
+        outputs = _lower(frontend, builder, module, example, inputs, session)
     session.finish()
     if len(outputs) != len(expected) or any(o is MISSING for o in outputs):
         raise InvalidArgumentError(f"the graph has {len(outputs)} outputs, the model returns {len(expected)}")
@@ -124,7 +125,8 @@ def export(
         weight_bytes=sum(t.numel() * t.element_size() for t in weights.values()),
     )
     if check:
-        report.errors = verify(final, example, expected, names_out, tolerance)
+        with progress.stage("checking in tract"):
+            report.errors = verify(final, example, expected, names_out, tolerance)
     return report
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlower import progress
 from torchlower.errors import InvalidArgumentError, TraceError
 from torchlower.frontends.session import MISSING, Meta, Session
 from torchlower.values import Value, constant
@@ -117,6 +118,7 @@ def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], sessi
     """Walk the inlined graph, lowering every node; returns the flattened outputs."""
     graph = tracer.torch_graph.copy()
     torch._C._jit_pass_inline(graph)
+    progress.retotal(sum(n.kind().startswith("aten::") for n in graph.nodes()), "lowering")
     graph_inputs = list(graph.inputs())
     env: dict[Any, Any] = {graph_inputs[0]: _ModuleRef("", tracer.mod)}
     tensor_inputs = graph_inputs[1:]
