@@ -66,27 +66,39 @@ class Session:
     ) -> Any:
         """Lower one call; returns Value(s), Python objects (folded scalars) or MISSING."""
         rule = self.builder.rules.lookup_function(key)
-        if rule is None and fold is None:
-            self.record_missing(describe(normalize_key(key)), where)
-            return MISSING
-        if _contains(args, Missing):
-            return MISSING
-        if fold is not None and _foldable(key, args):
+        missing_input = _contains(args, Missing)
+        if fold is not None and not missing_input and _foldable(key, args):
             folded = _try_fold(fold, args)
             if folded is not _FAILED:
                 return _wrap_constants(folded)
-        if rule is None:
+        if rule is None:  # recorded even after a missing input: the error lists every op at once
             self.record_missing(describe(normalize_key(key)), where)
             return MISSING
+        if missing_input:
+            return MISSING
+        return self.invoke(rule.fn, describe(normalize_key(key)), args, where, metas)
+
+    def apply_module(
+        self, module: Any, args: Sequence[Any], where: str, metas: Sequence[Meta] | None = None
+    ) -> Any:
+        """Lower a whole module with its module rule ``fn(builder, module, *inputs)``."""
+        rule = self.builder.rules.lookup_module(type(module))
+        if rule is None:
+            self.record_missing(describe(type(module)), where)
+            return MISSING
+        if _contains(args, Missing):
+            return MISSING
+        return self.invoke(rule.fn, describe(type(module)), [module, *args], where, metas)
+
+    def invoke(self, fn: Callable[..., Any], op: str, args: Sequence[Any], where: str, metas: Any) -> Any:
+        """Call a rule; its unexpected failures become ``LoweringError`` naming op and place."""
         self.builder.hint = where.replace(".", "_") or "v"
         try:
-            result = rule.fn(self.builder, *args)
+            result = fn(self.builder, *args)
         except TorchlowerError:
             raise
         except (TypeError, ValueError, IndexError, NotImplementedError) as exc:
-            raise LoweringError(
-                f"rule for {describe(normalize_key(key))} failed at {where or '<top level>'}: {exc}"
-            ) from exc
+            raise LoweringError(f"rule for {op} failed at {where or '<top level>'}: {exc}") from exc
         return stamp(result, metas)
 
     def record_missing(self, op: str, where: str) -> None:
