@@ -157,6 +157,8 @@ def _build(
 
 
 def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, UnsupportedOpsError):
+        return f"UnsupportedOpsError: no rule for {', '.join(o.op for o in exc.ops)}"
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 

@@ -74,7 +74,8 @@ def interpret_program(
             tensor = program.state_dict.get(spec.target)
             tensor = program.constants[spec.target] if tensor is None else tensor
             label = prefix + spec.target if spec.kind != InputKind.CONSTANT_TENSOR else None
-            values.append(constant(tensor.detach(), label=label) if isinstance(tensor, torch.Tensor) else tensor)
+            is_tensor = isinstance(tensor, torch.Tensor)
+            values.append(constant(tensor.detach(), label=label) if is_tensor else tensor)
         else:
             values.append(None)  # tokens / custom objects: no data flows through them
     outputs = Interpreter(program.graph_module, builder, session, prefix=prefix).run(*values)
@@ -83,7 +84,11 @@ def interpret_program(
 
 
 def lower_export(
-    builder: Any, module: nn.Module, example: Sequence[torch.Tensor], inputs: Sequence[Value], session: Session
+    builder: Any,
+    module: nn.Module,
+    example: Sequence[torch.Tensor],
+    inputs: Sequence[Value],
+    session: Session,
 ) -> list[Any]:
     """The ``export`` front end: flat outputs of ``module`` called on ``inputs``."""
     program = export_program(module, example, None, builder.rules)

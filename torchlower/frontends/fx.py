@@ -142,7 +142,8 @@ class Interpreter(fx.Interpreter):
         rule = self.builder.rules.lookup_function(target)
         if rule is not None and rule.key is target:  # a user rule keyed by the Python callable
             inputs = _bind_signature(target, args, kwargs)
-            return self.session.apply(target, inputs, self._where(), self._metas(), _fold(target, args, kwargs))
+            fold = _fold(target, args, kwargs)
+            return self.session.apply(target, inputs, self._where(), self._metas(), fold)
         return self._apply(pycalls.resolve_function(target, args, kwargs), target, args, kwargs)
 
     def call_method(self, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -159,7 +160,8 @@ class Interpreter(fx.Interpreter):
             return len(shape) if target in ("dim", "ndimension") else math.prod(shape)
         method = getattr(torch.Tensor, target, None)
         fold = _fold(method, args, kwargs) if method is not None else None
-        return self._apply(pycalls.resolve_method(target, args, kwargs), f"Tensor.{target}", args, kwargs, fold)
+        call = pycalls.resolve_method(target, args, kwargs)
+        return self._apply(call, f"Tensor.{target}", args, kwargs, fold)
 
     # ---- helpers ------------------------------------------------------------------------
     def _apply(
@@ -199,8 +201,10 @@ class Interpreter(fx.Interpreter):
                 if item != slice(None):
                     steps.append(("aten::slice.Tensor", [dim, item.start, item.stop, item.step or 1]))
                 dim += 1
-            elif isinstance(item, Value) and len(tensors) == 1 and all(
-                isinstance(i, slice) and i == slice(None) for i in items if i is not item
+            elif (
+                isinstance(item, Value)
+                and len(tensors) == 1
+                and all(isinstance(i, slice) and i == slice(None) for i in items if i is not item)
             ):
                 steps.append(("aten::index.Tensor", [[None] * dim + [item]]))
             else:
@@ -210,7 +214,8 @@ class Interpreter(fx.Interpreter):
             aten = _overload(op)
             probe = aten(probe, *[_meta_arg(r) for r in rest])
             meta = self._metas() if n == len(steps) - 1 else [(probe.dtype, tuple(probe.shape))]
-            result = self.session.apply(op, [result, *rest], self._where(), meta, _fold(aten, (result, *rest), {}))
+            fold = _fold(aten, (result, *rest), {})
+            result = self.session.apply(op, [result, *rest], self._where(), meta, fold)
         return result
 
     def _where(self) -> str:
@@ -228,7 +233,7 @@ def node_metas(node: fx.Node) -> list[Meta] | None:
     leaves = found if isinstance(found, (tuple, list)) else [found]
     metas: list[Meta] = []
     for leaf in leaves:
-        if isinstance(leaf, (torch.Tensor,)) or hasattr(leaf, "dtype") and hasattr(leaf, "shape"):
+        if isinstance(leaf, (torch.Tensor,)) or (hasattr(leaf, "dtype") and hasattr(leaf, "shape")):
             metas.append((leaf.dtype, tuple(int(d) if isinstance(d, int) else str(d) for d in leaf.shape)))
         else:
             metas.append((None, None))
@@ -339,7 +344,7 @@ def _fold(target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
 
 
 def _overload(op: str) -> Any:
-    name, overload = (op.split("::", 1)[1].split(".") + ["default"])[:2]
+    name, overload = ([*op.split("::", 1)[1].split("."), "default"])[:2]
     return getattr(getattr(torch.ops.aten, name), overload)
 
 

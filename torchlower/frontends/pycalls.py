@@ -141,6 +141,7 @@ def _wrapper(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
         bound = params.bind(*args, **kwargs)
     except TypeError as exc:
         raise LoweringError(f"{describe(target)}: {exc}") from exc
+    bound.apply_defaults()  # Python's defaults are the semantics the user asked for
     defaults = {p.name: p.default for p in params.parameters.values()}
     given = {**_FILLS.get(name, {}), **bound.arguments}
     inplace = bool(given.pop("inplace", False))

@@ -39,7 +39,7 @@ def key_of(schema: torch._C.FunctionSchema) -> str:
     return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schemas_for(name: str) -> tuple[torch._C.FunctionSchema, ...]:
     """Every non-``out`` overload of ``name`` (``"aten::softmax"``), in TorchScript's order."""
     try:
@@ -69,7 +69,7 @@ def bind_schema(
         last = positional[-1] if positional else None
         if last is None or not isinstance(last.real_type, torch._C.ListType):
             return None
-        args = args[: len(positional) - 1] + [args[len(positional) - 1 :]]
+        args = [*args[: len(positional) - 1], args[len(positional) - 1 :]]
     given = dict(zip((p.name for p in positional), args, strict=False))
     names = {p.name for p in params}
     for name, value in kwargs.items():
