@@ -66,15 +66,16 @@ class Session:
     ) -> Any:
         """Lower one call; returns Value(s), Python objects (folded scalars) or MISSING."""
         rule = self.builder.rules.lookup_function(key)
-        missing_input = _contains(args, Missing)
-        if fold is not None and not missing_input and _foldable(key, args):
+        if _contains(args, Missing):  # downstream of a missing op: only note our own absence
+            if rule is None:
+                self.record_missing(describe(normalize_key(key)), where)
+            return MISSING
+        if fold is not None and _foldable(key, args):
             folded = _try_fold(fold, args)
             if folded is not _FAILED:
                 return _wrap_constants(folded)
-        if rule is None:  # recorded even after a missing input: the error lists every op at once
+        if rule is None:
             self.record_missing(describe(normalize_key(key)), where)
-            return MISSING
-        if missing_input:
             return MISSING
         return self.invoke(rule.fn, describe(normalize_key(key)), args, where, metas)
 
