@@ -163,7 +163,9 @@ def var_dim(b: Builder, x: Value, dim: Dims, unbiased: bool = True, keepdim: boo
 
 
 @rule("aten::var.correction")
-def var_correction(b: Builder, x: Value, dim: Dims = None, correction: float | None = None, keepdim: bool = False) -> Value:  # fmt: skip
+def var_correction(
+    b: Builder, x: Value, dim: Dims = None, correction: float | None = None, keepdim: bool = False
+) -> Value:
     """var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False)"""
     return _variance(b, x, dim, _correction(True, correction), keepdim)[0]
 
@@ -181,13 +183,17 @@ def std_dim(b: Builder, x: Value, dim: Dims, unbiased: bool = True, keepdim: boo
 
 
 @rule("aten::std.correction")
-def std_correction(b: Builder, x: Value, dim: Dims = None, correction: float | None = None, keepdim: bool = False) -> Value:  # fmt: skip
+def std_correction(
+    b: Builder, x: Value, dim: Dims = None, correction: float | None = None, keepdim: bool = False
+) -> Value:
     """std.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False)"""
     return unary(b, "sqrt", var_correction(b, x, dim, correction, keepdim))
 
 
 @rule("aten::var_mean", "aten::var_mean.correction")
-def var_mean(b: Builder, x: Value, dim: Dims = None, correction: float | None = None, keepdim: bool = False) -> tuple[Value, Value]:  # fmt: skip
+def var_mean(
+    b: Builder, x: Value, dim: Dims = None, correction: float | None = None, keepdim: bool = False
+) -> tuple[Value, Value]:
     """var_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False)"""
     if isinstance(dim, bool):  # var_mean(Tensor self, bool unbiased=True)
         return _variance(b, x, None, _correction(dim, None), False)
@@ -195,7 +201,9 @@ def var_mean(b: Builder, x: Value, dim: Dims = None, correction: float | None = 
 
 
 @rule("aten::std_mean", "aten::std_mean.correction")
-def std_mean(b: Builder, x: Value, dim: Dims = None, correction: float | None = None, keepdim: bool = False) -> tuple[Value, Value]:  # fmt: skip
+def std_mean(
+    b: Builder, x: Value, dim: Dims = None, correction: float | None = None, keepdim: bool = False
+) -> tuple[Value, Value]:
     """std_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False)"""
     var, mean = var_mean(b, x, dim, correction, keepdim)
     return unary(b, "sqrt", var), mean
@@ -204,7 +212,9 @@ def std_mean(b: Builder, x: Value, dim: Dims = None, correction: float | None = 
 # ---- norms ----------------------------------------------------------------------------------
 
 
-def vector_norm(b: Builder, x: Value, p: float | str, dim: Dims, keepdim: bool, dtype: torch.dtype | None) -> Value:  # fmt: skip
+def vector_norm(
+    b: Builder, x: Value, p: float | str, dim: Dims, keepdim: bool, dtype: torch.dtype | None
+) -> Value:
     """The p-norm over ``dim``: p = 2/'fro', 1, ±inf, 0 (count of non-zeros) or any other power."""
     x = floating(b, cast(b, x, dtype) if dtype is not None else x)
     axes = axes_of(x, dim)
@@ -227,8 +237,15 @@ def vector_norm(b: Builder, x: Value, p: float | str, dim: Dims, keepdim: bool, 
 
 
 @rule("aten::linalg_vector_norm")
-def linalg_vector_norm(b: Builder, x: Value, ord: float = 2, dim: Dims = None, keepdim: bool = False, dtype: torch.dtype | None = None) -> Value:  # fmt: skip
-    """linalg_vector_norm(Tensor self, Scalar ord=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None)"""
+def linalg_vector_norm(
+    b: Builder,
+    x: Value,
+    ord: float = 2,
+    dim: Dims = None,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+) -> Value:
+    """linalg_vector_norm(Tensor self, Scalar ord=2, int[1]? dim=None, bool keepdim=False, *, dtype=None)"""
     return vector_norm(b, x, ord, dim, keepdim, dtype)
 
 
@@ -239,7 +256,9 @@ def norm_all(b: Builder, x: Value, p: float | None = 2, dtype: torch.dtype | Non
 
 
 @rule("aten::norm.ScalarOpt_dim", "aten::norm.ScalarOpt_dim_dtype")
-def norm_dim(b: Builder, x: Value, p: float | None, dim: Dims, keepdim: bool = False, dtype: torch.dtype | None = None) -> Value:  # fmt: skip
+def norm_dim(
+    b: Builder, x: Value, p: float | None, dim: Dims, keepdim: bool = False, dtype: torch.dtype | None = None
+) -> Value:
     """norm.ScalarOpt_dim(Tensor self, Scalar? p, int[1] dim, bool keepdim=False) -> Tensor"""
     return vector_norm(b, x, 2 if p is None else p, dim, keepdim, dtype)
 
@@ -251,13 +270,17 @@ def frobenius_norm(b: Builder, x: Value, dim: Dims, keepdim: bool = False) -> Va
 
 
 @rule("aten::var_mean.dim")
-def var_mean_dim(b: Builder, x: Value, dim: Dims, unbiased: bool = True, keepdim: bool = False) -> tuple[Value, Value]:  # fmt: skip
+def var_mean_dim(
+    b: Builder, x: Value, dim: Dims, unbiased: bool = True, keepdim: bool = False
+) -> tuple[Value, Value]:
     """var_mean.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> (Tensor, Tensor)"""
     return _variance(b, x, dim, _correction(unbiased, None), keepdim)
 
 
 @rule("aten::std_mean.dim")
-def std_mean_dim(b: Builder, x: Value, dim: Dims, unbiased: bool = True, keepdim: bool = False) -> tuple[Value, Value]:  # fmt: skip
+def std_mean_dim(
+    b: Builder, x: Value, dim: Dims, unbiased: bool = True, keepdim: bool = False
+) -> tuple[Value, Value]:
     """std_mean.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> (Tensor, Tensor)"""
     var, mean = _variance(b, x, dim, _correction(unbiased, None), keepdim)
     return unary(b, "sqrt", var), mean
