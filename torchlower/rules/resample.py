@@ -87,7 +87,9 @@ def resample(
     return x
 
 
-def _vec_size(name: str, x: Value, size: Sequence[int] | None, align: bool | None, factors: Sequence[float] | None) -> list[int]:  # fmt: skip
+def _vec_size(
+    name: str, x: Value, size: Sequence[int] | None, align: bool | None, factors: Sequence[float] | None
+) -> list[int]:
     """Output size of a ``.vec`` overload, computed by torch itself on a meta tensor."""
     if size is not None:
         return [int(s) for s in size]
@@ -122,12 +124,16 @@ _INTERPOLATING = {
 
 def _nearest_rules(name: str, kind: str) -> None:
     @rule(f"aten::{name}.vec")
-    def vec(b: Builder, x: Value, output_size: Sequence[int] | None, scale_factors: Sequence[float] | None) -> Value:  # fmt: skip
+    def vec(
+        b: Builder, x: Value, output_size: Sequence[int] | None, scale_factors: Sequence[float] | None
+    ) -> Value:
         size = _vec_size(name, x, output_size, None, scale_factors)
         return resample(b, x, kind, size, _scales(scale_factors, len(size)), False)
 
     @rule(f"aten::{name}")
-    def default(b: Builder, x: Value, output_size: Sequence[int], s0: Scale = None, s1: Scale = None, s2: Scale = None) -> Value:  # fmt: skip
+    def default(
+        b: Builder, x: Value, output_size: Sequence[int], s0: Scale = None, s1: Scale = None, s2: Scale = None
+    ) -> Value:
         return resample(b, x, kind, output_size, [s0, s1, s2][: len(output_size)], False)
 
     vec.__doc__ = f"{name}.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor"
@@ -136,12 +142,26 @@ def _nearest_rules(name: str, kind: str) -> None:
 
 def _interpolating_rules(name: str, kind: str) -> None:
     @rule(f"aten::{name}.vec")
-    def vec(b: Builder, x: Value, output_size: Sequence[int] | None, align_corners: bool, scale_factors: Sequence[float] | None) -> Value:  # fmt: skip
+    def vec(
+        b: Builder,
+        x: Value,
+        output_size: Sequence[int] | None,
+        align_corners: bool,
+        scale_factors: Sequence[float] | None,
+    ) -> Value:
         size = _vec_size(name, x, output_size, align_corners, scale_factors)
         return resample(b, x, kind, size, _scales(scale_factors, len(size)), align_corners)
 
     @rule(f"aten::{name}")
-    def default(b: Builder, x: Value, output_size: Sequence[int], align_corners: bool, s0: Scale = None, s1: Scale = None, s2: Scale = None) -> Value:  # fmt: skip
+    def default(
+        b: Builder,
+        x: Value,
+        output_size: Sequence[int],
+        align_corners: bool,
+        s0: Scale = None,
+        s1: Scale = None,
+        s2: Scale = None,
+    ) -> Value:
         return resample(b, x, kind, output_size, [s0, s1, s2][: len(output_size)], align_corners)
 
     vec.__doc__ = (
