@@ -8,7 +8,8 @@ geometry on the same voxels share one map.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,10 +21,12 @@ from torchlower.lattice.sparse import SparseTensor, Triple, triple
 IntOr3 = int | Sequence[int]
 
 
-def _cached(x: SparseTensor, key: tuple, build) -> kernels.KernelMap:  # noqa: ANN001
+def _cached(x: SparseTensor, build: Callable[..., kernels.KernelMap], *args: Any) -> kernels.KernelMap:
+    """``build(x.coords, x.stride, *args)``, computed once per voxel set (``x.cache``)."""
+    key = (build.__name__, *(id(a) if isinstance(a, torch.Tensor) else a for a in args))
     kmap = x.cache.get(key)
     if kmap is None:
-        kmap = x.cache[key] = build()
+        kmap = x.cache[key] = build(x.coords, x.stride, *args)
     return kmap
 
 
@@ -68,10 +71,7 @@ class SubmConv3d(_ConvBase):
         self.dilation: Triple = triple(dilation, "dilation")
 
     def forward(self, x: SparseTensor) -> SparseTensor:
-        key = ("subm", self.kernel_size, self.dilation)
-        return self._run(
-            x, _cached(x, key, lambda: kernels.subm_map(x.coords, x.stride, self.kernel_size, self.dilation))
-        )
+        return self._run(x, _cached(x, kernels.subm_map, self.kernel_size, self.dilation))
 
 
 class Conv3d(_ConvBase):
@@ -92,11 +92,8 @@ class Conv3d(_ConvBase):
         self.dilation = triple(dilation, "dilation")
 
     def forward(self, x: SparseTensor) -> SparseTensor:
-        key = ("conv", self.kernel_size, self.stride, self.padding, self.dilation)
-        build = lambda: kernels.conv_map(
-            x.coords, x.stride, self.kernel_size, self.stride, self.padding, self.dilation
-        )  # noqa: E731
-        return self._run(x, _cached(x, key, build))
+        geometry = (self.kernel_size, self.stride, self.padding, self.dilation)
+        return self._run(x, _cached(x, kernels.conv_map, *geometry))
 
 
 class ConvTranspose3d(Conv3d):
@@ -114,11 +111,8 @@ class ConvTranspose3d(Conv3d):
                 f"ConvTranspose3d needs the support at stride {target_stride}, which this tensor never had "
                 f"(known: {sorted(x.supports)}); use GenerativeConvTranspose3d to create voxels"
             )
-        key = ("transpose", self.kernel_size, self.stride, self.padding, self.dilation)
-        build = lambda: kernels.transpose_map(  # noqa: E731
-            x.coords, x.stride, target, self.kernel_size, self.stride, self.padding, self.dilation
-        )
-        return self._run(x, _cached(x, key, build))
+        geometry = (self.kernel_size, self.stride, self.padding, self.dilation)
+        return self._run(x, _cached(x, kernels.transpose_map, target, *geometry))
 
 
 class GenerativeConvTranspose3d(_ConvBase):
@@ -131,13 +125,7 @@ class GenerativeConvTranspose3d(_ConvBase):
         self.stride = triple(stride, "stride")
 
     def forward(self, x: SparseTensor) -> SparseTensor:
-        key = ("generative", self.kernel_size, self.stride)
-        return self._run(
-            x,
-            _cached(
-                x, key, lambda: kernels.generative_map(x.coords, x.stride, self.kernel_size, self.stride)
-            ),
-        )
+        return self._run(x, _cached(x, kernels.generative_map, self.kernel_size, self.stride))
 
 
 class _Pool(nn.Module):
@@ -152,11 +140,7 @@ class _Pool(nn.Module):
         self.padding, self.dilation = triple(padding, "padding"), triple(dilation, "dilation")
 
     def forward(self, x: SparseTensor) -> SparseTensor:
-        key = ("conv", self.kernel_size, self.stride, self.padding, self.dilation)
-        build = lambda: kernels.conv_map(
-            x.coords, x.stride, self.kernel_size, self.stride, self.padding, self.dilation
-        )  # noqa: E731
-        kmap = _cached(x, key, build)
+        kmap = _cached(x, kernels.conv_map, self.kernel_size, self.stride, self.padding, self.dilation)
         feats = kernels.apply_pool(x.feats, kmap, self.mode)
         return SparseTensor(feats, kmap.out_coords, kmap.out_stride, supports=x.supports, check=False)
 

@@ -55,7 +55,7 @@ def conv_weight(weight: torch.Tensor, k: int) -> torch.Tensor:
     return weight.reshape(weight.shape[0], -1, weight.shape[-1])[:, k, :]
 
 
-def subm_conv(x: Ref, weight: torch.Tensor, bias: torch.Tensor | None, kernel, dilation) -> Ref:  # noqa: ANN001
+def subm_conv(x: Ref, weight: torch.Tensor, bias: torch.Tensor | None, kernel, dilation) -> Ref:
     out = {}
     center = [(k - 1) // 2 for k in kernel]
     for key in x.voxels:
@@ -72,7 +72,7 @@ def _finish(acc: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return (acc + bias.double() if bias is not None else acc).float()
 
 
-def strided_pairs(x: Ref, kernel, stride, padding, dilation):  # noqa: ANN001, ANN201
+def strided_pairs(x: Ref, kernel, stride, padding, dilation):
     """(output key, kernel index, input key) for ``o·s = c + p − k·d``, in logical units."""
     out_stride = tuple(x.stride[i] * stride[i] for i in range(3))
     pairs = []
@@ -86,7 +86,7 @@ def strided_pairs(x: Ref, kernel, stride, padding, dilation):  # noqa: ANN001, A
     return out_stride, pairs
 
 
-def conv(x: Ref, weight, bias, kernel, stride, padding, dilation) -> Ref:  # noqa: ANN001
+def conv(x: Ref, weight, bias, kernel, stride, padding, dilation) -> Ref:
     out_stride, pairs = strided_pairs(x, kernel, stride, padding, dilation)
     acc: dict[Key, torch.Tensor] = {}
     for o, k, i in pairs:
@@ -95,7 +95,7 @@ def conv(x: Ref, weight, bias, kernel, stride, padding, dilation) -> Ref:  # noq
     return x.derive({o: _finish(a, bias) for o, a in acc.items()}, out_stride, weight.shape[0])
 
 
-def conv_transpose(x: Ref, weight, bias, kernel, stride, padding, dilation) -> Ref:  # noqa: ANN001
+def conv_transpose(x: Ref, weight, bias, kernel, stride, padding, dilation) -> Ref:
     """Onto the recorded support at stride ``S / s``: target c gets ``W[k]·x[o]`` when
     ``o·s = c + p − k·d``."""
     out_stride = tuple(x.stride[i] // stride[i] for i in range(3))
@@ -113,7 +113,7 @@ def conv_transpose(x: Ref, weight, bias, kernel, stride, padding, dilation) -> R
     return x.derive(out, out_stride, weight.shape[0])  # type: ignore[arg-type]
 
 
-def generative_conv_transpose(x: Ref, weight, bias, kernel, stride) -> Ref:  # noqa: ANN001
+def generative_conv_transpose(x: Ref, weight, bias, kernel, stride) -> Ref:
     out_stride = tuple(x.stride[i] // stride[i] for i in range(3))
     acc: dict[Key, torch.Tensor] = {}
     for key, f in x.voxels.items():
@@ -127,7 +127,7 @@ def generative_conv_transpose(x: Ref, weight, bias, kernel, stride) -> Ref:  # n
     return x.derive({c: _finish(a, bias) for c, a in acc.items()}, out_stride, weight.shape[0])  # type: ignore[arg-type]
 
 
-def pool(x: Ref, mode: str, kernel, stride, padding, dilation) -> Ref:  # noqa: ANN001
+def pool(x: Ref, mode: str, kernel, stride, padding, dilation) -> Ref:
     out_stride, pairs = strided_pairs(x, kernel, stride, padding, dilation)
     seen: dict[Key, list[torch.Tensor]] = {}
     for o, _, i in pairs:
@@ -196,7 +196,7 @@ def reindex(source: Ref, target: Ref, fill: float) -> Ref:
     return target.derive(out, target.stride, source.channels)
 
 
-def voxelize(points, feats, batch, active: int, voxel_size, origin, reduction: str) -> Ref:  # noqa: ANN001
+def voxelize(points, feats, batch, active: int, voxel_size, origin, reduction: str) -> Ref:
     groups: dict[Key, list[torch.Tensor]] = {}
     for n in range(active):
         cell = tuple(math.floor((float(points[n, i]) - origin[i]) / voxel_size[i]) for i in range(3))
@@ -208,7 +208,7 @@ def voxelize(points, feats, batch, active: int, voxel_size, origin, reduction: s
     return Ref(voxels, (1, 1, 1), int(feats.shape[1]), {(1, 1, 1): list(voxels)})
 
 
-def devoxelize(points, x: Ref, batch, active: int, voxel_size, origin, interpolation: str) -> torch.Tensor:  # noqa: ANN001
+def devoxelize(points, x: Ref, batch, active: int, voxel_size, origin, interpolation: str) -> torch.Tensor:
     out = torch.zeros(points.shape[0], x.channels)
     for n in range(active):
         q = [(float(points[n, i]) - origin[i]) / voxel_size[i] / x.stride[i] for i in range(3)]

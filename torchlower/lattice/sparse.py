@@ -63,11 +63,11 @@ class SparseTensor:
 
     # ---- aliases and facts --------------------------------------------------------------
     @property
-    def F(self) -> torch.Tensor:  # noqa: N802 - the conventional short alias
+    def F(self) -> torch.Tensor:
         return self.feats
 
     @property
-    def C(self) -> torch.Tensor:  # noqa: N802
+    def C(self) -> torch.Tensor:
         return self.coords
 
     @property
