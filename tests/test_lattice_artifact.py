@@ -13,6 +13,8 @@ from torchlower import lattice as L
 from torchlower.errors import InvalidArgumentError, LoweringError, UnsupportedOpsError
 from torchlower.lattice import quantize
 
+pytest.importorskip("torchlower.fx", reason="lattice.save lowers through the FX front end (issue 3)")
+
 FIXTURES = Path("/work/shared/fixtures/lattice")
 VOXEL = dict(voxel_size=0.1, origin=(-1, -1, -1))
 

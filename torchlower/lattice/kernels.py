@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from torchlower.errors import InvalidArgumentError
-from torchlower.lattice.sparse import CoordIndex, Triple, kernel_offsets, unique_coords
+from torchlower.lattice.sparse import CoordIndex, Hash, Triple, kernel_offsets, unique_coords
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,12 @@ def subm_map(coords: torch.Tensor, stride: Triple, kernel: Triple, dilation: Tri
     offs = kernel_offsets(kernel)
     center = (_t(kernel) - 1) // 2
     delta = (offs - center) * _t(dilation) * _t(stride)  # [K, 3] physical
-    index = CoordIndex(coords)
-    query = coords.long().unsqueeze(0).repeat(len(offs), 1, 1)
-    query[:, :, 1:] += delta.unsqueeze(1)
-    found = index.lookup(query)  # [K, N]: input row feeding output row n through offset k
+    margin = torch.cat([torch.zeros(1, dtype=torch.long), delta.abs().max(dim=0).values])
+    index = CoordIndex(coords, Hash.covering([coords], margin))
+    zero = torch.zeros(len(offs), 4, dtype=torch.long)
+    zero[:, 1:] = delta
+    shift = index.hash.encode(zero + index.hash.lo)  # key(δ): the hash is linear inside its range
+    found = index.lookup_keys(index.hash.encode(coords).unsqueeze(0) + shift.unsqueeze(1))  # [K, N]
     k_idx, out_idx = (found >= 0).nonzero(as_tuple=True)
     return KernelMap(coords, stride, _group(k_idx, found[k_idx, out_idx], out_idx, len(offs)))
 
@@ -129,14 +131,20 @@ def generative_map(coords: torch.Tensor, stride: Triple, kernel: Triple, conv_st
 
 
 def apply_conv(
-    feats: torch.Tensor, kmap: KernelMap, weight: torch.Tensor, bias: torch.Tensor | None
+    feats: torch.Tensor, kmap: KernelMap, weight: torch.Tensor, bias: torch.Tensor | None, chunk: int = 16384
 ) -> torch.Tensor:
-    """``weight [O, kx, ky, kz, I]``: gather rows, one matmul per offset, scatter-add."""
+    """``weight [O, kx, ky, kz, I]``. Each (output, offset) has at most one input, so a row's
+    inputs form a ``[K·I]`` vector: gather them (zeros where absent) and do one matmul per
+    chunk of rows."""
     out_ch, in_ch = weight.shape[0], weight.shape[-1]
-    w = weight.reshape(out_ch, -1, in_ch)
-    out = feats.new_zeros(kmap.rows, out_ch)
+    w = weight.reshape(out_ch, -1).t()  # [K·I, O]
+    kernel_size = w.shape[0] // in_ch
+    table = torch.full((kmap.rows, kernel_size), feats.shape[0], dtype=torch.long)
     for k, in_idx, out_idx in kmap.pairs:
-        out.index_add_(0, out_idx, feats[in_idx] @ w[:, k, :].t())
+        table[out_idx, k] = in_idx
+    padded = torch.cat([feats, feats.new_zeros(1, in_ch)])
+    parts = [padded[rows].reshape(len(rows), -1) @ w for rows in table.split(chunk)]
+    out = torch.cat(parts) if parts else feats.new_zeros(0, out_ch)
     return out + bias if bias is not None else out
 
 

@@ -142,12 +142,15 @@ class Hash:
     radix: torch.Tensor  # [4] int64
 
     @staticmethod
-    def covering(coord_sets: Iterable[torch.Tensor]) -> Hash:
+    def covering(coord_sets: Iterable[torch.Tensor], margin: torch.Tensor | None = None) -> Hash:
+        """Keys for the sets' range widened by ``margin`` per column (so shifted queries stay
+        inside and key arithmetic ``key(c + δ) = key(c) + key(δ)`` holds)."""
         sets = [c.long() for c in coord_sets if len(c)]
         if not sets:
             return Hash(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.long))
-        lo = torch.stack([c.min(dim=0).values for c in sets]).min(dim=0).values
-        hi = torch.stack([c.max(dim=0).values for c in sets]).max(dim=0).values
+        pad = margin.long() if margin is not None else torch.zeros(4, dtype=torch.long)
+        lo = torch.stack([c.min(dim=0).values for c in sets]).min(dim=0).values - pad
+        hi = torch.stack([c.max(dim=0).values for c in sets]).max(dim=0).values + pad
         radix = hi - lo + 1
         if float(radix.double().prod()) >= 2**62:
             raise InvalidArgumentError(f"coordinate range {lo.tolist()}..{hi.tolist()} is too large to hash")
@@ -180,6 +183,13 @@ class CoordIndex:
         self.hash = hash_ or Hash.covering([coords])
         keys = self.hash.encode(coords)
         self.sorted_keys, self.order = torch.sort(keys)
+
+    def lookup_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """Row of each key (−1 when absent); keys must come from ``self.hash``."""
+        if len(self.sorted_keys) == 0:
+            return torch.full(keys.shape, -1, dtype=torch.long)
+        pos = torch.searchsorted(self.sorted_keys, keys).clamp_(max=len(self.sorted_keys) - 1)
+        return torch.where(self.sorted_keys[pos] == keys, self.order[pos], -1)
 
     def lookup(self, query: torch.Tensor) -> torch.Tensor:
         flat = query.reshape(-1, 4)
