@@ -85,7 +85,8 @@ def message(exc: BaseException) -> str:
     text = str(exc).strip() or repr(exc)
     if not isinstance(exc, TorchlowerError):
         text = f"{type(exc).__name__}: {text}"
-    return text
+    notes = getattr(exc, "__notes__", None) or []  # e.g. why the auto front end skipped others
+    return "\n".join([text, *(f"  note: {n}" for n in notes)])
 
 
 def describe(exc: BaseException) -> dict[str, Any]:
