@@ -61,10 +61,13 @@ def setup_logging(verbose: int, quiet: bool) -> None:
     handler.setFormatter(_LowerLevel("torchlower: %(levelname)s: %(message)s"))
     logger.handlers[:] = [handler]
     logger.propagate = False
-    if quiet:
-        import warnings
+    import warnings
 
+    if quiet:
         warnings.simplefilter("ignore")
+    elif verbose == 0:  # upstream deprecation chatter is not the user's business here
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
 
 
 class _LowerLevel(logging.Formatter):
