@@ -160,7 +160,9 @@ def test_weights_are_loaded_and_checked(tmp_path: Path) -> None:
             p.mul_(-2.0)
     torch.save(model.state_dict(), tmp_path / "w.pt")
     out = tmp_path / "w.nnef.tgz"
-    data = cli_json("export", MLP, "-o", out, "--input", "x:2x8", "--weights", tmp_path / "w.pt")
+    data = cli_json(
+        "export", MLP, "-o", out, "--input", "x:2x8", "--weights", tmp_path / "w.pt", "--frontend", "jit"
+    )
     assert data["max_abs_error"] < 1e-5
     ok = cli_json("check", out, "--model", MLP, "--weights", tmp_path / "w.pt")
     assert ok["compared"][0]["ok"]
@@ -184,7 +186,7 @@ def test_pickled_object_needs_trust(tmp_path: Path) -> None:
     ]
     refused = cli(*args)
     assert refused.returncode == 2 and "--trust" in refused.stderr
-    assert cli(*args, "--trust").returncode == 0
+    assert cli(*args, "--trust", "--no-check", "--frontend", "jit").returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -214,7 +216,15 @@ def test_bad_usage_json_and_debug(tmp_path: Path) -> None:
 
 def test_unsupported_op_is_exit_3(tmp_path: Path) -> None:
     data = cli_json(
-        "export", "tests.cli_models:Determinant", "-o", tmp_path / "d.nnef.tgz", "--input", "x:2x3x3", code=3
+        "export",
+        "tests.cli_models:Determinant",
+        "-o",
+        tmp_path / "d.nnef.tgz",
+        "--input",
+        "x:2x3x3",
+        "--frontend",
+        "jit",
+        code=3,
     )
     assert [o["op"] for o in data["unsupported_ops"]] == ["aten::linalg_det"]
     assert "torchlower ops" in data["error"]["hint"]
@@ -268,7 +278,7 @@ def test_progress_on_a_terminal_only(tmp_path: Path) -> None:
     assert proc.wait(60) == 0
     text = seen.decode("utf-8", "replace")
     assert "lowering" in text or "tracing" in text
-    quiet = cli(*args, "--quiet")
+    quiet = cli(*args, "--quiet", "--no-check")
     assert quiet.returncode == 0 and quiet.stdout == "" and "tracing" not in quiet.stderr
 
 
