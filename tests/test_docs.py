@@ -65,7 +65,7 @@ def test_examples_run(doc: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             skipped.append(f"line {line} needs {', '.join(absent)}")
             break
         if kind == "python":
-            exec(compile(code, f"{doc.name}:{line}", "exec"), namespace)  # noqa: S102 (our own docs)
+            exec(compile(code, f"{doc.name}:{line}", "exec"), namespace)  # our own docs
         else:
             run_console(code, doc, line, tmp_path)
     if skipped:
