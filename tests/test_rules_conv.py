@@ -91,3 +91,32 @@ def test_functional_conv_with_input_weight(tmp_path, frontend):
             return F.conv2d(x, w, stride=2, padding=1)
 
     export_and_check(Dyn(), (torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3)), tmp_path, frontend)
+
+
+def _classifier() -> nn.Module:
+    def block(cin: int, cout: int) -> list[nn.Module]:
+        return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+
+    model = nn.Sequential(
+        *block(3, 16),
+        nn.MaxPool2d(2),
+        *block(16, 32),
+        nn.AvgPool2d(2),
+        *block(32, 32),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(0.2),
+        nn.Linear(32, 10),
+    )
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2)
+    return model
+
+
+def test_image_classifier(tmp_path, frontend):
+    report = export_and_check(_classifier(), torch.randn(2, 3, 32, 32), tmp_path, frontend)
+    assert report.max_abs_error <= 1e-5, report.max_abs_error
+    assert report.op_histogram["conv"] == 3 and report.op_histogram["matmul"] == 1
