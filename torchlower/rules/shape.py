@@ -14,7 +14,7 @@ import torch
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, cast, shape_of
-from torchlower.values import Dim, Value, normalize_dim
+from torchlower.values import Dim, SymDim, Value, normalize_dim
 
 
 @rule("aten::reshape", "aten::view", "aten::_unsafe_view", "aten::_reshape_alias")
@@ -221,7 +221,9 @@ def size(b: Builder, x: Value, dim: int | None = None) -> Any:
 def _dim(d: Any) -> Dim:
     if isinstance(d, Value) and d.is_const:
         return int(d.const.item())
-    if isinstance(d, (int, str)):
+    if isinstance(d, str):
+        return SymDim(d)
+    if isinstance(d, (int, SymDim)):
         return d
     raise LoweringError(f"reshape: expected int or symbolic dims, got {d!r}")
 
@@ -236,12 +238,6 @@ def _target_shape(src: Sequence[Dim], dst: Sequence[Dim]) -> list[Dim]:
         for d in dst:
             known *= int(d) if d != -1 else 1
         return [total // known if d == -1 else d for d in dst]
-    out: list[Dim] = []
-    for i, d in enumerate(dst):
-        if isinstance(d, str):
-            if i < len(src) and src[i] == d:
-                out.append(0)
-                continue
-            raise LoweringError(f"reshape to symbolic dim {d!r} at position {i} is not supported yet")
-        out.append(d)
-    return out
+    # symbolic: a dim equal to the input's at the same position is copied (0); other
+    # expressions print in tract's TDim syntax, which reshape accepts
+    return [0 if not isinstance(d, int) and i < len(src) and src[i] == d else d for i, d in enumerate(dst)]
