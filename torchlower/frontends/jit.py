@@ -168,8 +168,24 @@ def _lower_node(node: torch._C.Node, args: list[Any], session: Session) -> Any:
     key = schema.split("(", 1)[0] if schema and schema != "(no schema)" else kind
     args = _normalize_args(schema, args)
     metas = [_meta(o) for o in node.outputs()]
-    fold = getattr(torch.ops.aten, kind.split("::", 1)[1], None) if kind.startswith("aten::") else None
+    fold = _folder(kind, schema)
     return session.apply(key, args, where, metas, fold)
+
+
+def _folder(kind: str, schema: str) -> Any:
+    """The torch op that folds a node; keyword-only schema args (dtype, device…) go by name."""
+    packet = getattr(torch.ops.aten, kind.split("::", 1)[1], None) if kind.startswith("aten::") else None
+    if packet is None or not schema or schema == "(no schema)":
+        return packet
+    kwonly = [a.name for a in torch._C.parse_schema(schema).arguments if a.kwarg_only]
+    if not kwonly:
+        return packet
+
+    def fold(*args: Any) -> Any:
+        n = len(args) - len(kwonly)
+        return packet(*args[:n], **dict(zip(kwonly, args[n:], strict=True)))
+
+    return fold
 
 
 def _get_attr(owner: Any, name: str) -> Any:
