@@ -12,21 +12,9 @@ from collections.abc import Sequence
 import torch
 
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, Operand
-from torchlower.rules.layout import broadcast_to, dims_of
-from torchlower.values import Value, constant
-
-
-def scalar_of(value: float | int | bool, dtype: torch.dtype, rank: int) -> Operand:
-    """``value`` as an operand of ``dtype``: an f32/bool literal, else a one-element constant.
-
-    tract reads integer literals as symbolic dims (TDim), so other dtypes get a tiny tensor.
-    """
-    if dtype == torch.float32:
-        return float(value)
-    if dtype == torch.bool:
-        return bool(value)
-    return constant(torch.full([1] * rank, value, dtype=dtype))
+from torchlower.rules.common import Builder
+from torchlower.rules.layout import broadcast_to, dims_of, scalar_of
+from torchlower.values import Value
 
 
 def filled(b: Builder, value: float | int | bool, shape: Sequence[int], dtype: torch.dtype) -> Value:

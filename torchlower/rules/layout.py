@@ -13,7 +13,7 @@ import torch
 
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, reshape, unsqueeze_to
+from torchlower.rules.common import Builder, Operand, reshape, unsqueeze_to
 from torchlower.values import Value, constant, normalize_dim
 
 
@@ -70,10 +70,22 @@ def unsqueeze(b: Builder, x: Value, axes: Sequence[int]) -> Value:
     return b.call("unsqueeze", [x], {"axes": list(axes)}, dtype=x.dtype, shape=tuple(shape))
 
 
-def broadcast_to(
-    b: Builder, x: Value | float | int | bool, shape: Sequence[int], dtype: torch.dtype
-) -> Value:
+def scalar_of(value: float | int | bool, dtype: torch.dtype, rank: int) -> Operand:
+    """``value`` as an operand of ``dtype``: an f32/bool literal, else a one-element constant.
+
+    tract reads integer literals as symbolic dims (TDim), so other dtypes get a tiny tensor.
+    """
+    if dtype == torch.float32:
+        return float(value)
+    if dtype == torch.bool:
+        return bool(value)
+    return constant(torch.full([1] * rank, value, dtype=dtype))
+
+
+def broadcast_to(b: Builder, x: Operand, shape: Sequence[int], dtype: torch.dtype) -> Value:
     """``x`` broadcast to ``shape`` without materialising a full-size weight."""
+    if isinstance(x, Value) and x.is_const and x.const.dim() == 0:
+        x = scalar_of(x.const.item(), dtype, len(shape))
     if isinstance(x, Value):
         if dims_of(x) == tuple(shape):
             return x
@@ -91,7 +103,7 @@ def concat(b: Builder, parts: Sequence[Value], axis: int) -> Value:
 
 @rule("aten::slice.Tensor")
 def slice_(b: Builder, x: Value, dim: int, start: int | None, end: int | None, step: int) -> Value:
-    """slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)"""
+    """slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)"""  # noqa: E501
     if step < 1:
         raise LoweringError(f"slice step must be positive (torch forbids others), got {step}")
     dim = normalize_dim(dim, x.rank)

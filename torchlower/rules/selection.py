@@ -72,7 +72,7 @@ def topk_values(b: Builder, x: Value, k: int, dim: int, largest: bool) -> tuple[
 
 @rule("aten::topk")
 def topk(b: Builder, x: Value, k: int, dim: int, largest: bool, sorted: bool) -> tuple[Value, Value]:
-    """topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)"""
+    """topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)"""  # noqa: E501
     # sorted=False leaves the order unspecified: the sorted order tract gives is one valid answer
     return topk_values(b, x, int(k), dim, largest)
 
@@ -85,7 +85,7 @@ def sort(b: Builder, x: Value, dim: int, descending: bool) -> tuple[Value, Value
 
 @rule("aten::sort.stable")
 def sort_stable(b: Builder, x: Value, stable: bool | None, dim: int, descending: bool) -> tuple[Value, Value]:
-    """sort.stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)"""
+    """sort.stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)"""  # noqa: E501
     return sort(b, x, dim, descending)  # tract's sort is stable, so stable=True is honoured
 
 
