@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchlower import validate
 from torchlower.errors import CheckError, InvalidArgumentError, TorchlowerError
 from torchlower.frontends.session import MISSING, Session
 from torchlower.nnef import archive
@@ -72,6 +73,17 @@ def export(
 
     The user's model is never modified: lowering reads parameters, it never replaces them.
     """
+    validate.export_arguments(
+        model,
+        args,
+        path,
+        input_names=input_names,
+        output_names=output_names,
+        frontend=frontend,
+        frontends=FRONTENDS,
+        check=check,
+        tolerance=tolerance,
+    )
     if not isinstance(model, nn.Module):
         raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     example = _as_tuple(args)
