@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     expected = specs.read_npz(args.expected, "--expected") if args.expected else None
     if (args.weights or args.trust) and not args.model:
         raise usage_error("--weights and --trust need --model MODULE:FACTORY")
-    model = build_model(args.model, args.weights, args.trust) if args.model else None
+    model = build_model(args.model, args.weights, args.trust).eval() if args.model else None
     sizes = specs.symbol_sizes(args.symbol)
     with show_progress(out):
         result = torchlower.check(
