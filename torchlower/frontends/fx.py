@@ -8,6 +8,7 @@ session to a rule. Shapes and dtypes come from one real forward pass (``ShapePro
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 import types
@@ -38,7 +39,12 @@ class Tracer(fx.Tracer):
     through ``torch.export`` of that module alone.
     """
 
-    def __init__(self, rules: Registry | None = None, autowrap_functions: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        rules: Registry | None = None,
+        autowrap_functions: Sequence[Any] = (),
+        n_inputs: int | None = None,
+    ) -> None:
         from torchlower.rules import NNEF_RULES
 
         self.rules = rules if rules is not None else NNEF_RULES
@@ -46,6 +52,15 @@ class Tracer(fx.Tracer):
         wrapped = [k for k in self.rules.functions if isinstance(k, types.FunctionType)]
         super().__init__((math,), tuple(autowrap_functions) + tuple(wrapped))
         self._traceable: dict[int, bool] = {}
+        self.n_inputs = n_inputs  # known number of positional inputs: lets ``forward(self, *xs)`` trace
+
+    def create_args_for_root(self, root_fn: Any, is_module: bool, concrete_args: Any = None) -> Any:
+        """One placeholder per input for ``forward(self, *xs)`` (FX alone gives one for ``xs``)."""
+        placeholders = _vararg_placeholders(root_fn, is_module, self.n_inputs) if not concrete_args else None
+        if placeholders is None:
+            return super().create_args_for_root(root_fn, is_module, concrete_args)
+        proxies = [self.create_proxy("placeholder", name, (), {}) for name in placeholders]
+        return root_fn, ([self.root] if is_module else []) + proxies
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if self.rules.lookup_module(type(m)) is not None:
@@ -57,6 +72,21 @@ class Tracer(fx.Tracer):
         return not self._traceable[id(m)]
 
 
+def _vararg_placeholders(root_fn: Any, is_module: bool, n_inputs: int | None) -> list[str] | None:
+    """Placeholder names ``a, b, xs_0, xs_1`` when ``root_fn`` takes ``*xs`` and ``n_inputs`` is known."""
+    if n_inputs is None:
+        return None
+    params = list(inspect.signature(inspect.unwrap(root_fn)).parameters.values())[int(is_module) :]
+    if not any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    fixed = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required_kw = [p for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if n_inputs < len(fixed) or required_kw:
+        return None  # defaults or keyword-only inputs: FX's own handling (it fails with a clear message)
+    star = next(p.name for p in params if p.kind is p.VAR_POSITIONAL)
+    return fixed + [f"{star}_{i}" for i in range(n_inputs - len(fixed))]
+
+
 def _traces_into_known_calls(module: nn.Module) -> bool:
     try:
         graph = fx.Tracer().trace(module)
@@ -65,9 +95,9 @@ def _traces_into_known_calls(module: nn.Module) -> bool:
     return all(pycalls.resolvable(n.target) for n in graph.nodes if n.op == "call_function")
 
 
-def trace(model: nn.Module, rules: Registry | None = None) -> fx.GraphModule:
-    """``model`` as a ``GraphModule`` traced with ``Tracer``."""
-    tracer = Tracer(rules)
+def trace(model: nn.Module, rules: Registry | None = None, n_inputs: int | None = None) -> fx.GraphModule:
+    """``model`` as a ``GraphModule`` traced with ``Tracer`` (``n_inputs`` expands ``*args``)."""
+    tracer = Tracer(rules, n_inputs=n_inputs)
     try:
         graph = tracer.trace(model)
     except Exception as exc:
@@ -264,8 +294,12 @@ def lower_module(
             observed = pytree.tree_leaves(model(*example))
         metas = [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (None, None) for t in observed]
         out = session.apply_module(model, list(inputs), type(model).__name__, metas)
+    elif Tracer(builder.rules).is_leaf_module(model, ""):  # a torch.nn module FX cannot trace
+        from torchlower.frontends.export import lower_submodule
+
+        out = lower_submodule(builder, session, model, tuple(inputs), {}, (tuple(example), {}), "")
     else:
-        gm = trace(model, builder.rules)
+        gm = trace(model, builder.rules, len(inputs))
         with torch.no_grad():
             _ShapePass(gm, builder.rules).propagate(*example)
         progress.retotal(sum(n.op.startswith("call_") for n in gm.graph.nodes), "lowering")
@@ -315,8 +349,6 @@ def _example_tensor(value: Value) -> torch.Tensor:
 
 def _bind_signature(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """Positional arguments in the signature's order, defaults filled (for user rules)."""
-    import inspect
-
     try:
         bound = inspect.signature(fn).bind(*args, **kwargs)
     except (TypeError, ValueError) as exc:

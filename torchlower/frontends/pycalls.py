@@ -68,7 +68,7 @@ class Call:
 def resolve_function(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     """Resolve an FX ``call_function`` target."""
     if isinstance(target, torch._ops.OpOverload):
-        bound = bind_schema(target._schema, args, kwargs)
+        bound = bind_schema(target._schema, args, kwargs, wrapped_numbers=True)
         name = key_of(target._schema)
         return Call(name, Bound(name, bound, target._schema) if bound is not None else None)
     if isinstance(target, torch._ops.OpOverloadPacket):
