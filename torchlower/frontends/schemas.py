@@ -82,6 +82,8 @@ def bind_schema(
     names = {p.name for p in params}
     for name, value in kwargs.items():
         name = "self" if name == "input" and "input" not in names else name
+        if name not in names and value is None:
+            continue  # Python's "None means absent" (torch.norm(..., dtype=None) → norm.ScalarOpt_dim)
         if name not in names or name in given:
             return None
         given[name] = value
