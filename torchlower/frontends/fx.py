@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from torchlower import progress
@@ -163,6 +164,9 @@ def node_metas(node: fx.Node) -> list[Meta] | None:
     metas: list[Meta] = []
     for leaf in leaves:
         if isinstance(leaf, (torch.Tensor,)) or (hasattr(leaf, "dtype") and hasattr(leaf, "shape")):
+            if free_unbacked_symbols(tuple(leaf.shape)):  # data-dependent (index with a mask): the
+                metas.append((leaf.dtype, None))  # rule's own shape stands (static when the mask is)
+                continue
             metas.append((leaf.dtype, tuple(int(d) if isinstance(d, int) else str(d) for d in leaf.shape)))
         else:
             metas.append((None, None))
