@@ -154,9 +154,13 @@ class NNEFBuilder:
         return out
 
     def _operand(self, arg: Operand) -> Operand:
-        """Constants in operand position: scalars print as literals, tensors become variables."""
+        """Constants in operand position: float scalars print as literals, tensors become variables.
+
+        Integer rank-0 constants become typed variables: tract reads an integer literal as a
+        symbolic size (TDim), which then leaks into the result type.
+        """
         if isinstance(arg, Value):
-            if arg.const is not None and arg.const.dim() == 0:
+            if arg.const is not None and arg.const.dim() == 0 and arg.const.is_floating_point():
                 return arg.const.item()
             return self.tensor(arg)
         if isinstance(arg, (list, tuple)):
