@@ -28,6 +28,8 @@ TRACT_DTYPES = {
     torch.bool: "bool",
 }
 
+PRECISIONS = ("f32", "f16")
+
 _VARIABLE_KIND = {"f": "scalar", "c": "scalar", "i": "integer", "u": "integer", "b": "logical"}
 
 Operand = Any  # Value | bool | int | float | str | list | tuple of those
@@ -36,11 +38,14 @@ Operand = Any  # Value | bool | int | float | str | list | tuple of those
 class NNEFBuilder:
     """Collects assignments into an NNEF graph for tract (``tract=True``) or plain Khronos."""
 
-    def __init__(self, *, tract: bool = True) -> None:
+    def __init__(self, *, tract: bool = True, precision: str = "f32") -> None:
         from torchlower.rules import NNEF_RULES
 
+        if precision not in PRECISIONS:
+            raise InvalidArgumentError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
         self.rules = NNEF_RULES
         self.tract = tract
+        self.precision = precision  # "f16": float weights and compute in f16, I/O stay f32
         self.inputs: list[Value] = []
         self.outputs: list[tuple[str, Value]] = []
         self.assignments: list[text.Assignment] = []
@@ -51,6 +56,7 @@ class NNEFBuilder:
         self._taken: set[str] = set()
         self._reserved: set[str] = set()
         self._materialized: dict[object, Value] = {}
+        self._keep_alive: list[torch.Tensor] = []
 
     # ---- names --------------------------------------------------------------------------
     def fresh(self, hint: str | None = None) -> str:
@@ -81,11 +87,16 @@ class NNEFBuilder:
         value = Value(ident, dtype, tuple(shape))
         dims = [d for d in shape]
         if self.tract:
-            op, attrs = "tract_core_external", {"shape": dims, "datum_type": self.dtype_name(dtype)}
+            op, attrs = "tract_core_external", {"shape": dims, "datum_type": TRACT_DTYPES.get(dtype, "")}
+            self.dtype_name(dtype)  # refuses dtypes tract lacks
         else:
             op, attrs = "external<scalar>", {"shape": dims}
         self.assignments.append(text.Assignment([value], op, [], attrs))
         self.inputs.append(value)
+        if self._narrows(dtype):  # the caller keeps feeding f32; compute starts in f16
+            return self.call(
+                "tract_core_cast", [value], {"to": "f16"}, dtype=dtype, shape=value.shape, hint=name
+            )
         return value
 
     def set_outputs(self, names: Sequence[str], values: Sequence[Value]) -> None:
@@ -96,7 +107,12 @@ class NNEFBuilder:
             ident = text.identifier(name)
             if ident != name:
                 raise InvalidArgumentError(f"output name {name!r} is not a valid NNEF identifier")
-            self.outputs.append((name, self.tensor(value)))
+            value = self.tensor(value)
+            if self._narrows(value.dtype):  # the caller gets f32 back
+                value = self.call(
+                    "tract_core_cast", [value], {"to": "f32"}, dtype=value.dtype, shape=value.shape
+                )
+            self.outputs.append((name, value))
 
     def call(
         self,
@@ -123,6 +139,25 @@ class NNEFBuilder:
         self.assignments.append(text.Assignment(outs, op, args, dict(attrs or {})))
         return tuple(outs)
 
+    def accurate(self, x: Value) -> Value:
+        """``x`` in the precision reductions should accumulate in (f32 when computing in f16).
+
+        Rules wrap numerically touchy ops (softmax, norms, attention) in ``accurate`` /
+        ``compute`` instead of asking which precision the export uses.
+        """
+        if not self._narrows(x.dtype) or x.is_const:
+            return x
+        return self.call("tract_core_cast", [x], {"to": "f32"}, dtype=x.dtype, shape=x.shape)
+
+    def compute(self, x: Value) -> Value:
+        """``x`` back in the working precision after an ``accurate`` section."""
+        if not self._narrows(x.dtype) or x.is_const:
+            return x
+        return self.call("tract_core_cast", [x], {"to": "f16"}, dtype=x.dtype, shape=x.shape)
+
+    def _narrows(self, dtype: torch.dtype | None) -> bool:
+        return self.precision == "f16" and dtype == torch.float32
+
     def use_extension(self, extension: str) -> None:
         """Declare an extension (e.g. ``tract_registry tract_transformers``) used by an op."""
         if not self.tract and extension.startswith("tract_"):
@@ -145,7 +180,8 @@ class NNEFBuilder:
         label = value.label or f"constants/{self.fresh('c')}"
         if label in self.weights:
             label = self.fresh(f"{label}_v")
-        self.weights[label] = tensor
+        self.weights[label] = tensor.half() if self._narrows(tensor.dtype) else tensor
+        self._keep_alive.append(tensor)  # its data pointer is part of a key above
         out = Value(self.fresh(label), tensor.dtype, tuple(tensor.shape), label=label)
         kind = _VARIABLE_KIND[_dtype_kind(tensor.dtype)]
         attrs = {"label": label, "shape": list(tensor.shape)}
@@ -166,6 +202,9 @@ class NNEFBuilder:
         return arg
 
     def dtype_name(self, dtype: torch.dtype) -> str:
+        """tract's name for ``dtype`` in the working precision (f32 is f16 in an f16 export)."""
+        if self._narrows(dtype):
+            return "f16"
         try:
             return TRACT_DTYPES[dtype]
         except KeyError:
