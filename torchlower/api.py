@@ -138,7 +138,7 @@ def export(
     if compress is not None:
         reference = _compress(builder, module, example, compress)
     weights = builder.live_weights()
-    final = archive.write(target, builder.graph_text(), weights)
+    final = archive.write(target, builder.graph_text(), weights, builder.quant_text())
     report = ExportReport(
         path=final,
         frontend=frontend,

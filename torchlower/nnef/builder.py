@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,6 +30,32 @@ TRACT_DTYPES = {
 }
 
 PRECISIONS = ("f32", "f16")
+# torch quantized dtype -> (bits, signed) of its storage
+_QUANT_STORAGE = {torch.quint8: (8, False), torch.qint8: (8, True), torch.qint32: (32, True)}
+
+
+# ops whose output tract gives the quantized type of their first input (layout, max, relu)
+_QUANT_PRESERVING = {
+    "reshape", "squeeze", "unsqueeze", "transpose", "slice", "copy", "relu", "max_pool", "tile", "pad",
+    "tract_core_broadcast",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Affine quantization of one tensor: real = (code − zero_point) × scale."""
+
+    scale: float
+    zero_point: int
+    bits: int
+    signed: bool
+
+    def text(self) -> str:
+        return (
+            f"zero_point_linear_quantize(zero_point = {self.zero_point}, scale = {self.scale!r}, "
+            f"bits = {self.bits}, signed = {str(self.signed).lower()}, "
+            f"symmetric = {str(self.zero_point == 0).lower()});"
+        )
 
 _VARIABLE_KIND = {"f": "scalar", "c": "scalar", "i": "integer", "u": "integer", "b": "logical"}
 
@@ -57,6 +84,8 @@ class NNEFBuilder:
         self._reserved: set[str] = set()
         self._materialized: dict[object, Value] = {}
         self._keep_alive: list[torch.Tensor] = []
+        self.quantization: dict[str, QParams] = {}  # graph.quant entries by identifier
+        self._qvalues: dict[str, QParams] = {}  # those plus values that inherit their type
 
     # ---- names --------------------------------------------------------------------------
     def fresh(self, hint: str | None = None) -> str:
@@ -128,6 +157,8 @@ class NNEFBuilder:
         out = Value(self.fresh(hint), dtype, shape)
         args = [self._operand(a) for a in args]
         self.assignments.append(text.Assignment([out], op, args, dict(attrs or {})))
+        if op in _QUANT_PRESERVING and args and isinstance(args[0], Value) and args[0].name in self._qvalues:
+            self._qvalues[out.name] = self._qvalues[args[0].name]  # tract keeps the type through it
         return out
 
     def call_multi(
@@ -154,6 +185,31 @@ class NNEFBuilder:
         if not self._narrows(x.dtype) or x.is_const:
             return x
         return self.call("tract_core_cast", [x], {"to": "f16"}, dtype=x.dtype, shape=x.shape)
+
+    def quantize(self, value: Value, scale: float, zero_point: int, dtype: torch.dtype) -> Value:
+        """Declare ``value`` a linearly quantized tensor (a ``graph.quant`` entry); returns it."""
+        if not self.tract:
+            raise LoweringError("quantized tensors need tract (graph.quant); Khronos-only mode has none")
+        bits, signed = _QUANT_STORAGE[dtype]
+        self.quantization[value.name] = QParams(float(scale), int(zero_point), bits, signed)
+        self._qvalues[value.name] = self.quantization[value.name]
+        return value
+
+    def quant_params(self, value: Value) -> QParams | None:
+        """How ``value`` is quantized, or None for a plain tensor (rules ask, never guess)."""
+        return self._qvalues.get(value.name)
+
+    def quant_text(self) -> str | None:
+        """The ``graph.quant`` document for live quantized tensors, or None when there are none."""
+        live = self.live_assignments()
+        names = self._output_renames(list(live))
+        lines = [
+            f'"{names.get(v.name, v.name)}": {q.text()}'
+            for a in live
+            for v in a.outputs
+            if (q := self.quantization.get(v.name)) is not None
+        ]
+        return "\n".join(lines) + "\n" if lines else None
 
     def _narrows(self, dtype: torch.dtype | None) -> bool:
         return self.precision == "f16" and dtype == torch.float32
