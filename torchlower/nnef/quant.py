@@ -177,7 +177,7 @@ def compress_weights(
         stored = weight.float()
         if kind == "transpose":
             stored = stored.transpose(-1, -2).contiguous()
-        if not can_block_quantize(tuple(stored.shape)) or stored.shape[-1] % BLOCK:
+        if not can_block_quantize(tuple(stored.shape)) or (kind != "conv" and stored.shape[-1] % BLOCK):
             continue
         packed = quantize(fmt, stored.numpy())
         values = torch.from_numpy(packed.dequantize())
@@ -195,14 +195,14 @@ def compress_weights(
 
 
 def _kind(use: _Use, weight: torch.Tensor) -> str | None:
-    """How a weight is used: ``rows`` (blocks along the last dim as stored), ``transpose``, ``gather``."""
+    """How a weight is used: ``rows`` (blocks along its last dim), ``transpose``, ``conv``, ``gather``."""
     a = use.assignment
     if a.op == "matmul" and use.slot == 1 and not a.attrs.get("transposeA"):
         if weight.dim() >= 2 and any(d != 1 for d in weight.shape[:-2]):
             return None  # a batched constant: tract packs only [1.., M, K]
         return "rows" if a.attrs.get("transposeB") else "transpose"
     if a.op == "conv" and use.slot == 1:
-        return "rows"
+        return "conv"  # blocks run over in_channels/groups × kernel, flattened
     if a.op == "tract_core_gather" and use.slot == 0 and a.attrs.get("axis") == 0:
         return "gather"
     return None
