@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -9,7 +11,7 @@ from torch import nn
 class MLP(nn.Sequential):
     def __init__(self, sizes: tuple[int, ...] = (64, 128, 96, 32)) -> None:
         layers: list[nn.Module] = []
-        for i, (a, c) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        for i, (a, c) in enumerate(itertools.pairwise(sizes)):
             layers += [nn.Linear(a, c)] + ([nn.ReLU()] if i < len(sizes) - 2 else [])
         super().__init__(*layers)
 

@@ -14,7 +14,9 @@ from tests.models_compress import CNN, MLP, Block
 from torchlower.nnef import dat, quant
 
 FRONTENDS = ("jit", "export")
-EXPORT_SCALAR_ADD = pytest.mark.xfail(reason="export front end: aten::add.Tensor with a Python scalar", strict=False)
+EXPORT_SCALAR_ADD = pytest.mark.xfail(
+    reason="export front end: aten::add.Tensor with a Python scalar", strict=False
+)
 
 
 def test_q4_0_byte_layout_by_hand() -> None:
@@ -49,7 +51,10 @@ def test_mlp_q4_0_matches_dequantized_model(frontend: str, tmp_path: Path) -> No
     assert all(e.max_abs <= 1e-5 for e in report.errors), report.errors
     assert report.original_errors and all(e.max_abs > 1e-4 for e in report.original_errors)
     # every weight matrix is Q4_0 (64, 128 and 96 are multiples of 32), the biases stay f32
-    assert report.weight_bytes_by_format == {"float32": (128 + 96 + 32) * 4, "q4_0": 9 * 18 * (128 * 2 + 96 * 4 + 32 * 3) // 9}
+    assert report.weight_bytes_by_format == {
+        "float32": (128 + 96 + 32) * 4,
+        "q4_0": 9 * 18 * (128 * 2 + 96 * 4 + 32 * 3) // 9,
+    }
     art = torchlower.load(report.path)
     assert art.formats["0.weight"] == "q4_0" and art.formats["0.bias"] == "f32"
     assert art.weights["0.weight"].shape == (128, 64) and art.weights["0.weight"].dtype == np.float32
@@ -68,9 +73,7 @@ def test_cnn_q4_0_compresses_only_eligible_convs(frontend: str, tmp_path: Path) 
     assert formats["head.weight"] == "q4_0"  # 256
 
 
-@pytest.mark.parametrize(
-    "frontend", ["jit", pytest.param("export", marks=EXPORT_SCALAR_ADD)]
-)
+@pytest.mark.parametrize("frontend", ["jit", pytest.param("export", marks=EXPORT_SCALAR_ADD)])
 def test_block_q4_0_matmul_by_constant_is_stored_transposed(frontend: str, tmp_path: Path) -> None:
     model, x = Block().eval(), torch.randn(2, 8, 64)
     report = torchlower.export(model, x, tmp_path / "b.nnef", frontend=frontend, compress="q4_0")
@@ -78,7 +81,9 @@ def test_block_q4_0_matmul_by_constant_is_stored_transposed(frontend: str, tmp_p
     art = torchlower.load(report.path)
     assert art.formats["proj"] == "q4_0"
     assert "transposeB = true" in next(
-        row for row in (report.path / "graph.nnef").read_text().splitlines() if "matmul(" in row and "proj" in row
+        row
+        for row in (report.path / "graph.nnef").read_text().splitlines()
+        if "matmul(" in row and "proj" in row
     )
     # the stored matrix is proj transposed, dequantized
     np.testing.assert_allclose(art.weights["proj"].reshape(64, 64).T, model.proj.detach().numpy(), atol=0.2)
@@ -101,7 +106,14 @@ def test_sizes_f32_f16_q4_0(tmp_path: Path) -> None:
     for name, options in [("f32", {}), ("f16", {"precision": "f16"}), ("q4_0", {"compress": "q4_0"})]:
         report = torchlower.export(model, x, tmp_path / f"{name}.nnef.tgz", **options)
         original = report.original_errors or report.errors
-        rows.append((name, report.weight_bytes, max(e.max_abs for e in report.errors), max(e.max_abs for e in original)))
+        rows.append(
+            (
+                name,
+                report.weight_bytes,
+                max(e.max_abs for e in report.errors),
+                max(e.max_abs for e in original),
+            )
+        )
     base = rows[0][1]
     print("\nformat  weight bytes  ratio  err vs checked ref  err vs f32 model")
     for name, size, err, orig in rows:

@@ -12,7 +12,9 @@ from tests.models_compress import CNN, MLP, Block
 
 FRONTENDS = ("jit", "export")
 # the export front end's fx interpreter refuses `var + 1e-5` (scalar add) today: another helper's fix
-EXPORT_SCALAR_ADD = pytest.mark.xfail(reason="export front end: aten::add.Tensor with a Python scalar", strict=False)
+EXPORT_SCALAR_ADD = pytest.mark.xfail(
+    reason="export front end: aten::add.Tensor with a Python scalar", strict=False
+)
 CASES = {
     "mlp": (MLP, lambda: torch.randn(4, 64)),
     "cnn": (CNN, lambda: torch.randn(2, 3, 8, 8)),

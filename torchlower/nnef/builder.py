@@ -57,6 +57,7 @@ class QParams:
             f"symmetric = {str(self.zero_point == 0).lower()});"
         )
 
+
 _VARIABLE_KIND = {"f": "scalar", "c": "scalar", "i": "integer", "u": "integer", "b": "logical"}
 
 Operand = Any  # Value | bool | int | float | str | list | tuple of those

@@ -163,17 +163,27 @@ def _product(
         qbias = b.quantize(b.tensor(constant(b_codes, label=f"{b.hint}/bias")), acc_scale, 0, torch.qint32)
         y = b.call("conv", [x, filt, qbias], attrs, dtype=torch.quint8)
         y = b.quantize(y, scale, zero_point, torch.quint8)
-        return b.quantize(b.call("relu", [y], dtype=torch.quint8), scale, zero_point, torch.quint8) if relu else y
+        return (
+            b.quantize(b.call("relu", [y], dtype=torch.quint8), scale, zero_point, torch.quint8)
+            if relu
+            else y
+        )
     if w.qscheme() not in (torch.per_channel_affine, torch.per_channel_symmetric) or w.q_per_channel_axis():
         raise LoweringError(f"quantized weight: qscheme {w.qscheme()} on axis 0 or per tensor expected")
     bcast = (-1,) + (1,) * (w.dim() - 1)
-    filt = b.call("tract_core_cast", [b.tensor(codes)], {"to": b.dtype_name(torch.float32)}, dtype=torch.float32)
+    filt = b.call(
+        "tract_core_cast", [b.tensor(codes)], {"to": b.dtype_name(torch.float32)}, dtype=torch.float32
+    )
     zps = w.q_per_channel_zero_points()
     if bool((zps != 0).any()):
-        filt = b.call("sub", [filt, constant(zps.float().reshape(bcast), label=f"{b.hint}/weight_zero_point")])
+        filt = b.call(
+            "sub", [filt, constant(zps.float().reshape(bcast), label=f"{b.hint}/weight_zero_point")]
+        )
     scales = constant(w.q_per_channel_scales().float().reshape(bcast), label=f"{b.hint}/weight_scale")
     filt = b.call("mul", [filt, scales], dtype=torch.float32)
-    fbias: Value | float = 0.0 if bias is None else constant(bias.detach().float().reshape(1, -1), label=f"{b.hint}/bias")
+    fbias: Value | float = (
+        0.0 if bias is None else constant(bias.detach().float().reshape(1, -1), label=f"{b.hint}/bias")
+    )
     y = b.call("conv", [_float(b, x), filt, fbias], attrs, dtype=torch.float32)
     if relu:
         y = b.call("relu", [y], dtype=torch.float32)
@@ -196,7 +206,9 @@ def _requantize(b: Builder, x: Value, scale: float, zero_point: int, dtype: torc
 
 
 def _float(b: Builder, x: Value) -> Value:
-    return b.call("tract_core_cast", [x], {"to": b.dtype_name(torch.float32)}, dtype=torch.float32, shape=x.shape)
+    return b.call(
+        "tract_core_cast", [x], {"to": b.dtype_name(torch.float32)}, dtype=torch.float32, shape=x.shape
+    )
 
 
 def _quantized(b: Builder, x: Value, op: str) -> Value:
@@ -207,5 +219,7 @@ def _quantized(b: Builder, x: Value, op: str) -> Value:
 def _params(b: Builder, x: Value, op: str) -> Any:
     params = b.quant_params(x)
     if params is None:
-        raise LoweringError(f"quantized {op}: input {x.name} is not a quantized tensor (no quantize_per_tensor before it)")
+        raise LoweringError(
+            f"quantized {op}: input {x.name} is not a quantized tensor (no quantize_per_tensor before it)"
+        )
     return params
