@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint setup clean
+.PHONY: demo test lint setup clean ops-doc
 
 setup: $(STAMP)
 
@@ -26,7 +26,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check torchlower tests
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -n 2 tests
+	TORCHLOWER_VERIFY_COVERAGE=1 $(BIN)/python -m pytest -n 2 tests
+
+# Re-record which test proves each rule in tract, then regenerate docs/operators.md from it.
+ops-doc: $(STAMP)
+	TORCHLOWER_RECORD_COVERAGE=1 $(BIN)/python -m pytest -n 2 -q -p no:warnings tests || true
+	$(BIN)/python -c "from torchlower import coverage; print(coverage.markdown(), end='')" > docs/operators.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info

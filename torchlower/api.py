@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchlower import progress, validate
+from torchlower import coverage, progress, validate
 from torchlower.errors import (
     CheckError,
     InvalidArgumentError,
@@ -63,6 +63,7 @@ class ExportReport:
     # with compress=: `errors` compare with PyTorch running the dequantized weights, these with
     # the original model (informative, never failing)
     original_errors: list[OutputError] = field(default_factory=list)
+    rules_used: list[str] = field(default_factory=list)  # registered keys of the rules that ran
 
     @property
     def checked(self) -> bool:
@@ -156,12 +157,14 @@ def export(
         precision=precision,
         compress=compress,
         weight_bytes_by_format=_bytes_by_format(weights),
+        rules_used=builder.rules_used,
     )
     if check:
         if tolerance is None and precision == "f16":
             tolerance = f16_tolerance([t.detach().numpy() for t in reference])
         with progress.stage("checking in tract"):
             report.errors = verify(final, example, reference, names_out, tolerance)
+        coverage.verified(report.rules_used)
         if reference is not expected:
             report.original_errors = _original_errors(final, example, expected, names_out)
     return report
@@ -234,6 +237,7 @@ def _build(
     if len(outputs) != n_expected or any(o is MISSING for o in outputs):
         raise LoweringError(f"the graph has {len(outputs)} outputs, the model returns {n_expected}")
     builder.set_outputs(names_out, [_as_value(o) for o in outputs])
+    builder.rules_used = sorted(session.used)
     return builder
 
 

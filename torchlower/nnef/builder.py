@@ -80,6 +80,7 @@ class NNEFBuilder:
         self.weights: dict[str, torch.Tensor] = {}
         self.extensions: set[str] = {"tract_registry tract_core"} if tract else set()
         self.symbols: list[str] = []
+        self.rules_used: list[str] = []  # set by the front end once lowering is done
         self.hint = "v"  # set by front ends per node, gives readable names
         self._taken: set[str] = set()
         self._reserved: set[str] = set()
