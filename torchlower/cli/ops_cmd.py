@@ -33,7 +33,7 @@ def support_table() -> list[dict[str, Any]]:
 def run(args: argparse.Namespace, out: Output) -> int:
     rows = support_table()
     if args.markdown and not args.json:
-        print(markdown(rows))
+        print(markdown(rows), end="")
         return 0
     data = {"ok": True, "count": len(rows), "ops": rows}
     out.emit(data, lambda console: render(console, rows))
