@@ -211,12 +211,9 @@ def _per_metric_tables(grid: dict[str, dict[str, Row]], exporters: list[str]) ->
                 first = next((r for r in row.values() if r.get("torch_infer_s")), None)
                 cells.append(fmt(first["torch_infer_s"], unit) if first else "–")
             if floors:
-                for ex in ("tl-jit", "tl-export"):
-                    alt = {"tl-jit": "t2n", "tl-export": "onnx"}[ex]
-                    src = row.get(ex) if row.get(ex, {}).get("floor_s") else row.get(alt)
-                    cells.append(
-                        fmt(_median(src.get("floor_s")), unit) if src and src.get("floor_s") else "–"
-                    )
+                for ex in ("tl-jit", "onnx"):  # where jit.trace / torch.export were timed
+                    floor = _median(row[ex].get("floor_s")) if ex in row else None
+                    cells.append(fmt(floor, unit) if floor else "–")
             for a, b in pairs:
                 x, y = (get(row[a]) if a in row else None), (get(row[b]) if b in row else None)
                 cells.append(f"{x / y:.3g}" if x and y else "–")

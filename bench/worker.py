@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -57,6 +58,16 @@ def max_error(want: list[np.ndarray], got: list[np.ndarray]) -> float:
     return worst
 
 
+def _fresh_dir(folder: Path, i: int) -> Path:
+    """A new, empty directory per export: writing over an existing file costs a flush on ext4
+    (replace-via-rename / truncate heuristics), which would penalise atomic writers unevenly."""
+    if i > 1:
+        shutil.rmtree(folder / f"r{i - 2}", ignore_errors=True)
+    path = folder / f"r{i}"
+    path.mkdir()
+    return path
+
+
 def _timed_runs(fn: Any, seconds: float, min_runs: int, max_runs: int) -> list[float]:
     fn()
     fn()  # warm-up (allocations, caches)
@@ -69,58 +80,58 @@ def _timed_runs(fn: Any, seconds: float, min_runs: int, max_runs: int) -> list[f
     return times
 
 
-def measure(req: dict[str, Any], send: Any) -> dict[str, Any]:
+def measure(req: dict[str, Any], res: dict[str, Any], send: Any) -> None:
+    """Fill ``res`` step by step (so a failure keeps what was measured); ``res["stage"]`` says where."""
     case, ex = ZOO[req["model"]], exporter(req["exporter"])
+    res["stage"] = "build"
     model, args = case.build()
     with torch.no_grad():
         want = _flat(model(*args))
-    res: dict[str, Any] = {"model": case.name, "family": case.family, "exporter": ex.name}
     res["weight_bytes"] = weight_bytes(model)
+    if req.get("torch_infer"):
+        with torch.no_grad():
+            runs = _timed_runs(lambda: model(*args), req["infer_seconds"], 5, req["max_runs"])
+        res["torch_infer_s"] = statistics.median(runs)
+    if ex.floor is not None:
+        res["stage"] = "floor"
+        res["floor_s"] = []
+        for _ in range(max(1, req["repeats"] - 2)):
+            fresh = copy.deepcopy(model)
+            t0 = clock()
+            ex.floor(fresh, args)
+            res["floor_s"].append(clock() - t0)
+    res["stage"] = "export"
     folder = Path(tempfile.mkdtemp(prefix=f"{ex.name}-{case.name}-", dir=req["workdir"]))
-    # cold: first call of this exporter on this model (includes lazy imports on the first model)
-    fresh = copy.deepcopy(model)
+    fresh = copy.deepcopy(model)  # cold: includes lazy imports when it is the first model
     t0 = clock()
-    files = ex.export(fresh, args, folder)
+    files = ex.export(fresh, args, _fresh_dir(folder, 0))
     res["export_cold_s"] = clock() - t0
     times, peaks = [], []
-    for _ in range(req["repeats"]):
+    # slow exporters get fewer repeats (their relative noise is smaller), to keep the run short
+    repeats = req["repeats"] if res["export_cold_s"] < 1.0 else max(2, req["repeats"] - 2)
+    for _ in range(repeats):
         fresh = copy.deepcopy(model)
         base = memory.reset_peak()
         t0 = clock()
-        files = ex.export(fresh, args, folder)
+        files = ex.export(fresh, args, _fresh_dir(folder, len(times) + 1))
         times.append(clock() - t0)
         peaks.append(memory.peak() - base)
     res["export_s"] = times
     res["export_rss_delta"] = max(peaks)
     res["process_peak_rss"] = memory.peak()
     res["artifact_bytes"] = sum(f.stat().st_size for f in files)
-    if ex.floor is not None and req.get("floor", True):
-        floor = []
-        for _ in range(max(1, req["repeats"] - 2)):
-            fresh = copy.deepcopy(model)
-            t0 = clock()
-            ex.floor(fresh, args)
-            floor.append(clock() - t0)
-        res["floor_s"] = floor
-    if req.get("torch_infer"):
-        torch.set_num_threads(1)
-        with torch.no_grad():
-            res["torch_infer_s"] = statistics.median(
-                _timed_runs(lambda: model(*args), req["infer_seconds"], 5, req["max_runs"])
-            )
-    send({"partial": True, **res})
+    res["stage"] = "runtime"
+    send({"partial": True, **res})  # tract may abort the process from here on
 
     inputs = [a.numpy() for a in args]
-    loads, steps = [], {}
+    res["load_s"] = []
     for _ in range(req["load_repeats"]):
         loaded = load(ex.runtime, files[0], clock)
-        loads.append(sum(loaded.steps.values()))
-        steps = loaded.steps
-    res["load_s"], res["load_steps"] = loads, steps
+        res["load_s"].append(sum(loaded.steps.values()))
+        res["load_steps"] = loaded.steps
     res["max_abs_error"] = max_error(want, loaded.run(inputs))
     runs = _timed_runs(lambda: loaded.run(inputs), req["infer_seconds"], 5, req["max_runs"])
     res["infer_s"], res["infer_runs"] = statistics.median(runs), len(runs)
-    return res
 
 
 def _reason(exc: BaseException) -> str:
@@ -143,20 +154,13 @@ def main() -> None:
     for line in sys.stdin:
         req = json.loads(line)
         print(f"--- {req['exporter']} {req['model']}", file=sys.stderr, flush=True)
-        phase: dict[str, Any] = {}
-
-        def partial(r: dict[str, Any], phase: dict[str, Any] = phase) -> None:
-            phase.update(r)
-            send(r)
-
+        res: dict[str, Any] = {"model": req["model"], "exporter": req["exporter"]}
         try:
-            result = measure(req, partial)
-            send({"final": True, "ok": True, **result})
+            measure(req, res, send)
+            send({**res, "final": True, "ok": True})
         except BaseException as exc:  # report any failure of this model, keep serving
             traceback.print_exc()
-            where = "runtime" if phase else "export"
-            phase.pop("partial", None)
-            send({**phase, "final": True, "ok": False, "failed_in": where, "error": _reason(exc)})
+            send({**res, "final": True, "ok": False, "failed_in": res.get("stage"), "error": _reason(exc)})
             if isinstance(exc, KeyboardInterrupt):
                 raise
 

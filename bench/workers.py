@@ -83,7 +83,7 @@ class Worker:
 
     def _failed(self, partial: dict[str, Any], reason: str) -> dict[str, Any]:
         partial.pop("partial", None)
-        return {**partial, "ok": False, "failed_in": "runtime" if partial else "export", "error": reason}
+        return {**partial, "ok": False, "failed_in": partial.get("stage", "export"), "error": reason}
 
     def _tail(self, lines: int = 3) -> str:
         try:
