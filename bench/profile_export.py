@@ -38,13 +38,13 @@ def profile(name: str, frontend: str, repeats: int, workdir: Path) -> dict[str, 
     import torchlower
 
     model, args = ZOO[name].build()
-    path = Path(tempfile.mkdtemp(dir=workdir)) / "model.nnef.tar"
-    torchlower.export(copy.deepcopy(model), args, path, frontend=frontend, check=False)  # warm
+    folder = Path(tempfile.mkdtemp(dir=workdir))
+    torchlower.export(copy.deepcopy(model), args, folder / "warm.nnef.tar", frontend=frontend, check=False)
     prof = cProfile.Profile()
-    for _ in range(repeats):
+    for i in range(repeats):  # a new file each time, as in the benchmark
         fresh = copy.deepcopy(model)
         prof.enable()
-        torchlower.export(fresh, args, path, frontend=frontend, check=False)
+        torchlower.export(fresh, args, folder / f"{i}.nnef.tar", frontend=frontend, check=False)
         prof.disable()
     stats = pstats.Stats(prof)
     raw: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]

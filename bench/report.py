@@ -102,7 +102,8 @@ def targets(data: dict[str, Any], grid: dict[str, dict[str, Row]]) -> list[list[
         if big["exporter"].startswith("tl-"):
             v = big["peak_above_baseline"] / big["weight_bytes"] if big.get("ok") else None
             how = (
-                f"{big['weight_bytes'] / 2**30:.2f} GiB weights"
+                f"{big['weight_bytes'] / 2**30:.2f} GiB weights, largest tensor "
+                f"{big['largest_tensor_bytes'] / MiB:.0f} MiB"
                 if big.get("ok")
                 else big.get("error", "")[:80]
             )

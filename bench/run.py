@@ -101,10 +101,10 @@ def _child_json(cmd: list[str], timeout: float) -> list[dict[str, Any]]:
 
 def measure_bigmem(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
     rows = []
-    for ex in args.bigmem_exporters:
-        log(f"big model ({args.bigmem_bytes / 2**30:.2f} GiB of f32 weights): {ex}")
+    for ex, width in args.bigmem_cases:
+        log(f"big model ({args.bigmem_bytes / 2**30:.2f} GiB of f32 weights, width {width}): {ex}")
         try:
-            cmd = [sys.executable, "-m", "bench.bigmem", ex, str(args.bigmem_bytes), str(args.bigmem_width)]
+            cmd = [sys.executable, "-m", "bench.bigmem", ex, str(args.bigmem_bytes), str(width)]
             got = _child_json([*cmd, str(workdir)], 900)
         except subprocess.TimeoutExpired:
             got = [{"ok": False, "error": "timeout after 900 s"}]
@@ -171,8 +171,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.max_runs = 200 if a.quick else 2000
     a.import_repeats = 3 if a.quick else 7
     a.bigmem_bytes = (1 << 28) if a.quick else (1 << 30)
-    a.bigmem_width = 4096 if a.quick else 8192  # 4 layers either way
-    a.bigmem_exporters = [e for e in ("tl-jit", "tl-export", "t2n") if e in a.exporters]
+    # 4 square layers; for tl-jit also one single tensor holding all weights (the worst case
+    # for a writer that copies tensor by tensor)
+    width = 4096 if a.quick else 8192
+    cases = [("tl-jit", width), ("tl-jit", 2 * width), ("tl-export", width), ("t2n", width)]
+    a.bigmem_cases = [(e, w) for e, w in cases if e in a.exporters]
     a.profile_models = 2 if a.quick else 4
     return a
 
