@@ -160,6 +160,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "bench")
     p.add_argument("--no-bigmem", action="store_true")
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--report-only", action="store_true", help="re-render results.md from results.json")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds per model and exporter")
     a = p.parse_args(argv)
     unknown = [m for m in a.models or [] if m not in ZOO]
@@ -184,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     from bench.report import write_markdown
 
     args = parse(argv)
+    stem = "results-quick" if args.quick else "results"
+    if args.report_only:
+        data = json.loads((args.out / f"{stem}.json").read_text())
+        (args.out / f"{stem}.md").write_text(write_markdown(data, data.get("finished")))
+        return 0
     started = time.time()
     data: dict[str, Any] = {"environment": environment(), "quick": args.quick, "exporters": args.exporters}
     with tempfile.TemporaryDirectory(prefix="torchlower-bench-") as tmp:
@@ -197,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         logs = {p.name: p.read_text(errors="replace")[-20000:] for p in workdir.glob("worker-*.log")}
     data["environment"]["loadavg_end"] = os.getloadavg()
     data["wall_s"] = time.time() - started
+    data["finished"] = time.strftime("%Y-%m-%d %H:%M")
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "results-quick" if args.quick else "results"
     (args.out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
-    (args.out / f"{stem}.md").write_text(write_markdown(data))
+    (args.out / f"{stem}.md").write_text(write_markdown(data, data["finished"]))
     (args.out / f"{stem}-worker-logs.txt").write_text(
         "\n".join(f"==== {k}\n{v}" for k, v in sorted(logs.items()))
     )

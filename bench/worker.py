@@ -16,6 +16,7 @@ import os
 import shutil
 import statistics
 import sys
+import tarfile
 import tempfile
 import time
 import traceback
@@ -39,6 +40,12 @@ def weight_bytes(model: torch.nn.Module) -> int:
         if t.is_floating_point():
             seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(seen.values())
+
+
+def tensor_payload(archive: Path) -> int:
+    """Bytes of tensor data in an NNEF tar (``.dat`` members minus their 128-byte headers)."""
+    with tarfile.open(archive) as tar:
+        return sum(m.size - 128 for m in tar.getmembers() if m.name.endswith(".dat"))
 
 
 def _flat(out: Any) -> list[np.ndarray]:
@@ -120,6 +127,8 @@ def measure(req: dict[str, Any], res: dict[str, Any], send: Any) -> None:
     res["export_rss_delta"] = max(peaks)
     res["process_peak_rss"] = memory.peak()
     res["artifact_bytes"] = sum(f.stat().st_size for f in files)
+    if files[0].name.endswith(".nnef.tar"):
+        res["tensor_payload_bytes"] = tensor_payload(files[0])
     res["stage"] = "runtime"
     send({"partial": True, **res})  # tract may abort the process from here on
 
