@@ -35,3 +35,20 @@ ops-doc: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# `make bench`: torchlower vs torch_to_nnef vs torch.onnx.export + onnxruntime (bench/results.md).
+# The comparison tools live in their own venv so the dev venv stays clean; torch stays pinned.
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_ARGS ?=
+.PHONY: bench
+
+$(BENCH_STAMP): bench/requirements.txt bench/constraints.txt pyproject.toml
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt -c bench/constraints.txt
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e .
+	$(BENCH_VENV)/bin/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python bench/run.py $(BENCH_ARGS)
