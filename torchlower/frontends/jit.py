@@ -168,8 +168,21 @@ def _lower_node(node: torch._C.Node, args: list[Any], session: Session) -> Any:
     key = schema.split("(", 1)[0] if schema and schema != "(no schema)" else kind
     args = _normalize_args(schema, args)
     metas = [_meta(o) for o in node.outputs()]
-    fold = getattr(torch.ops.aten, kind.split("::", 1)[1], None) if kind.startswith("aten::") else None
+    fold = _folder(kind, schema) if kind.startswith("aten::") else None
     return session.apply(key, args, where, metas, fold)
+
+
+def _folder(kind: str, schema: str) -> Any:
+    """The ATen op to fold with; keyword-only schema arguments are passed by name."""
+    op = getattr(torch.ops.aten, kind.split("::", 1)[1], None)
+    if op is None or not schema or schema == "(no schema)":
+        return op
+    params = torch._C.parse_schema(schema).arguments
+    keywords = [p.name for p in params if p.kwarg_only]
+    if not keywords:
+        return op
+    n = len(params) - len(keywords)
+    return lambda *args: op(*args[:n], **dict(zip(keywords, args[n:], strict=False)))
 
 
 def _get_attr(owner: Any, name: str) -> Any:
