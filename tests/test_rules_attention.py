@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tests.conftest import export_and_check
+
+
+class Sdpa(nn.Module):
+    def __init__(self, is_causal: bool = False, scale: float | None = None, gqa: bool = False) -> None:
+        super().__init__()
+        self.is_causal, self.scale, self.gqa = is_causal, scale, gqa
+
+    def forward(self, q, k, v, mask=None):
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=self.is_causal, scale=self.scale, enable_gqa=self.gqa
+        )
+
+
+def qkv(*lead: int, length: int = 5, source: int = 7, dim: int = 8) -> tuple[torch.Tensor, ...]:
+    return torch.randn(*lead, length, dim), torch.randn(*lead, source, dim), torch.randn(*lead, source, dim)
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3)])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_sdpa(tmp_path, frontend, lead, scale):
+    report = export_and_check(Sdpa(scale=scale), qkv(*lead), tmp_path, frontend)
+    assert report.op_histogram["softmax"] == 1
+
+
+@pytest.mark.parametrize("source", [5, 7])
+def test_sdpa_causal(tmp_path, frontend, source):
+    export_and_check(Sdpa(is_causal=True), qkv(2, 3, source=source), tmp_path, frontend)
+
+
+@pytest.mark.parametrize("mask_shape", [(5, 7), (2, 1, 5, 7), (2, 3, 5, 7), (1, 7)])
+def test_sdpa_bool_mask(tmp_path, frontend, mask_shape):
+    mask = torch.rand(mask_shape) > 0.4
+    mask[..., 0] = True  # no fully masked row (PyTorch gives NaN there)
+    export_and_check(Sdpa(), (*qkv(2, 3), mask), tmp_path, frontend)
+
+
+@pytest.mark.parametrize("mask_shape", [(5, 7), (2, 3, 5, 7)])
+def test_sdpa_float_mask(tmp_path, frontend, mask_shape):
+    export_and_check(Sdpa(), (*qkv(2, 3), torch.randn(mask_shape)), tmp_path, frontend)
+
+
+def test_sdpa_gqa(tmp_path, frontend):
+    q = torch.randn(2, 6, 5, 8)
+    k, v = torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
+    export_and_check(Sdpa(gqa=True), (q, k, v), tmp_path, frontend)
+
+
+class ConstMaskAttention(nn.Module):
+    """MultiheadAttention with masks held as buffers (their conversion folds at export time)."""
+
+    def __init__(self, need_weights: bool, average: bool, padding: bool, attn: bool) -> None:
+        super().__init__()
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.need_weights, self.average = need_weights, average
+        pad = torch.tensor([[False, False, False, True], [False, True, False, False]])
+        self.register_buffer("pad", pad if padding else None)
+        self.register_buffer("attn", torch.ones(4, 4, dtype=torch.bool).triu(1) if attn else None)
+
+    def forward(self, x):
+        out, weights = self.mha(
+            x, x, x, key_padding_mask=self.pad, attn_mask=self.attn,
+            need_weights=self.need_weights, average_attn_weights=self.average,
+        )  # fmt: skip
+        return (out, weights) if self.need_weights else out
+
+
+@pytest.mark.parametrize("padding", [False, True])
+@pytest.mark.parametrize(("need_weights", "average"), [(False, True), (True, True), (True, False)])
+def test_native_multi_head_attention(tmp_path, frontend, padding, need_weights, average):
+    """Without gradients MultiheadAttention takes its fused fast path: aten::_native_multi_head_attention."""
+    model = ConstMaskAttention(need_weights, average, padding, attn=False).requires_grad_(False)
+    report = export_and_check(model, torch.randn(2, 4, 8), tmp_path, frontend)
+    assert report.op_histogram["softmax"] == 1
