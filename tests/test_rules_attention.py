@@ -6,6 +6,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tests.conftest import export_and_check
+from tests.test_rules_recurrent import check_module_rule
 
 
 class Sdpa(nn.Module):
@@ -79,3 +80,48 @@ def test_native_multi_head_attention(tmp_path, frontend, padding, need_weights, 
     model = ConstMaskAttention(need_weights, average, padding, attn=False).requires_grad_(False)
     report = export_and_check(model, torch.randn(2, 4, 8), tmp_path, frontend)
     assert report.op_histogram["softmax"] == 1
+
+
+class InputMaskAttention(nn.Module):
+    """MultiheadAttention on the slow (decomposed) path, masks as graph inputs."""
+
+    def __init__(self, batch_first: bool, need_weights: bool, average: bool) -> None:
+        super().__init__()
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+        self.need_weights, self.average = need_weights, average
+
+    def forward(self, q, k, v, pad, attn):
+        out, weights = self.mha(
+            q, k, v, key_padding_mask=pad, attn_mask=attn,
+            need_weights=self.need_weights, average_attn_weights=self.average,
+        )  # fmt: skip
+        return (out, weights) if self.need_weights else out
+
+
+def mha_inputs(batch_first: bool, bool_masks: bool) -> tuple[torch.Tensor, ...]:
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+    if not batch_first:
+        q, k, v = (t.transpose(0, 1).contiguous() for t in (q, k, v))
+    pad = torch.tensor([[False] * 5 + [True], [False, True] + [False] * 4])
+    attn = torch.rand(4, 6) > 0.7
+    attn[:, 0] = False
+    if not bool_masks:
+        pad, attn = pad.float() * -1e4, torch.randn(4, 6)
+    return q, k, v, pad, attn
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize(("need_weights", "average"), [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("bool_masks", [False, True])
+def test_multihead_attention(tmp_path, frontend, batch_first, need_weights, average, bool_masks):
+    model = InputMaskAttention(batch_first, need_weights, average)
+    export_and_check(model, mha_inputs(batch_first, bool_masks), tmp_path, frontend)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize(("need_weights", "average"), [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("bool_masks", [False, True])
+def test_multihead_attention_module_rule(tmp_path, batch_first, need_weights, average, bool_masks):
+    model = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+    q, k, v, pad, attn = mha_inputs(batch_first, bool_masks)
+    check_module_rule(tmp_path, model, [q, k, v, pad, need_weights, attn, average])

@@ -12,33 +12,31 @@ from torchlower.api import verify
 from torchlower.nnef import archive
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.rules import NNEF_RULES
-from torchlower.values import Value
 
 
-def check_module_rule(
-    tmp_path: Path, module: nn.Module, inputs: Sequence[torch.Tensor | None], *, nest: bool = False
-) -> None:
+def check_module_rule(tmp_path: Path, module: nn.Module, args: Sequence[object]) -> None:
     """Lower ``module`` with its module rule (as the FX front end does), run in tract, compare.
 
-    ``nest``: the module takes its states as a tuple (LSTM / LSTMCell).
+    ``args`` are the module's forward arguments (tensors, tuples of tensors, None, Python values);
+    tensors become graph inputs and reach the rule as Values in the same structure.
     """
     module.eval()
-    present = [t for t in inputs if t is not None]
+    leaves, spec = torch.utils._pytree.tree_flatten(list(args))
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
     with torch.no_grad():
-        args = [inputs[0], tuple(inputs[1:])] if nest and len(inputs) > 1 else list(inputs)
-        expected = torch.utils._pytree.tree_leaves(module(*args))
+        expected = [t for t in torch.utils._pytree.tree_leaves(module(*args)) if t is not None]
     b = NNEFBuilder()
-    values = iter([b.add_input(f"in{i}", t.dtype, tuple(t.shape)) for i, t in enumerate(present)])
-    vals: list[Value | None] = [None if t is None else next(values) for t in inputs]
+    values = iter([b.add_input(f"in{i}", t.dtype, tuple(t.shape)) for i, t in enumerate(tensors)])
+    swapped = [next(values) if isinstance(t, torch.Tensor) else t for t in leaves]
     rule = NNEF_RULES.lookup_module(type(module))
     assert rule is not None
-    rule_args = [vals[0], tuple(vals[1:])] if nest and len(vals) > 1 else vals
-    outs = torch.utils._pytree.tree_leaves(rule.fn(b, module, *rule_args))
+    lowered = rule.fn(b, module, *torch.utils._pytree.tree_unflatten(swapped, spec))
+    outs = [v for v in torch.utils._pytree.tree_leaves(lowered) if v is not None]
     names = [f"out{i}" for i in range(len(outs))]
     b.set_outputs(names, outs)
     path = archive.write(tmp_path / "m.nnef.tgz", b.graph_text(), b.live_weights())
-    errors = verify(path, present, expected, names)
-    assert errors and all(e.ok for e in errors)
+    errors = verify(path, tensors, expected, names)
+    assert len(errors) == len(expected) and all(e.ok for e in errors)
 
 
 def check_function_rule(
@@ -123,15 +121,15 @@ def test_lstm_projection_no_bias(tmp_path, frontend, bidirectional):
 def test_recurrent_module_rule(tmp_path, cls, layers, bidirectional, batch_first, given):
     rnn = make(cls, layers, bidirectional, batch_first)
     x = torch.randn(2, 5, 4) if batch_first else torch.randn(5, 2, 4)
-    states = states_for(rnn, 2) if given else []
-    check_module_rule(tmp_path, rnn, [x, *states], nest=isinstance(rnn, nn.LSTM))
+    states = states_for(rnn, 2) if given else [None]
+    check_module_rule(tmp_path, rnn, [x, tuple(states) if len(states) == 2 else states[0]])
 
 
 @pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU], ids=["lstm", "gru"])
 def test_recurrent_module_rule_unbatched(tmp_path, cls):
     rnn = cls(4, 5, num_layers=2, bidirectional=True)
     states = [s[:, 0] for s in states_for(rnn, 1)]
-    check_module_rule(tmp_path, rnn, [torch.randn(6, 4), *states], nest=cls is nn.LSTM)
+    check_module_rule(tmp_path, rnn, [torch.randn(6, 4), tuple(states) if len(states) == 2 else states[0]])
 
 
 @pytest.mark.parametrize("cls", [nn.LSTMCell, nn.GRUCell, nn.RNNCell], ids=["lstm", "gru", "rnn"])
@@ -140,8 +138,10 @@ def test_recurrent_module_rule_unbatched(tmp_path, cls):
 def test_cell_module_rule(tmp_path, cls, given, batched):
     cell = cls(4, 5)
     lead = (3,) if batched else ()
-    states = [torch.randn(*lead, 5) for _ in range(2 if cls is nn.LSTMCell else 1)] if given else []
-    check_module_rule(tmp_path, cell, [torch.randn(*lead, 4), *states], nest=cls is nn.LSTMCell)
+    states = [torch.randn(*lead, 5) for _ in range(2 if cls is nn.LSTMCell else 1)] if given else [None]
+    check_module_rule(
+        tmp_path, cell, [torch.randn(*lead, 4), tuple(states) if len(states) == 2 else states[0]]
+    )
 
 
 # ---- ATen cell rules (torch.jit.trace decomposes cells; torch.export / FX may keep them) --------

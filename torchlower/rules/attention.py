@@ -57,8 +57,14 @@ def attend(
 def _combine(b: Builder, mask: Value | None, causal: Value, dtype: torch.dtype) -> Value:
     if mask is None:
         return causal
-    one, other = align_ranks(b, additive_mask(b, mask, dtype), additive_mask(b, causal, dtype))
-    return b.call("add", [one, other], dtype=dtype)
+    return add_masks(b, additive_mask(b, mask, dtype), additive_mask(b, causal, dtype))
+
+
+def add_masks(b: Builder, x: Value, y: Value) -> Value:
+    """Sum of two additive masks, broadcast (right-aligned, as PyTorch)."""
+    x, y = align_ranks(b, x, y)
+    shape = tuple(d if e == 1 else e for d, e in zip(shape_of(x), shape_of(y), strict=True))
+    return b.call("add", [x, y], dtype=x.dtype, shape=shape)
 
 
 @rule("aten::scaled_dot_product_attention")
@@ -254,7 +260,7 @@ def multihead_attention_module(
         mask = _padding_mask(b, key_padding_mask, dtype)
     if attn_mask is not None:
         extra = _attn_mask(b, attn_mask, m.num_heads, dtype)
-        mask = extra if mask is None else b.call("add", align_ranks(b, mask, extra), dtype=dtype)
+        mask = extra if mask is None else add_masks(b, mask, extra)
     if m.in_proj_weight is not None:
         proj = _split(constant(m.in_proj_weight.detach(), label="in_proj_weight"), 3)
     else:
