@@ -13,7 +13,99 @@ from typing import TYPE_CHECKING, Union
 if TYPE_CHECKING:
     import torch
 
-Dim = Union[int, str]
+
+class SymDim:
+    """A dynamic size: an integer expression over named symbols (``B``, ``B*S``, ``S + 1``).
+
+    Backed by sympy so arithmetic simplifies (``(B*S)/S`` is ``B``); printed in tract's TDim
+    syntax, which tract accepts wherever an NNEF attribute or operand takes a size.
+    """
+
+    __slots__ = ("expr",)
+
+    def __init__(self, expr: object) -> None:
+        import sympy
+
+        self.expr = (
+            sympy.sympify(expr)
+            if not isinstance(expr, str)
+            else sympy.Symbol(expr, integer=True, positive=True)
+        )
+
+    @staticmethod
+    def wrap(expr: object) -> int | SymDim:
+        """An int when the expression is a constant, else a SymDim."""
+        import sympy
+
+        expr = sympy.sympify(expr)
+        return int(expr) if expr.is_Integer else SymDim(expr)
+
+    @staticmethod
+    def _e(other: object) -> object:
+        return other.expr if isinstance(other, SymDim) else other
+
+    def __add__(self, o: object) -> int | SymDim:
+        return SymDim.wrap(self.expr + self._e(o))
+
+    __radd__ = __add__
+
+    def __sub__(self, o: object) -> int | SymDim:
+        return SymDim.wrap(self.expr - self._e(o))
+
+    def __rsub__(self, o: object) -> int | SymDim:
+        return SymDim.wrap(self._e(o) - self.expr)
+
+    def __mul__(self, o: object) -> int | SymDim:
+        return SymDim.wrap(self.expr * self._e(o))
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o: object) -> int | SymDim:
+        import sympy
+
+        return SymDim.wrap(sympy.floor(self.expr / self._e(o)))
+
+    def __rfloordiv__(self, o: object) -> int | SymDim:
+        import sympy
+
+        return SymDim.wrap(sympy.floor(self._e(o) / self.expr))
+
+    def __eq__(self, o: object) -> bool:
+        return bool(self.expr == self._e(o))
+
+    def __hash__(self) -> int:
+        return hash(self.expr)
+
+    def __repr__(self) -> str:
+        return f"SymDim({self})"
+
+    def __str__(self) -> str:
+        return tdim_text(self.expr)
+
+    @property
+    def symbols(self) -> list[str]:
+        return sorted(str(s) for s in self.expr.free_symbols)
+
+
+def tdim_text(expr: object) -> str:
+    """tract TDim text of a sympy integer expression (+, -, *, integer division)."""
+    import sympy
+
+    if expr.is_Integer or expr.is_Symbol:
+        return str(expr)
+    if isinstance(expr, sympy.floor):
+        num, den = sympy.fraction(sympy.together(expr.args[0]))
+        return f"({tdim_text(num)} / {tdim_text(den)})"
+    if expr.is_Add:
+        terms = sorted(expr.args, key=sympy.default_sort_key)
+        return "(" + " + ".join(tdim_text(t) for t in terms) + ")"
+    if expr.is_Mul:
+        factors = sorted(expr.args, key=sympy.default_sort_key)
+        return " * ".join(tdim_text(f) for f in factors)
+    raise ValueError(f"size expression {expr} has no tract TDim form")
+
+
+Dim = Union[int, SymDim]
 Shape = tuple[Dim, ...]
 
 

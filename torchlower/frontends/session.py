@@ -66,10 +66,9 @@ class Session:
     ) -> Any:
         """Lower one call; returns Value(s), Python objects (folded scalars) or MISSING."""
         rule = self.builder.rules.lookup_function(key)
-        if rule is None and fold is None:
-            self.record_missing(describe(normalize_key(key)), where)
-            return MISSING
-        if _contains(args, Missing):
+        if _contains(args, Missing):  # downstream of a missing op: only note our own absence
+            if rule is None:
+                self.record_missing(describe(normalize_key(key)), where)
             return MISSING
         if fold is not None and _foldable(key, args):
             folded = _try_fold(fold, args)

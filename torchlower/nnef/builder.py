@@ -14,7 +14,7 @@ import torch
 
 from torchlower.errors import InvalidArgumentError, LoweringError
 from torchlower.nnef import text
-from torchlower.values import Shape, Value
+from torchlower.values import Shape, SymDim, Value
 
 TRACT_DTYPES = {
     torch.float16: "f16",
@@ -75,8 +75,9 @@ class NNEFBuilder:
                 f"input name {name!r} is not a valid, unique NNEF identifier (try {ident!r})"
             )
         for dim in shape:
-            if isinstance(dim, str) and dim not in self.symbols:
-                self.symbols.append(dim)
+            for symbol in dim.symbols if isinstance(dim, SymDim) else ():
+                if symbol not in self.symbols:
+                    self.symbols.append(symbol)
         value = Value(ident, dtype, tuple(shape))
         dims = [d for d in shape]
         if self.tract:

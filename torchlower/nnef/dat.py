@@ -51,7 +51,9 @@ def header(
 
 def encode(array: np.ndarray) -> bytes:
     """Encode a numpy array (float16/32/64, int8..64, uint8..64, bool) as ``.dat`` bytes."""
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array)
+    if not array.flags.c_contiguous:  # (ascontiguousarray would turn rank 0 into rank 1)
+        array = array.copy(order="C")
     kind = array.dtype.kind
     if kind not in _CODE_OF_KIND:
         raise ArtifactError(f"cannot store dtype {array.dtype} in a .dat file")

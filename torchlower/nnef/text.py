@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchlower.values import Value
+from torchlower.values import SymDim, Value
 
 _IDENT = re.compile(r"[^A-Za-z0-9_]")
 
@@ -23,6 +23,8 @@ def literal(value: Any, names: dict[str, str]) -> str:
     """NNEF text of an argument: values by name, Python scalars/lists/tuples as literals."""
     if isinstance(value, Value):
         return names.get(value.name, value.name)
+    if isinstance(value, SymDim):
+        return str(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
