@@ -125,3 +125,27 @@ def test_multihead_attention_module_rule(tmp_path, batch_first, need_weights, av
     model = nn.MultiheadAttention(8, 2, batch_first=batch_first)
     q, k, v, pad, attn = mha_inputs(batch_first, bool_masks)
     check_module_rule(tmp_path, model, [q, k, v, pad, need_weights, attn, average])
+
+
+class EncoderStack(nn.Module):
+    def __init__(self, norm_first: bool, activation: str, padding: bool) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(
+            8, 2, 16, batch_first=True, norm_first=norm_first, activation=activation
+        )
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        pad = torch.tensor([[False] * 4 + [True], [False] * 5])
+        self.register_buffer("pad", pad if padding else None)
+
+    def forward(self, x):
+        return self.encoder(x, src_key_padding_mask=self.pad)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("padding", [False, True])
+def test_transformer_encoder_fast_path(tmp_path, frontend, norm_first, activation, padding):
+    """Frozen encoder layers run fused: aten::_transformer_encoder_layer_fwd."""
+    model = EncoderStack(norm_first, activation, padding).requires_grad_(False)
+    report = export_and_check(model, torch.randn(2, 5, 8), tmp_path, frontend)
+    assert report.op_histogram["softmax"] == 2

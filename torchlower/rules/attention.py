@@ -279,3 +279,77 @@ def multihead_attention_module(
 def _swap01(b: Builder, x: Value) -> Value:
     s = shape_of(x)
     return b.call("transpose", [x], {"axes": [1, 0, 2]}, dtype=x.dtype, shape=(s[1], s[0], s[2]))
+
+
+def _call(b: Builder, key: str, *args: object) -> Value:
+    """Reuse another family's rule (an activation) inside a fused lowering."""
+    found = b.rules.lookup_function(key)
+    if found is None:
+        raise LoweringError(f"{key} has no rule, needed by _transformer_encoder_layer_fwd")
+    return found.fn(b, *args)
+
+
+@rule("aten::_transformer_encoder_layer_fwd")
+def transformer_encoder_layer_fwd(
+    b: Builder,
+    src: Value,
+    embed_dim: int,
+    num_heads: int,
+    qkv_weight: Value,
+    qkv_bias: Value | None,
+    proj_weight: Value,
+    proj_bias: Value | None,
+    use_gelu: bool,
+    norm_first: bool,
+    eps: float,
+    norm_weight_1: Value,
+    norm_bias_1: Value,
+    norm_weight_2: Value,
+    norm_bias_2: Value,
+    ffn_weight_1: Value,
+    ffn_bias_1: Value,
+    ffn_weight_2: Value,
+    ffn_bias_2: Value,
+    mask: Value | None,
+    mask_type: int | None,
+) -> Value:
+    """_transformer_encoder_layer_fwd(Tensor src, int embed_dim, int num_heads, Tensor qkv_weight,
+    Tensor qkv_bias, Tensor proj_weight, Tensor proj_bias, bool use_gelu, bool norm_first, float eps,
+    Tensor norm_weight_1, Tensor norm_bias_1, Tensor norm_weight_2, Tensor norm_bias_2,
+    Tensor ffn_weight_1, Tensor ffn_bias_1, Tensor ffn_weight_2, Tensor ffn_bias_2, Tensor? mask=None,
+    int? mask_type=None) -> Tensor
+
+    nn.TransformerEncoderLayer's fused inference path (taken when no gradient is needed)."""
+    from torchlower.rules.normalization import layer_norm
+
+    def norm(x: Value, w: Value, bias: Value) -> Value:
+        return layer_norm(b, x, [embed_dim], w, bias, eps, False)
+
+    def residual(x: Value, y: Value) -> Value:
+        return b.call("add", [x, y], dtype=x.dtype, shape=x.shape)
+
+    x = norm(src, norm_weight_1, norm_bias_1) if norm_first else src
+    attn = native_multi_head_attention(
+        b,
+        x,
+        x,
+        x,
+        embed_dim,
+        num_heads,
+        qkv_weight,
+        qkv_bias,
+        proj_weight,
+        proj_bias,
+        mask,
+        False,
+        True,
+        mask_type,
+    )[0]
+    x = residual(attn, src)
+    if not norm_first:
+        x = norm(x, norm_weight_1, norm_bias_1)
+    h = norm(x, norm_weight_2, norm_bias_2) if norm_first else x
+    h = _linear(b, h, ffn_weight_1, ffn_bias_1)
+    h = _call(b, "aten::gelu", h, "none") if use_gelu else _call(b, "aten::relu", h)
+    x = residual(_linear(b, h, ffn_weight_2, ffn_bias_2), x)
+    return norm(x, norm_weight_2, norm_bias_2) if not norm_first else x
