@@ -9,10 +9,22 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["ExportReport", "errors", "export", "register_function_rule", "register_module_rule"]
+__all__ = [
+    "Artifact",
+    "CheckResult",
+    "ExportReport",
+    "check",
+    "errors",
+    "export",
+    "inspect",
+    "load",
+    "register_function_rule",
+    "register_module_rule",
+]
 
 if TYPE_CHECKING:
     from torchlower.api import ExportReport, export
+    from torchlower.io import Artifact, CheckResult, check, inspect, load
 
 
 def __getattr__(name: str) -> Any:
@@ -20,6 +32,10 @@ def __getattr__(name: str) -> Any:
         from torchlower import api
 
         return getattr(api, name)
+    if name in ("load", "inspect", "check", "Artifact", "CheckResult"):
+        from torchlower import io
+
+        return getattr(io, name)
     if name == "register_function_rule":
         from torchlower.rules import NNEF_RULES
 

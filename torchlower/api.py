@@ -16,7 +16,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchlower.errors import CheckError, InvalidArgumentError, TorchlowerError
+from torchlower import validate
+from torchlower.errors import (
+    CheckError,
+    InvalidArgumentError,
+    LoweringError,
+    TorchlowerError,
+    TraceError,
+    UnsupportedOpsError,
+)
 from torchlower.frontends.session import MISSING, Session
 from torchlower.nnef import archive
 from torchlower.nnef.builder import NNEFBuilder
@@ -25,7 +33,8 @@ from torchlower.values import Value
 
 log = logging.getLogger("torchlower")
 
-FRONTENDS = ("jit",)
+FRONTENDS = ("jit", "fx", "export")  # "auto" tries export, then jit, then fx
+AUTO_ORDER = ("export", "jit", "fx")
 
 
 @dataclass(frozen=True)
@@ -64,21 +73,29 @@ def export(
     *,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
-    frontend: str = "jit",
+    frontend: str = "auto",
     check: bool = True,
     tolerance: float | None = None,
 ) -> ExportReport:
     """Export ``model`` called on ``args`` to an NNEF artifact at ``path`` and verify it in tract.
 
+    ``frontend="auto"`` tries ``export``, then ``jit``, then ``fx``; the report names the one
+    that produced the artifact and notes why the earlier ones were skipped.
     The user's model is never modified: lowering reads parameters, it never replaces them.
     """
-    if not isinstance(model, nn.Module):
-        raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    validate.export_arguments(
+        model,
+        args,
+        path,
+        input_names=input_names,
+        output_names=output_names,
+        frontend=frontend,
+        frontends=(*FRONTENDS, "auto"),
+        check=check,
+        tolerance=tolerance,
+    )
     example = _as_tuple(args)
-    if frontend not in FRONTENDS:
-        raise InvalidArgumentError(f"frontend must be one of {FRONTENDS}, got {frontend!r}")
     target = Path(path)
-    archive.archive_kind(target)  # reject unknown suffixes before any work
     names_in = _input_names(model, example, input_names)
 
     module = _eval_view(model)
@@ -86,15 +103,23 @@ def export(
         expected = _flatten_outputs(module(*example))
     names_out = _output_names(expected, output_names)
 
-    builder = NNEFBuilder()
-    builder.reserve(names_in + names_out)
-    inputs = [builder.add_input(n, t.dtype, tuple(t.shape)) for n, t in zip(names_in, example, strict=True)]
-    session = Session(builder, frontend)
-    outputs = _lower(frontend, builder, module, example, inputs, session)
-    session.finish()
-    if len(outputs) != len(expected) or any(o is MISSING for o in outputs):
-        raise InvalidArgumentError(f"the graph has {len(outputs)} outputs, the model returns {len(expected)}")
-    builder.set_outputs(names_out, [_as_value(o) for o in outputs])
+    notes: list[str] = []
+    failures: list[TorchlowerError] = []
+    for candidate in AUTO_ORDER if frontend == "auto" else (frontend,):
+        try:
+            builder = _build(candidate, module, example, names_in, names_out, len(expected))
+        except (TraceError, LoweringError, UnsupportedOpsError) as exc:
+            if frontend != "auto":
+                raise
+            failures.append(exc)
+            notes.append(f"{candidate} front end skipped: {_first_line(exc)}")
+            continue
+        frontend = candidate
+        break
+    else:
+        for note in notes:
+            failures[0].add_note(note)
+        raise failures[0]
     weights = builder.live_weights()
     final = archive.write(target, builder.graph_text(), weights)
     report = ExportReport(
@@ -110,10 +135,39 @@ def export(
         ],
         op_histogram=builder.op_histogram(),
         weight_bytes=sum(t.numel() * t.element_size() for t in weights.values()),
+        notes=notes,
     )
     if check:
         report.errors = verify(final, example, expected, names_out, tolerance)
     return report
+
+
+def _build(
+    frontend: str,
+    module: nn.Module,
+    example: tuple[torch.Tensor, ...],
+    names_in: Sequence[str],
+    names_out: Sequence[str],
+    n_expected: int,
+) -> NNEFBuilder:
+    """A fresh builder holding ``module`` lowered by one front end, outputs set."""
+    builder = NNEFBuilder()
+    builder.reserve(list(names_in) + list(names_out))
+    inputs = [builder.add_input(n, t.dtype, tuple(t.shape)) for n, t in zip(names_in, example, strict=True)]
+    session = Session(builder, frontend)
+    outputs = _lower(frontend, builder, module, example, inputs, session)
+    session.finish()
+    if len(outputs) != n_expected or any(o is MISSING for o in outputs):
+        raise LoweringError(f"the graph has {len(outputs)} outputs, the model returns {n_expected}")
+    builder.set_outputs(names_out, [_as_value(o) for o in outputs])
+    return builder
+
+
+def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, UnsupportedOpsError):
+        return f"UnsupportedOpsError: no rule for {', '.join(o.op for o in exc.ops)}"
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def verify(
@@ -151,6 +205,14 @@ def _lower(
     inputs: list[Value],
     session: Session,
 ) -> list[Any]:
+    if frontend == "fx":
+        from torchlower.frontends.fx import lower_module
+
+        return lower_module(builder, module, inputs, example, session)
+    if frontend == "export":
+        from torchlower.frontends.export import lower_export
+
+        return lower_export(builder, module, example, inputs, session)
     from torchlower.frontends.jit import ModuleTracer, lower_jit
 
     return lower_jit(builder, ModuleTracer(module, args=example), inputs, session)
@@ -165,19 +227,9 @@ def _eval_view(model: nn.Module) -> nn.Module:
     return view.eval()
 
 
-def _as_tuple(args: Any) -> tuple[torch.Tensor, ...]:
-    items = (
-        (args,)
-        if isinstance(args, torch.Tensor)
-        else tuple(args)
-        if isinstance(args, (tuple, list))
-        else None
-    )
-    if items is None or not items or not all(isinstance(a, torch.Tensor) for a in items):
-        raise InvalidArgumentError(
-            f"args must be a tensor or a non-empty tuple of tensors, got {type(args).__name__}"
-        )
-    return items
+def _as_tuple(args: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Validated by ``validate.args_argument``: a tensor or a non-empty sequence of tensors."""
+    return (args,) if isinstance(args, torch.Tensor) else tuple(args)
 
 
 def _input_names(model: nn.Module, example: Sequence[torch.Tensor], names: Sequence[str] | None) -> list[str]:

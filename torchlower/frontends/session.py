@@ -77,15 +77,29 @@ class Session:
         if rule is None:
             self.record_missing(describe(normalize_key(key)), where)
             return MISSING
+        return self.invoke(rule.fn, describe(normalize_key(key)), args, where, metas)
+
+    def apply_module(
+        self, module: Any, args: Sequence[Any], where: str, metas: Sequence[Meta] | None = None
+    ) -> Any:
+        """Lower a whole module with its module rule ``fn(builder, module, *inputs)``."""
+        rule = self.builder.rules.lookup_module(type(module))
+        if rule is None:
+            self.record_missing(describe(type(module)), where)
+            return MISSING
+        if _contains(args, Missing):
+            return MISSING
+        return self.invoke(rule.fn, describe(type(module)), [module, *args], where, metas)
+
+    def invoke(self, fn: Callable[..., Any], op: str, args: Sequence[Any], where: str, metas: Any) -> Any:
+        """Call a rule; its unexpected failures become ``LoweringError`` naming op and place."""
         self.builder.hint = where.replace(".", "_") or "v"
         try:
-            result = rule.fn(self.builder, *args)
+            result = fn(self.builder, *args)
         except TorchlowerError:
             raise
         except (TypeError, ValueError, IndexError, NotImplementedError) as exc:
-            raise LoweringError(
-                f"rule for {describe(normalize_key(key))} failed at {where or '<top level>'}: {exc}"
-            ) from exc
+            raise LoweringError(f"rule for {op} failed at {where or '<top level>'}: {exc}") from exc
         return stamp(result, metas)
 
     def record_missing(self, op: str, where: str) -> None:

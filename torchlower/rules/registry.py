@@ -99,9 +99,10 @@ def normalize_key(key: object) -> object:
         return key if "::" in key else f"aten::{key}"
     if hasattr(key, "overloadpacket") and hasattr(key, "name"):  # torch OpOverload
         return key.name()
-    qualified = getattr(key, "_qualified_op_name", None)  # torch OpOverloadPacket
-    if isinstance(qualified, str):
-        return qualified
+    for attr in ("_qualified_op_name", "_qualname"):  # torch OpOverloadPacket / custom_op's CustomOpDef
+        qualified = getattr(key, attr, None)
+        if isinstance(qualified, str) and "::" in qualified:
+            return qualified
     return key
 
 

@@ -1,0 +1,245 @@
+"""Lattice artifacts: byte-for-byte fixtures, reference executor vs eager, quantization, errors."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from torchlower import lattice as L
+from torchlower.errors import InvalidArgumentError, LoweringError, UnsupportedOpsError
+from torchlower.lattice import quantize
+
+pytest.importorskip("torchlower.fx", reason="lattice.save lowers through the FX front end (issue 3)")
+
+FIXTURES = Path("/work/shared/fixtures/lattice")
+VOXEL = dict(voxel_size=0.1, origin=(-1, -1, -1))
+
+
+class DenseFixture(nn.Module):
+    """The ``dense/`` model of the fixtures README."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = L.SubmConv3d(4, 8, 3, bias=True)
+        self.bn = L.BatchNorm(8, eps=1e-5)
+        self.act = nn.ReLU()
+        self.down = L.Conv3d(8, 16, 2, stride=2)
+        self.pool = L.MaxPool3d(2, 2)
+        self.up = L.ConvTranspose3d(16, 8, 2, stride=2)
+        self.gen = L.GenerativeConvTranspose3d(16, 8, 2, stride=2)
+        self.ln = nn.LayerNorm(16)
+        self.gelu = nn.GELU(approximate="tanh")
+
+    def forward(self, points, feats, batch_indices, active_rows):
+        x = L.voxelize(points, feats, batch_indices, active_rows, reduction="mean", **VOXEL)
+        x = self.act(self.bn(self.stem(x)))
+        d = self.down(x)
+        u = self.up(d)
+        y = u + x
+        # The reference graph names the kept concat `cat_1`: FX only does that when a node named
+        # `cat` exists already, so the reference model evaluated a concat it then discarded.
+        L.cat([x, y])
+        z = self.gelu(L.cat([y, x]))
+        p = self.pool(d)
+        g = self.gen(d)
+        m = L.mul(g, y)
+        out = L.devoxelize(points, z, batch_indices, active_rows, interpolation="linear", **VOXEL)
+        return out, p, m
+
+
+class HeadFixture(nn.Module):
+    """The ``head/`` model of the fixtures README."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = L.SubmConv3d(3, 8, 3)
+        self.bn = L.BatchNorm(8)
+        self.r = nn.ReLU()
+        self.g = L.GlobalAvgPool()
+        self.fc = nn.Linear(8, 5)
+        self.sp = nn.Softplus(beta=2, threshold=10)
+
+    def forward(self, x):
+        return self.sp(self.fc(self.g(self.r(self.bn(self.c(x))))))
+
+
+def points(n: int = 400, batches: int = 2) -> tuple[torch.Tensor, ...]:
+    pts = torch.rand(n, 3) * 1.6 - 0.8
+    return (
+        pts,
+        torch.randn(n, 4),
+        torch.randint(0, batches, (n,), dtype=torch.int32),
+        torch.tensor([n - 20], dtype=torch.int32),
+    )
+
+
+def sparse_input(n: int = 120, channels: int = 3, stride: int = 2, batches: int = 2) -> L.SparseTensor:
+    coords = torch.cat([torch.randint(0, batches, (n, 1)), torch.randint(-5, 5, (n, 3)) * stride], dim=1)
+    coords = torch.unique(coords, dim=0)
+    return L.SparseTensor(torch.randn(len(coords), channels), coords.int(), stride)
+
+
+def randomize(model: nn.Module) -> nn.Module:
+    """Non-trivial batch-norm statistics so the check sees them."""
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm1d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+def sort_rows(x: L.SparseTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    keys = sorted(range(len(x.coords)), key=lambda i: tuple(x.coords[i].tolist()))
+    return x.coords[keys], x.feats[keys]
+
+
+def compare(eager: object, reference: object) -> float:
+    """Max abs error, after sorting sparse rows (the coordinates must match exactly)."""
+    if isinstance(eager, L.SparseTensor):
+        (ce, fe), (cr, fr) = sort_rows(eager), sort_rows(reference)  # type: ignore[arg-type]
+        assert torch.equal(ce, cr) and eager.stride == reference.stride  # type: ignore[union-attr]
+        eager, reference = fe, fr
+    assert eager.shape == reference.shape  # type: ignore[union-attr]
+    return float((eager - reference).abs().max()) if eager.numel() else 0.0  # type: ignore[union-attr]
+
+
+def check_reference(model: nn.Module, folder: Path, inputs: tuple, tol: float = 1e-4) -> list[float]:
+    with torch.no_grad():
+        eager = model(*inputs)
+    eager = list(eager) if isinstance(eager, tuple) else [eager]
+    ran = L.run(L.load(folder), inputs)
+    errors = [compare(e, r) for e, r in zip(eager, ran, strict=True)]
+    assert max(errors) < tol, errors
+    return errors
+
+
+def dequantized(model: nn.Module, bits: int, group: int, scale_dtype: str) -> nn.Module:
+    """The model with every conv / linear weight replaced by its quantize → dequantize image."""
+    copy_ = copy.deepcopy(model)
+    for m in copy_.modules():
+        kind = (
+            "linear" if isinstance(m, nn.Linear) else "conv3d" if isinstance(m, L.modules._ConvBase) else None
+        )
+        if kind:
+            w = m.weight.data
+            m.weight.data = quantize.unpack(
+                quantize.pack(w, kind, bits, group, scale_dtype), tuple(w.shape), kind, bits
+            )
+    return copy_
+
+
+def test_dense_fixture_bytes_and_reference(tmp_path: Path) -> None:
+    model = randomize(DenseFixture())
+    inputs = points()
+    L.save(model, tmp_path / "dense", inputs, output_names=["point_feats", "pooled", "gated"])
+    assert (tmp_path / "dense/graph.mlir").read_bytes() == (FIXTURES / "dense/graph.mlir").read_bytes()
+    errors = check_reference(model, tmp_path / "dense", inputs)
+    print("dense reference-vs-eager max abs errors:", errors)
+
+
+def test_head_fixture_bytes_and_quantized_reference(tmp_path: Path) -> None:
+    model = randomize(HeadFixture())
+    x = sparse_input()
+    L.save(model, tmp_path / "head", (x,), batch_size=2, quantize_bits=8, group_size=32, scale_dtype="f32")
+    assert (tmp_path / "head/graph.mlir").read_bytes() == (FIXTURES / "head/graph.mlir").read_bytes()
+    from safetensors import safe_open
+
+    with (
+        safe_open(tmp_path / "head/weights.safetensors", "pt") as got,
+        safe_open(FIXTURES / "head/weights.safetensors", "pt") as want,
+    ):
+        assert got.metadata() == {"format": "torch"}
+        shapes = [{k: f.get_slice(k).get_shape() for k in f.keys()} for f in (got, want)]  # noqa: SIM118
+        assert shapes[0] == shapes[1]
+    model.g.batch_size = 2
+    errors = check_reference(dequantized(model, 8, 32, "f32"), tmp_path / "head", (x,))
+    print("head (int8) reference-vs-dequantized-eager max abs errors:", errors)
+
+
+class Wide(nn.Module):
+    """Everything the fixtures do not cover: pools, joins with fills, reindex, feature modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = L.SubmConv3d(3, 6, (3, 1, 3), dilation=2)
+        self.b = L.Conv3d(6, 6, 3, stride=2, padding=1)
+        self.avg, self.sum = L.AvgPool3d(2), L.SumPool3d(3, 2, 1)
+        self.lin = nn.Linear(6, 6)
+        self.ln = nn.LayerNorm(6)
+        self.acts = nn.ModuleList([nn.LeakyReLU(0.2), nn.SiLU(), nn.Sigmoid(), nn.Tanh(), nn.GELU()])
+        self.gmax = L.GlobalMaxPool(2)
+
+    def forward(self, x):
+        y = self.ln(self.lin(self.a(x)))
+        for act in self.acts:
+            y = act(y)
+        d = self.b(y)
+        s = L.sub(self.avg(y), self.sum(y), "left", 0.5, -1.0)
+        t = L.maximum(s, d, "outer", -2.0, 3.0)
+        r = L.reindex_sparse(L.minimum(t, d), s, 0.25)
+        return r, self.gmax(t), L.cat([s, d], join="outer")
+
+
+@pytest.mark.parametrize("bits,group,scale", [(None, 32, "f16"), (4, 64, "f16"), (8, 128, "f32")])
+def test_wide_model_reference(tmp_path: Path, bits: int | None, group: int, scale: str) -> None:
+    model = Wide().eval()
+    x = sparse_input(channels=3, stride=1, n=150)
+    L.save(model, tmp_path / "wide", (x,), quantize_bits=bits, group_size=group, scale_dtype=scale)
+    ref_model = dequantized(model, bits, group, scale) if bits else model
+    errors = check_reference(ref_model, tmp_path / "wide", (x,), tol=1e-3)
+    print(f"wide bits={bits}: reference-vs-eager max abs errors:", errors)
+
+
+def test_typed_errors(tmp_path: Path) -> None:
+    x = sparse_input()
+    with pytest.raises(InvalidArgumentError, match="group_size"):
+        L.save(HeadFixture().eval(), tmp_path / "h", (x,), batch_size=2, quantize_bits=8, group_size=16)
+    with pytest.raises(InvalidArgumentError, match="eval mode"):
+        L.save(HeadFixture(), tmp_path / "h", (x,), batch_size=2)
+    with pytest.raises(LoweringError, match="batch size"):
+        L.save(HeadFixture().eval(), tmp_path / "h", (x,))
+    with pytest.raises(InvalidArgumentError, match="divisible"):
+        L.SparseTensor(torch.zeros(1, 3), torch.tensor([[0, 1, 0, 0]]), 2)
+
+    class Unsupported(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = L.SubmConv3d(3, 3)
+            self.e, self.h, self.m = nn.ELU(), nn.Hardswish(), nn.Mish()
+
+        def forward(self, x):
+            return self.m(self.h(self.e(self.c(x))))
+
+    with pytest.raises(UnsupportedOpsError) as err:
+        L.save(Unsupported().eval(), tmp_path / "u", (x,))
+    assert len(err.value.ops) == 3, err.value
+
+
+def test_lossless_float_attributes_and_atomic_write(tmp_path: Path) -> None:
+    class Tiny(nn.Module):
+        def __init__(self, slope: float) -> None:
+            super().__init__()
+            self.act = nn.LeakyReLU(slope)
+
+        def forward(self, x):
+            return self.act(x)
+
+    x = sparse_input()
+    folder = L.save(Tiny(1e-13).eval(), tmp_path / "tiny", (x,))
+    text = (folder / "graph.mlir").read_text()
+    assert "alpha = 1.0e-13 : f32" in text
+    op = next(o for o in L.load(folder).ops if o.op == "activation")
+    assert op.attrs["alpha"] == 1e-13
+    before = (folder / "graph.mlir").read_bytes()
+    with pytest.raises(InvalidArgumentError):
+        L.save(Tiny(0.5).eval(), folder, (x,), quantize_bits=3)
+    assert (folder / "graph.mlir").read_bytes() == before
+    L.save(Tiny(0.5).eval(), folder, (x,))
+    assert "alpha = 0.5 : f32" in (folder / "graph.mlir").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]

@@ -1,0 +1,114 @@
+"""The ``torch.export`` front end: the ATen graph, interpreted by the FX ``Interpreter``.
+
+``torch.export.export(strict=False)`` keeps high-level ops such as ``aten.linear`` or
+``aten.scaled_dot_product_attention``. Only when some op has no rule is the program run
+through ``run_decompositions`` — with a table from which every op that has a rule is
+removed, so decomposition only ever replaces what could not be lowered anyway.
+Parameters, buffers and constants become constant values labelled by their module path.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
+
+from torchlower.errors import TraceError
+from torchlower.frontends.fx import Interpreter
+from torchlower.frontends.session import Session
+from torchlower.rules.registry import Registry
+from torchlower.values import Value, constant
+
+
+def export_program(
+    module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None, rules: Registry
+) -> ExportedProgram:
+    """``torch.export`` the module; decompose (keeping ops with rules) only when that completes it."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.export.export(module, tuple(args), kwargs or None, strict=False)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise TraceError(f"torch.export failed on {type(module).__qualname__}: {first}") from exc
+    if all(_lowerable(n.target, rules) for n in program.graph.nodes if n.op == "call_function"):
+        return program
+    table = torch.export.default_decompositions()
+    for op in list(table.keys()):
+        if rules.lookup_function(op) is not None:
+            del table[op]
+    try:
+        decomposed = program.run_decompositions(table)
+    except Exception:  # decomposition is a second chance; the original names what is missing
+        return program
+    nodes = [n for n in decomposed.graph.nodes if n.op == "call_function"]
+    # when ops are still missing, the original's high-level names make the better error message
+    return decomposed if all(_lowerable(n.target, rules) for n in nodes) else program
+
+
+def _lowerable(target: Any, rules: Registry) -> bool:
+    if not isinstance(target, torch._ops.OpOverload):
+        return True  # operator.getitem and friends are structural
+    if not target._schema.returns or target._schema.name in ("aten::sym_size", "aten::sym_numel"):
+        return True
+    mutates = any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
+    return not mutates and rules.lookup_function(target) is not None
+
+
+def interpret_program(
+    program: ExportedProgram, builder: Any, session: Session, inputs: Sequence[Any], prefix: str = ""
+) -> list[Any]:
+    """Run the program's graph on symbolic ``inputs`` (flat user inputs); flat user outputs."""
+    user = iter(inputs)
+    values: list[Any] = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            values.append(next(user))
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            tensor = program.state_dict.get(spec.target)
+            tensor = program.constants[spec.target] if tensor is None else tensor
+            label = prefix + spec.target if spec.kind != InputKind.CONSTANT_TENSOR else None
+            is_tensor = isinstance(tensor, torch.Tensor)
+            values.append(constant(tensor.detach(), label=label) if is_tensor else tensor)
+        else:
+            values.append(None)  # tokens / custom objects: no data flows through them
+    outputs = Interpreter(program.graph_module, builder, session, prefix=prefix).run(*values)
+    specs = program.graph_signature.output_specs
+    return [o for o, s in zip(outputs, specs, strict=True) if s.kind == OutputKind.USER_OUTPUT]
+
+
+def lower_export(
+    builder: Any,
+    module: nn.Module,
+    example: Sequence[torch.Tensor],
+    inputs: Sequence[Value],
+    session: Session,
+) -> list[Any]:
+    """The ``export`` front end: flat outputs of ``module`` called on ``inputs``."""
+    program = export_program(module, example, None, builder.rules)
+    return interpret_program(program, builder, session, inputs)
+
+
+def lower_submodule(
+    builder: Any,
+    session: Session,
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    example: tuple[tuple[Any, ...], dict[str, Any]],
+    prefix: str,
+) -> Any:
+    """A leaf module without a module rule (FX front end), lowered through its ATen graph."""
+    program = export_program(module, example[0], example[1], builder.rules)
+    leaves = pytree.tree_leaves((args, kwargs))
+    n_user = sum(s.kind == InputKind.USER_INPUT for s in program.graph_signature.input_specs)
+    if len(leaves) != n_user:
+        leaves = [leaf for leaf in leaves if isinstance(leaf, Value)]
+    flat = interpret_program(program, builder, session, leaves, prefix)
+    return pytree.tree_unflatten(flat, program.call_spec.out_spec)

@@ -1,0 +1,393 @@
+"""The FX front end: trace with ``Tracer``, interpret the graph with symbolic values.
+
+``Interpreter`` is generic over ``builder.rules``: it runs an FX graph (from ``Tracer`` or from
+``torch.export``) where every tensor is a ``Value``, sending each call through the shared
+session to a rule. Shapes and dtypes come from one real forward pass (``ShapeProp``) or from
+``torch.export``'s ``meta["val"]``, never from guessing.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+from torch.utils import _pytree as pytree
+
+from torchlower.errors import InvalidArgumentError, LoweringError, TraceError
+from torchlower.frontends import pycalls
+from torchlower.frontends.session import MISSING, Meta, Missing, Session
+from torchlower.rules.registry import Registry, describe
+from torchlower.values import Value, constant
+
+EXAMPLE = "torchlower_example"  # node.meta key: real inputs of a leaf module without a rule
+_SHAPE_METHODS = {"size", "dim", "ndimension", "numel", "nelement"}
+
+
+class Tracer(fx.Tracer):
+    """Keeps modules with a module rule (by MRO) as leaves and wraps functions that have rules.
+
+    Other modules are traced through; a ``torch.nn`` module whose ``forward`` cannot be traced
+    symbolically (control flow on shapes, Python-only functionals) stays a leaf and is lowered
+    through ``torch.export`` of that module alone.
+    """
+
+    def __init__(self, rules: Registry | None = None, autowrap_functions: Sequence[Any] = ()) -> None:
+        from torchlower.rules import NNEF_RULES
+
+        self.rules = rules if rules is not None else NNEF_RULES
+        self.rules.ensure_loaded()
+        wrapped = [k for k in self.rules.functions if isinstance(k, types.FunctionType)]
+        super().__init__((math,), tuple(autowrap_functions) + tuple(wrapped))
+        self._traceable: dict[int, bool] = {}
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if self.rules.lookup_module(type(m)) is not None:
+            return True
+        if not super().is_leaf_module(m, module_qualified_name):
+            return False
+        if id(m) not in self._traceable:
+            self._traceable[id(m)] = _traces_into_known_calls(m)
+        return not self._traceable[id(m)]
+
+
+def _traces_into_known_calls(module: nn.Module) -> bool:
+    try:
+        graph = fx.Tracer().trace(module)
+    except Exception:  # any failure means: keep it whole
+        return False
+    return all(pycalls.resolvable(n.target) for n in graph.nodes if n.op == "call_function")
+
+
+def trace(model: nn.Module, rules: Registry | None = None) -> fx.GraphModule:
+    """``model`` as a ``GraphModule`` traced with ``Tracer``."""
+    tracer = Tracer(rules)
+    try:
+        graph = tracer.trace(model)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise TraceError(f"FX tracing failed on {type(model).__qualname__}: {first}") from exc
+    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+class Interpreter(fx.Interpreter):
+    """Runs an FX graph with symbolic values, lowering every call into ``builder``."""
+
+    def __init__(
+        self, module: nn.Module, builder: Any, session: Session | None = None, *, prefix: str = ""
+    ) -> None:
+        super().__init__(module)
+        self.builder = builder
+        self.owns_session = session is None
+        self.session = session if session is not None else Session(builder, "fx")
+        self.prefix = prefix  # module path of a nested graph: labels and names stay global
+        self.extra_traceback = False
+        self._node: fx.Node | None = None
+        self._inplace = False
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Interpret; when this interpreter owns the session, raise every missing op at once."""
+        result = super().run(*args, **kwargs)
+        if self.owns_session:
+            self.session.finish()
+        return result
+
+    def run_node(self, n: fx.Node) -> Any:
+        self._node, self._inplace = n, False
+        result = super().run_node(n)
+        if self._inplace and n.args and isinstance(n.args[0], fx.Node):
+            self.env[n.args[0]] = result  # in-place op: later readers of the operand see the result
+        return result
+
+    # ---- opcodes ------------------------------------------------------------------------
+    def get_attr(self, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        item = self.fetch_attr(target)
+        return constant(item.detach(), label=self.prefix + target) if isinstance(item, torch.Tensor) else item
+
+    def call_module(self, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        module = self.fetch_attr(target)
+        where = self.prefix + target
+        if self.builder.rules.lookup_module(type(module)) is not None:
+            inputs = _bind_signature(module.forward, args, kwargs)
+            return self.session.apply_module(module, inputs, where, self._metas())
+        example = self._node.meta.get(EXAMPLE) if self._node is not None else None
+        if example is None or _has_missing((args, kwargs)):
+            if example is None:
+                self.session.record_missing(describe(type(module)), where)
+            return MISSING
+        from torchlower.frontends.export import lower_submodule
+
+        return lower_submodule(self.builder, self.session, module, args, kwargs, example, where + ".")
+
+    def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if target is operator.getitem and isinstance(args[0], Value):
+            return self._index(args[0], args[1])
+        if target in (operator.getitem, getattr, len) and not isinstance(args[0], Value):
+            return MISSING if isinstance(args[0], Missing) else target(*args, **kwargs)
+        if target is getattr:
+            return _value_attr(args[0], args[1])
+        if target is len:
+            return _static(args[0])[0]
+        if isinstance(target, torch._ops.OpOverload):
+            if not target._schema.returns:  # _assert_* checks of export: nothing to lower
+                return None
+            if target._schema.name in ("aten::sym_size", "aten::sym_numel") and isinstance(args[0], Value):
+                shape = _static(args[0])
+                return shape[args[1]] if len(args) > 1 else math.prod(shape)
+        rule = self.builder.rules.lookup_function(target)
+        if rule is not None and rule.key is target:  # a user rule keyed by the Python callable
+            inputs = _bind_signature(target, args, kwargs)
+            fold = _fold(target, args, kwargs)
+            return self.session.apply(target, inputs, self._where(), self._metas(), fold)
+        return self._apply(pycalls.resolve_function(target, args, kwargs), target, args, kwargs)
+
+    def call_method(self, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self_arg = args[0]
+        if not isinstance(self_arg, (Value, Missing)):
+            return getattr(self_arg, target)(*args[1:], **kwargs)
+        if target in _SHAPE_METHODS:
+            if isinstance(self_arg, Missing):
+                return MISSING
+            shape = _static(self_arg)
+            if target == "size":
+                dim = args[1] if len(args) > 1 else kwargs.get("dim")
+                return torch.Size(shape) if dim is None else shape[dim]
+            return len(shape) if target in ("dim", "ndimension") else math.prod(shape)
+        method = getattr(torch.Tensor, target, None)
+        fold = _fold(method, args, kwargs) if method is not None else None
+        call = pycalls.resolve_method(target, args, kwargs)
+        return self._apply(call, f"Tensor.{target}", args, kwargs, fold)
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _apply(
+        self, call: pycalls.Call, target: Any, args: Any, kwargs: dict[str, Any], fold: Any = "original"
+    ) -> Any:
+        fold = _fold(target, args, kwargs) if fold == "original" else fold
+        self._inplace = call.inplace
+        if call.bound is not None:
+            return self.session.apply(call.bound.key, call.bound.args, self._where(), self._metas(), fold)
+        if self.builder.rules.lookup_function(call.op) is not None and not _has_missing((args, kwargs)):
+            raise LoweringError(
+                f"{self._where()}: no overload of {call.op} accepts the arguments "
+                f"{_describe_args(args, kwargs)}"
+            )
+        return self.session.apply(call.op, [*args, *kwargs.values()], self._where(), self._metas(), fold)
+
+    def _index(self, x: Value, index: Any) -> Any:
+        """``x[...]`` as select / slice / unsqueeze / index steps, each with its observed shape."""
+        items = list(index) if isinstance(index, tuple) else [index]
+        if sum(i is Ellipsis for i in items) > 1:
+            raise LoweringError(f"{self._where()}: an index may hold one Ellipsis, got {index!r}")
+        if Ellipsis in items:
+            at = items.index(Ellipsis)
+            used = sum(i is not None for i in items) - 1
+            items[at : at + 1] = [slice(None)] * (x.rank - used)
+        tensors = [i for i, item in enumerate(items) if isinstance(item, Value)]
+        probe = torch.empty(_static(x), dtype=x.dtype, device="meta")
+        steps: list[tuple[str, list[Any]]] = []
+        dim = 0
+        for item in items:
+            if item is None:
+                steps.append(("aten::unsqueeze", [dim]))
+                dim += 1
+            elif isinstance(item, int) and not isinstance(item, bool) and not tensors:
+                steps.append(("aten::select.int", [dim, item]))
+            elif isinstance(item, slice):
+                if item != slice(None):
+                    steps.append(("aten::slice.Tensor", [dim, item.start, item.stop, item.step or 1]))
+                dim += 1
+            elif (
+                isinstance(item, Value)
+                and len(tensors) == 1
+                and all(isinstance(i, slice) and i == slice(None) for i in items if i is not item)
+            ):
+                steps.append(("aten::index.Tensor", [[None] * dim + [item]]))
+            else:
+                raise LoweringError(f"{self._where()}: indexing with {index!r} is not supported")
+        result: Any = x
+        for n, (op, rest) in enumerate(steps):
+            aten = _overload(op)
+            probe = aten(probe, *[_meta_arg(r) for r in rest])
+            meta = self._metas() if n == len(steps) - 1 else [(probe.dtype, tuple(probe.shape))]
+            fold = _fold(aten, (result, *rest), {})
+            result = self.session.apply(op, [result, *rest], self._where(), meta, fold)
+        return result
+
+    def _where(self) -> str:
+        return self.prefix + (self._node.name if self._node is not None else "")
+
+    def _metas(self) -> list[Meta] | None:
+        return node_metas(self._node) if self._node is not None else None
+
+
+def node_metas(node: fx.Node) -> list[Meta] | None:
+    """dtype/shape of a node's tensor results, from export's ``val`` or FX's ``tensor_meta``."""
+    found = node.meta.get("val", node.meta.get("tensor_meta"))
+    if found is None:
+        return None
+    leaves = found if isinstance(found, (tuple, list)) else [found]
+    metas: list[Meta] = []
+    for leaf in leaves:
+        if isinstance(leaf, (torch.Tensor,)) or (hasattr(leaf, "dtype") and hasattr(leaf, "shape")):
+            metas.append((leaf.dtype, tuple(int(d) if isinstance(d, int) else str(d) for d in leaf.shape)))
+        else:
+            metas.append((None, None))
+    return metas
+
+
+class _ShapePass(ShapeProp):
+    """One real forward pass: shapes for every node, real inputs for leaves without a rule."""
+
+    def __init__(self, module: fx.GraphModule, rules: Registry) -> None:
+        super().__init__(module)
+        self.rules = rules
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op == "call_module" and self.rules.lookup_module(type(self.fetch_attr(n.target))) is None:
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            n.meta[EXAMPLE] = pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
+        return super().run_node(n)
+
+
+def lower_module(
+    builder: Any, model: nn.Module, inputs: Sequence[Value], example: Sequence[Any], session: Session
+) -> list[Any]:
+    """Lower ``model`` called on ``inputs`` (``example`` holds matching real tensors); flat outputs."""
+    if builder.rules.lookup_module(type(model)) is not None:
+        with torch.no_grad():
+            observed = pytree.tree_leaves(model(*example))
+        metas = [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (None, None) for t in observed]
+        out = session.apply_module(model, list(inputs), type(model).__name__, metas)
+    else:
+        gm = trace(model, builder.rules)
+        with torch.no_grad():
+            _ShapePass(gm, builder.rules).propagate(*example)
+        out = Interpreter(gm, builder, session).run(*inputs)
+    return pytree.tree_leaves(out)
+
+
+def lower_fx(
+    builder: Any,
+    model: nn.Module,
+    inputs: Sequence[Value] | None = None,
+    *,
+    output_names: Sequence[str] | None = None,
+) -> Any:
+    """Lower ``model`` into ``builder`` through FX and set its outputs; returns the builder.
+
+    ``inputs`` defaults to the builder's declared inputs. Shapes come from one real forward
+    pass on tensors of the inputs' (static) shapes; every output leaf must be a ``Value``.
+    """
+    inputs = list(builder.inputs if inputs is None else inputs)
+    example = [_example_tensor(v) for v in inputs]
+    session = Session(builder, "fx")
+    outputs = lower_module(builder, model, inputs, example, session)
+    session.finish()
+    bad = sorted({type(o).__name__ for o in outputs if not isinstance(o, Value)})
+    if bad:
+        raise LoweringError(f"the model's outputs must lower to tensors; found {', '.join(bad)}")
+    if output_names is None:
+        output_names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
+    builder.set_outputs(list(output_names), outputs)
+    return builder
+
+
+# ---- small helpers -------------------------------------------------------------------------
+def _example_tensor(value: Value) -> torch.Tensor:
+    if value.is_const:
+        return value.const
+    if value.shape is None or any(not isinstance(d, int) for d in value.shape):
+        raise InvalidArgumentError(
+            f"input {value.name} has shape {value.shape}; the fx front end needs static shapes"
+        )
+    dtype = value.dtype or torch.float32
+    if dtype.is_floating_point:
+        return torch.randn(value.static_shape(), dtype=dtype)
+    return torch.zeros(value.static_shape(), dtype=dtype)
+
+
+def _bind_signature(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """Positional arguments in the signature's order, defaults filled (for user rules)."""
+    import inspect
+
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise LoweringError(f"cannot bind arguments of {describe(fn)}: {exc}") from exc
+    bound.apply_defaults()
+    out: list[Any] = []
+    for name, param in bound.signature.parameters.items():
+        value = bound.arguments.get(name)
+        if param.kind is param.VAR_POSITIONAL:
+            out.extend(value or ())
+        elif param.kind is param.VAR_KEYWORD:
+            if value:
+                raise LoweringError(f"{describe(fn)}: keyword arguments {sorted(value)} cannot be lowered")
+        else:
+            out.append(value)
+    return out
+
+
+def _fold(target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """Folding runs the call exactly as recorded, on the constants' tensors."""
+
+    def call(*_: Any) -> Any:
+        unwrap = lambda a: a.const if isinstance(a, Value) else a  # noqa: E731
+        return target(*pytree.tree_map(unwrap, tuple(args)), **pytree.tree_map(unwrap, dict(kwargs)))
+
+    return call
+
+
+def _overload(op: str) -> Any:
+    name, overload = ([*op.split("::", 1)[1].split("."), "default"])[:2]
+    return getattr(getattr(torch.ops.aten, name), overload)
+
+
+def _meta_arg(arg: Any) -> Any:
+    if isinstance(arg, Value):
+        return torch.empty(_static(arg), dtype=arg.dtype, device="meta")
+    if isinstance(arg, list):
+        return [_meta_arg(a) for a in arg]
+    return arg
+
+
+def _value_attr(x: Value, name: str) -> Any:
+    if name == "shape":
+        return torch.Size(_static(x))
+    if name == "ndim":
+        return x.rank
+    if name == "dtype":
+        return x.dtype
+    if name == "device":
+        return torch.device("cpu")
+    if name in ("is_cuda", "is_quantized"):
+        return False
+    raise LoweringError(f"attribute {name!r} of a traced tensor cannot be lowered")
+
+
+def _static(x: Value) -> tuple[int, ...]:
+    try:
+        return x.static_shape()
+    except ValueError as exc:
+        raise LoweringError(str(exc)) from exc
+
+
+def _has_missing(item: Any) -> bool:
+    return any(isinstance(leaf, Missing) for leaf in pytree.tree_leaves(item))
+
+
+def _describe_args(args: Any, kwargs: dict[str, Any]) -> str:
+    def one(a: Any) -> str:
+        if isinstance(a, Value):
+            return f"Tensor{list(a.shape or ())}"
+        if isinstance(a, (list, tuple)):
+            return "[" + ", ".join(one(x) for x in a) + "]"
+        return repr(a)
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return "(" + ", ".join(parts) + ")"

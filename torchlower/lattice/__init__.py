@@ -1,0 +1,69 @@
+"""Sparse point-cloud networks in plain PyTorch, and their lowering to the lattice artifact.
+
+``SparseTensor`` + modules + functions run eagerly on CPU; ``save`` lowers a model through the
+FX front end into ``graph.mlir`` + ``weights.safetensors``; ``load`` / ``run`` parse and execute
+such a folder with an independent reference executor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchlower.lattice.functional import (
+    add,
+    cat,
+    devoxelize,
+    maximum,
+    minimum,
+    mul,
+    reindex_sparse,
+    sub,
+    voxelize,
+)
+from torchlower.lattice.modules import (
+    AvgPool3d,
+    BatchNorm,
+    Conv3d,
+    ConvTranspose3d,
+    GenerativeConvTranspose3d,
+    GlobalAvgPool,
+    GlobalMaxPool,
+    MaxPool3d,
+    SubmConv3d,
+    SumPool3d,
+)
+from torchlower.lattice.sparse import SparseTensor
+
+__all__ = [
+    "AvgPool3d",
+    "BatchNorm",
+    "Conv3d",
+    "ConvTranspose3d",
+    "GenerativeConvTranspose3d",
+    "GlobalAvgPool",
+    "GlobalMaxPool",
+    "MaxPool3d",
+    "SparseTensor",
+    "SubmConv3d",
+    "SumPool3d",
+    "add",
+    "cat",
+    "devoxelize",
+    "load",
+    "maximum",
+    "minimum",
+    "mul",
+    "reindex_sparse",
+    "run",
+    "save",
+    "sub",
+    "voxelize",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("save", "load", "run"):
+        from torchlower.lattice import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'torchlower.lattice' has no attribute {name!r}")

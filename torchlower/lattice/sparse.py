@@ -1,0 +1,228 @@
+"""``SparseTensor`` and the coordinate machinery every sparse op shares.
+
+Coordinates are int32 ``[N, 4]`` rows ``(batch, x, y, z)`` in *physical* units: a tensor at
+stride ``s`` only has coordinates divisible by ``s``. Lookups hash coordinates into int64 keys
+(mixed radix over the observed range, batch most significant, so key order is lexicographic
+order) and use ``sort`` + ``searchsorted``: no Python loop ever runs over rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchlower.errors import InvalidArgumentError
+
+Triple = tuple[int, int, int]
+
+
+def triple(value: int | Sequence[int], what: str) -> Triple:
+    """``3`` → ``(3, 3, 3)``; a 3-sequence stays; anything else is an error naming ``what``."""
+    if isinstance(value, int):
+        return (value, value, value)
+    items = tuple(int(v) for v in value)
+    if len(items) != 3:
+        raise InvalidArgumentError(f"{what} must be an int or 3 ints, got {value!r}")
+    return items  # type: ignore[return-value]
+
+
+class SparseTensor:
+    """Features ``[N, C]`` on active voxels ``coords [N, 4]`` at a per-axis ``stride``.
+
+    ``supports`` maps each stride seen on the way here to the coordinates at that stride, so a
+    transposed conv can restore the support of the conv it inverts. ``cache`` holds kernel maps
+    and is shared by tensors with the same coordinates.
+    """
+
+    def __init__(
+        self,
+        feats: torch.Tensor,
+        coords: torch.Tensor,
+        stride: int | Sequence[int] = 1,
+        *,
+        supports: dict[Triple, torch.Tensor] | None = None,
+        cache: dict[object, Any] | None = None,
+        check: bool = True,
+    ) -> None:
+        if feats.dim() != 2 or coords.dim() != 2 or coords.shape[1] != 4 or coords.shape[0] != feats.shape[0]:
+            raise InvalidArgumentError(
+                f"SparseTensor needs feats [N, C] and coords [N, 4]; got {tuple(feats.shape)} and "
+                f"{tuple(coords.shape)}"
+            )
+        self.feats = feats
+        self.coords = coords.to(torch.int32)
+        self.stride = triple(stride, "stride")
+        if check:
+            check_divisible(self.coords, self.stride)
+        self.supports = dict(supports or {})
+        self.supports[self.stride] = self.coords
+        self.cache = cache if cache is not None else {}
+
+    # ---- aliases and facts --------------------------------------------------------------
+    @property
+    def F(self) -> torch.Tensor:
+        return self.feats
+
+    @property
+    def C(self) -> torch.Tensor:
+        return self.coords
+
+    @property
+    def num_channels(self) -> int:
+        return int(self.feats.shape[1])
+
+    def batch_counts(self, batch_size: int | None = None) -> torch.Tensor:
+        """Active rows per batch entry (length ``batch_size``, default max batch + 1)."""
+        b = self.coords[:, 0].long()
+        size = batch_size if batch_size is not None else (int(b.max()) + 1 if len(b) else 0)
+        return torch.bincount(b, minlength=size)[:size]
+
+    def replace(self, feats: torch.Tensor) -> SparseTensor:
+        """Same voxels, new features (row count must match)."""
+        if feats.shape[0] != self.feats.shape[0]:
+            raise InvalidArgumentError(f"{feats.shape[0]} feature rows for {self.feats.shape[0]} voxels")
+        return SparseTensor(
+            feats, self.coords, self.stride, supports=self.supports, cache=self.cache, check=False
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"SparseTensor(rows={self.coords.shape[0]}, channels={self.num_channels}, stride={self.stride})"
+        )
+
+    # ---- operators and torch functions on features --------------------------------------
+    def __add__(self, other: object) -> SparseTensor:
+        from torchlower.lattice import functional
+
+        return functional.add(self, other)  # type: ignore[arg-type]
+
+    def __sub__(self, other: object) -> SparseTensor:
+        from torchlower.lattice import functional
+
+        return functional.sub(self, other)  # type: ignore[arg-type]
+
+    def __mul__(self, other: object) -> SparseTensor:
+        from torchlower.lattice import functional
+
+        return functional.mul(self, other)  # type: ignore[arg-type]
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """Dense torch functions (relu, linear, layer_norm, …) act on the features."""
+        source = next(a for a in args if isinstance(a, SparseTensor))
+        unwrapped = [a.feats if isinstance(a, SparseTensor) else a for a in args]
+        out = func(*unwrapped, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == source.feats.shape[0]:
+            return source.replace(out)
+        return out
+
+
+def check_divisible(coords: torch.Tensor, stride: Triple) -> None:
+    """Physical coordinates at stride ``s`` must be multiples of ``s`` (the consumer's ABI)."""
+    if len(coords) and stride != (1, 1, 1):
+        bad = coords[:, 1:] % torch.tensor(stride, dtype=coords.dtype) != 0
+        if bool(bad.any()):
+            row = int(bad.any(dim=1).nonzero()[0])
+            raise InvalidArgumentError(
+                f"coordinates must be divisible by the stride {stride}; row {row} is {coords[row].tolist()}"
+            )
+
+
+# ---- coordinate hashing ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Hash:
+    """Mixed-radix int64 keys for coordinates inside ``[lo, hi]`` (per column)."""
+
+    lo: torch.Tensor  # [4] int64
+    radix: torch.Tensor  # [4] int64
+
+    @staticmethod
+    def covering(coord_sets: Iterable[torch.Tensor], margin: torch.Tensor | None = None) -> Hash:
+        """Keys for the sets' range widened by ``margin`` per column (so shifted queries stay
+        inside and key arithmetic ``key(c + δ) = key(c) + key(δ)`` holds)."""
+        sets = [c.long() for c in coord_sets if len(c)]
+        if not sets:
+            return Hash(torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.long))
+        pad = margin.long() if margin is not None else torch.zeros(4, dtype=torch.long)
+        lo = torch.stack([c.min(dim=0).values for c in sets]).min(dim=0).values - pad
+        hi = torch.stack([c.max(dim=0).values for c in sets]).max(dim=0).values + pad
+        radix = hi - lo + 1
+        if float(radix.double().prod()) >= 2**62:
+            raise InvalidArgumentError(f"coordinate range {lo.tolist()}..{hi.tolist()} is too large to hash")
+        return Hash(lo, radix)
+
+    def inside(self, coords: torch.Tensor) -> torch.Tensor:
+        c = coords.long()
+        return ((c >= self.lo) & (c < self.lo + self.radix)).all(dim=-1)
+
+    def encode(self, coords: torch.Tensor) -> torch.Tensor:
+        c = coords.long() - self.lo
+        r = self.radix
+        return ((c[..., 0] * r[1] + c[..., 1]) * r[2] + c[..., 2]) * r[3] + c[..., 3]
+
+    def decode(self, keys: torch.Tensor) -> torch.Tensor:
+        r = self.radix
+        z = keys % r[3]
+        rest = keys // r[3]
+        y = rest % r[2]
+        rest = rest // r[2]
+        x = rest % r[1]
+        b = rest // r[1]
+        return (torch.stack([b, x, y, z], dim=-1) + self.lo).to(torch.int32)
+
+
+class CoordIndex:
+    """Find rows of a coordinate table: ``lookup(query) -> row index or -1``."""
+
+    def __init__(self, coords: torch.Tensor, hash_: Hash | None = None) -> None:
+        self.hash = hash_ or Hash.covering([coords])
+        keys = self.hash.encode(coords)
+        self.sorted_keys, self.order = torch.sort(keys)
+
+    def lookup_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """Row of each key (−1 when absent); keys must come from ``self.hash``."""
+        if len(self.sorted_keys) == 0:
+            return torch.full(keys.shape, -1, dtype=torch.long)
+        pos = torch.searchsorted(self.sorted_keys, keys).clamp_(max=len(self.sorted_keys) - 1)
+        return torch.where(self.sorted_keys[pos] == keys, self.order[pos], -1)
+
+    def lookup(self, query: torch.Tensor) -> torch.Tensor:
+        flat = query.reshape(-1, 4)
+        result = torch.full((flat.shape[0],), -1, dtype=torch.long)
+        if len(self.sorted_keys) == 0 or len(flat) == 0:
+            return result.reshape(query.shape[:-1])
+        ok = self.hash.inside(flat)
+        keys = self.hash.encode(flat[ok])
+        pos = torch.searchsorted(self.sorted_keys, keys).clamp_(max=len(self.sorted_keys) - 1)
+        found = self.sorted_keys[pos] == keys
+        rows = torch.where(found, self.order[pos], torch.full_like(pos, -1))
+        result[ok] = rows
+        return result.reshape(query.shape[:-1])
+
+
+def unique_coords(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct coordinates in lexicographic (batch, x, y, z) order and each row's position."""
+    if len(coords) == 0:
+        return coords.to(torch.int32).reshape(0, 4), torch.zeros(0, dtype=torch.long)
+    h = Hash.covering([coords])
+    keys, inverse = torch.unique(h.encode(coords), sorted=True, return_inverse=True)
+    return h.decode(keys), inverse
+
+
+def kernel_offsets(kernel: Triple) -> torch.Tensor:
+    """All kernel positions ``[K, 3]`` in x-major order with z fastest (the weight order)."""
+    grids = torch.meshgrid(*(torch.arange(k) for k in kernel), indexing="ij")
+    return torch.stack([g.reshape(-1) for g in grids], dim=1)
+
+
+def merge_supports(*tensors: SparseTensor) -> dict[Triple, torch.Tensor]:
+    merged: dict[Triple, torch.Tensor] = {}
+    for t in tensors:
+        for stride, coords in t.supports.items():
+            merged.setdefault(stride, coords)
+    return merged

@@ -1,0 +1,482 @@
+"""A small, strict parser of ``graph.nnef`` as torchlower and tract write it.
+
+The text is untrusted: every defect (truncation, an identifier assigned twice, a reference to
+nothing, an unknown op, nesting deep enough to exhaust the stack) is an ``ArtifactError`` that
+names the line. Fragment definitions (tract writes ``tract_core_properties`` as one) are
+skipped: their names are recorded and become known ops, their bodies are not interpreted.
+Only what a graph body needs is accepted: invocations whose arguments are literals,
+identifiers, arrays, tuples and arithmetic on them (symbolic dims such as ``B * 2``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchlower.errors import ArtifactError
+from torchlower.nnef.known_ops import is_known_op
+
+MAX_DEPTH = 64  # nesting of arrays/tuples/expressions; real graphs use < 5
+MAX_INT = 2**63 - 1
+
+_TOKEN = re.compile(
+    r"""(?P<space>[ \t\r]+|\#[^\n]*)
+      |(?P<newline>\n)
+      |(?P<esc_id>i(?:'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*"))
+      |(?P<id>[A-Za-z_][A-Za-z0-9_]*)
+      |(?P<num>[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)
+      |(?P<str>'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")
+      |(?P<op>->|<=|>=|==|!=|&&|\|\||[()\[\]{}<>,;:=+\-*/^?!])""",
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class Ident:
+    """A reference to a tensor or a symbol (``B``) inside an argument."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Expr:
+    """Arithmetic on literals and identifiers (``B * 2``, ``-S``)."""
+
+    op: str
+    args: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        if len(self.args) == 1:
+            return f"{self.op}{_show(self.args[0])}"
+        return f"({_show(self.args[0])} {self.op} {_show(self.args[1])})"
+
+
+@dataclass
+class Invocation:
+    """``outputs = op<generic>(args, attrs);`` at ``line``."""
+
+    line: int
+    outputs: list[str]
+    op: str
+    generic: str | None
+    args: list[Any]
+    attrs: dict[str, Any]
+    call: bool = True  # False for tract's plain ``x = [[0.5]];`` / ``y = x;`` (op "literal" / "alias")
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    shape: tuple[Any, ...]  # ints, symbol names (str) or Expr
+    dtype: str  # tract datum type ('f32', 'i64', ...) or 'scalar'/'integer'/'logical'
+    line: int
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    label: str
+    shape: tuple[int, ...]
+    kind: str  # scalar | integer | logical
+    line: int
+
+
+@dataclass
+class Graph:
+    """What ``graph.nnef`` declares, checked for internal consistency."""
+
+    name: str
+    version: str
+    extensions: list[str]
+    symbols: list[str]
+    fragments: list[str]
+    inputs: list[Input]
+    outputs: list[str]
+    assignments: list[Invocation]
+    variables: list[Variable] = field(default_factory=list)
+
+    def op_histogram(self) -> Counter[str]:
+        return Counter(a.op for a in self.assignments)
+
+
+def _show(value: Any) -> str:
+    return str(value) if isinstance(value, (Ident, Expr)) else repr(value)
+
+
+@dataclass
+class _Tok:
+    kind: str
+    text: str
+    line: int
+    start: int
+
+
+def tokenize(text: str) -> list[_Tok]:
+    tokens, line, pos = [], 1, 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            snippet = text[pos : pos + 20].split("\n")[0]
+            if text[pos] in "'\"":
+                raise ArtifactError(f"graph.nnef line {line}: unterminated string {snippet!r}")
+            raise ArtifactError(f"graph.nnef line {line}: unexpected character {text[pos]!r}")
+        kind = m.lastgroup or ""
+        if kind == "newline":
+            line += 1
+        elif kind != "space":
+            tokens.append(_Tok(kind, m.group(), line, pos))
+        pos = m.end()
+    tokens.append(_Tok("eof", "", line, pos))
+    return tokens
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.toks = tokenize(text)
+        self.i = 0
+
+    # ---- token helpers -----------------------------------------------------------------
+    @property
+    def tok(self) -> _Tok:
+        return self.toks[self.i]
+
+    def fail(self, message: str, tok: _Tok | None = None) -> ArtifactError:
+        tok = tok or self.tok
+        if tok.kind == "eof":
+            return ArtifactError(f"graph.nnef line {tok.line}: text ends early (truncated?): {message}")
+        return ArtifactError(f"graph.nnef line {tok.line}: {message}, found {tok.text!r}")
+
+    def take(self, text: str) -> _Tok:
+        if self.tok.text != text or self.tok.kind in ("str", "esc_id"):
+            raise self.fail(f"expected {text!r}")
+        self.i += 1
+        return self.toks[self.i - 1]
+
+    def accept(self, text: str) -> bool:
+        if self.tok.text == text and self.tok.kind not in ("str", "esc_id"):
+            self.i += 1
+            return True
+        return False
+
+    def ident(self) -> str:
+        tok = self.tok
+        if tok.kind == "id":
+            self.i += 1
+            return tok.text
+        if tok.kind == "esc_id":
+            self.i += 1
+            return _unquote(tok.text[1:])
+        raise self.fail("expected an identifier")
+
+    # ---- document ----------------------------------------------------------------------
+    def document(self) -> Graph:
+        if self.tok.text != "version":
+            raise self.fail("the document must start with 'version 1.0;'")
+        self.i += 1
+        version = self.tok.text
+        if self.tok.kind != "num" or not version.startswith("1."):
+            raise self.fail("unsupported NNEF version (expected 1.x)")
+        self.i += 1
+        self.take(";")
+        extensions: list[str] = []
+        while self.tok.text == "extension":
+            extensions.append(self.extension())
+        fragments: list[str] = []
+        while self.tok.text == "fragment":
+            fragments.append(self.fragment())
+        graph = self.graph(version, extensions, fragments)
+        if self.tok.kind != "eof":
+            raise self.fail("unexpected text after the graph body")
+        return graph
+
+    def extension(self) -> str:
+        first = self.take("extension")
+        while self.tok.text != ";":
+            if self.tok.kind == "eof":
+                raise self.fail("unterminated extension line")
+            self.i += 1
+        end = self.tok.start
+        self.i += 1
+        raw = " ".join(self.text[first.start + len("extension") : end].split())
+        if not raw:
+            raise self.fail("empty extension line", first)
+        return raw
+
+    def fragment(self) -> str:
+        """Skip a fragment declaration or definition (balanced braces); return its name."""
+        self.take("fragment")
+        name = self.ident()
+        depth = 0
+        while True:
+            tok = self.tok
+            if tok.kind == "eof":
+                raise self.fail(f"unterminated fragment {name!r}")
+            self.i += 1
+            if tok.kind in ("str", "esc_id"):
+                continue
+            if tok.text == "{":
+                depth += 1
+            elif tok.text == "}":
+                depth -= 1
+                if depth == 0:
+                    return name
+            elif tok.text == ";" and depth == 0:
+                return name
+
+    def graph(self, version: str, extensions: list[str], fragments: list[str]) -> Graph:
+        self.take("graph")
+        name = self.ident()
+        inputs = self.names_in_parens()
+        self.take("->")
+        outputs = self.names_in_parens()
+        self.take("{")
+        body: list[Invocation] = []
+        while not self.accept("}"):
+            body.append(self.assignment())
+        graph = Graph(name, version, extensions, _symbols(extensions), fragments, [], outputs, body)
+        graph.inputs = [_input(body, n) for n in inputs]  # placeholder order, validated below
+        return graph
+
+    def names_in_parens(self) -> list[str]:
+        self.take("(")
+        names: list[str] = []
+        if not self.accept(")"):
+            names.append(self.ident())
+            while self.accept(","):
+                names.append(self.ident())
+            self.take(")")
+        return names
+
+    def assignment(self) -> Invocation:
+        line = self.tok.line
+        outputs = self.lvalue(0)
+        self.take("=")
+        op_tok = self.tok
+        if not self._is_call():
+            value = self.expr(0)
+            self.take(";")
+            op = "alias" if _idents(value) else "literal"
+            return Invocation(line, outputs, op, None, [value], {}, call=False)
+        op = self.ident()
+        generic = None
+        if self.accept("<"):
+            generic = self.ident()
+            self.take(">")
+        if self.tok.text != "(":
+            raise self.fail("a graph body assignment must be an op invocation", op_tok)
+        self.take("(")
+        args: list[Any] = []
+        attrs: dict[str, Any] = {}
+        if not self.accept(")"):
+            while True:
+                self.argument(args, attrs)
+                if self.accept(")"):
+                    break
+                self.take(",")
+        self.take(";")
+        return Invocation(line, outputs, op, generic, args, attrs)
+
+    def _is_call(self) -> bool:
+        """An op invocation ``name(`` or ``name<type>(`` starts here (not a plain value)."""
+        if self.tok.kind not in ("id", "esc_id") or self.tok.text in ("true", "false"):
+            return False
+        nxt = self.toks[self.i + 1]
+        if nxt.text == "<" and nxt.kind == "op":
+            return self.toks[self.i + 3].text == ">" if self.i + 3 < len(self.toks) else True
+        return nxt.text == "(" and nxt.kind == "op"
+
+    def lvalue(self, depth: int) -> list[str]:
+        if depth > MAX_DEPTH:
+            raise self.fail(f"nesting deeper than {MAX_DEPTH}")
+        close = {"(": ")", "[": "]"}.get(self.tok.text) if self.tok.kind == "op" else None
+        if close is None:
+            return [self.ident()]
+        self.i += 1
+        names = self.lvalue(depth + 1)
+        while self.accept(","):
+            names += self.lvalue(depth + 1)
+        self.take(close)
+        return names
+
+    def argument(self, args: list[Any], attrs: dict[str, Any]) -> None:
+        nxt = self.toks[self.i + 1]
+        if self.tok.kind == "id" and nxt.text == "=" and nxt.kind == "op":
+            key = self.ident()
+            self.i += 1
+            if key in attrs:
+                raise self.fail(f"attribute {key!r} given twice")
+            attrs[key] = self.expr(0)
+        else:
+            if attrs:
+                raise self.fail("positional argument after a named one")
+            args.append(self.expr(0))
+
+    # ---- expressions -------------------------------------------------------------------
+    def expr(self, depth: int) -> Any:
+        return self.binary(depth, 0)
+
+    _LEVELS = (("+", "-"), ("*", "/"), ("^",))
+
+    def binary(self, depth: int, level: int) -> Any:
+        if level == len(self._LEVELS):
+            return self.unary(depth)
+        left = self.binary(depth, level + 1)
+        while self.tok.kind == "op" and self.tok.text in self._LEVELS[level]:
+            op = self.tok.text
+            self.i += 1
+            left = Expr(op, (left, self.binary(depth, level + 1)))
+        return left
+
+    def unary(self, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise self.fail(f"nesting deeper than {MAX_DEPTH}")
+        if self.tok.kind == "op" and self.tok.text in "+-" and self.tok.text:
+            op = self.tok.text
+            self.i += 1
+            value = self.unary(depth + 1)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return -value if op == "-" else value
+            return Expr(op, (value,))
+        return self.primary(depth)
+
+    def primary(self, depth: int) -> Any:
+        tok = self.tok
+        if tok.kind == "num":
+            self.i += 1
+            if any(c in tok.text for c in ".eE"):
+                return float(tok.text)
+            value = int(tok.text)
+            if value > MAX_INT:
+                raise self.fail("integer literal out of the 64-bit range", tok)
+            return value
+        if tok.kind == "str":
+            self.i += 1
+            return _unquote(tok.text)
+        if tok.kind == "id" and tok.text in ("true", "false"):
+            self.i += 1
+            return tok.text == "true"
+        if tok.kind in ("id", "esc_id"):
+            return Ident(self.ident())
+        if tok.text in ("[", "(") and tok.kind == "op":
+            close = "]" if tok.text == "[" else ")"
+            self.i += 1
+            items: list[Any] = []
+            if not self.accept(close):
+                items.append(self.expr(depth + 1))
+                while self.accept(","):
+                    items.append(self.expr(depth + 1))
+                self.take(close)
+            if close == "]":
+                return items
+            return items[0] if len(items) == 1 else tuple(items)
+        raise self.fail("expected a value")
+
+
+def _unquote(quoted: str) -> str:
+    return re.sub(r"\\(.)", r"\1", quoted[1:-1])
+
+
+def _symbols(extensions: list[str]) -> list[str]:
+    return [e.split()[1] for e in extensions if e.split()[0] == "tract_symbol" and len(e.split()) == 2]
+
+
+def _input(body: list[Invocation], name: str) -> Input:
+    for a in body:
+        if name in a.outputs and a.op in ("external", "tract_core_external"):
+            shape = a.attrs.get("shape", [])
+            dtype = a.attrs.get("datum_type", a.generic or "scalar")
+            shape_t = tuple(d.name if isinstance(d, Ident) else d for d in _as_list(shape))
+            return Input(name, shape_t, str(dtype), a.line)
+    return Input(name, (), "", 0)
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def parse(text: str | bytes) -> Graph:
+    """Parse and check ``graph.nnef``; raises ``ArtifactError`` with a line number."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = text[: exc.start].count(b"\n") + 1
+            raise ArtifactError(f"graph.nnef line {line}: not UTF-8 text") from None
+    if "\0" in text:
+        line = text[: text.index("\0")].count("\n") + 1
+        raise ArtifactError(f"graph.nnef line {line}: NUL byte in the text")
+    graph = _Parser(text).document()
+    _check(graph)
+    return graph
+
+
+def _check(graph: Graph) -> None:
+    """Single assignment, references to defined names only, known ops, declared I/O."""
+    fragments = set(graph.fragments)
+    symbols = set(graph.symbols)
+    first_line: dict[str, int] = {}
+    for a in graph.assignments:
+        for name in a.outputs:
+            if name in first_line:
+                raise ArtifactError(
+                    f"graph.nnef line {a.line}: {name!r} is assigned again (first at line {first_line[name]})"
+                )
+            first_line[name] = a.line
+    defined: set[str] = set()
+    for a in graph.assignments:
+        if a.call and not is_known_op(a.op) and a.op not in fragments:
+            raise ArtifactError(f"graph.nnef line {a.line}: unknown op {a.op!r}")
+        for ref in _idents([a.args, list(a.attrs.values())]):
+            if ref in defined or ref in symbols:
+                continue
+            if ref in first_line:
+                raise ArtifactError(
+                    f"graph.nnef line {a.line}: {ref!r} is used before its assignment"
+                    f" at line {first_line[ref]}"
+                )
+            raise ArtifactError(f"graph.nnef line {a.line}: {ref!r} is not defined")
+        if a.op == "variable":
+            graph.variables.append(_variable(a))
+        defined.update(a.outputs)
+    for name in graph.outputs:
+        if name not in defined:
+            raise ArtifactError(f"graph.nnef: output {name!r} is never assigned")
+    for inp in graph.inputs:
+        if not inp.line:
+            raise ArtifactError(
+                f"graph.nnef: input {inp.name!r} is not declared with external/tract_core_external"
+            )
+    if len({i.name for i in graph.inputs}) != len(graph.inputs):
+        raise ArtifactError("graph.nnef: an input is listed twice in the graph header")
+    if len(set(graph.outputs)) != len(graph.outputs):
+        raise ArtifactError("graph.nnef: an output is listed twice in the graph header")
+
+
+def _variable(a: Invocation) -> Variable:
+    label, shape = a.attrs.get("label"), a.attrs.get("shape")
+    if len(a.outputs) != 1 or not isinstance(label, str) or not label:
+        raise ArtifactError(f"graph.nnef line {a.line}: variable needs one result and a string label")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise ArtifactError(f"graph.nnef line {a.line}: variable {label!r} needs shape = [non-negative ints]")
+    kind = a.generic or "scalar"
+    if kind not in ("scalar", "integer", "logical"):
+        raise ArtifactError(f"graph.nnef line {a.line}: variable<{kind}> is not a tensor type")
+    return Variable(a.outputs[0], label, tuple(shape), kind, a.line)
+
+
+def _idents(value: Any) -> list[str]:
+    if isinstance(value, Ident):
+        return [value.name]
+    if isinstance(value, Expr):
+        return [n for v in value.args for n in _idents(v)]
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _idents(v)]
+    return []

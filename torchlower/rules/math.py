@@ -1,0 +1,364 @@
+"""Pointwise math: powers, exp/log, rounding, integer division, trig, cumulative sums.
+
+PyTorch's type promotion is applied before emitting (``promote``): tract's binary ops need one
+dtype, and an integer literal next to an integer tensor becomes a TDim in tract, so non-float
+scalars are written as small typed constants instead of literals.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+
+import torch
+
+from torchlower.errors import LoweringError
+from torchlower.rules import rule
+from torchlower.rules.common import Builder, Operand, align_ranks, rank_of, shape_of
+from torchlower.values import Shape, Value, constant, normalize_dim
+
+# ---- helpers shared by the compare / reduce_extra families ---------------------------------
+
+
+def broadcast_shape(*xs: Operand) -> Shape:
+    """The broadcast of the operands' shapes (symbolic dims must agree or meet a 1)."""
+    rank = max(rank_of(x) for x in xs)
+    dims: list[int | str] = [1] * rank
+    for x in xs:
+        shape = shape_of(x)
+        for i, d in enumerate(shape, start=rank - len(shape)):
+            if dims[i] == 1:
+                dims[i] = d
+    return tuple(dims)
+
+
+def cast(b: Builder, x: Value, dtype: torch.dtype) -> Value:
+    """``x`` as ``dtype`` (folded for constants, a ``tract_core_cast`` otherwise)."""
+    if x.dtype == dtype:
+        return x
+    if x.is_const:
+        return constant(x.const.to(dtype))
+    to = b.dtype_name(dtype)
+    return b.call("tract_core_cast", [x], {"to": to}, dtype=dtype, shape=x.shape)
+
+
+def floating(b: Builder, x: Value) -> Value:
+    """Float ops on integer/bool tensors compute in torch's default float dtype."""
+    return x if x.dtype is not None and x.dtype.is_floating_point else cast(b, x, torch.float32)
+
+
+def _dummy(x: Operand) -> torch.Tensor | float | int | bool:
+    if not isinstance(x, Value):
+        return x
+    if x.is_const and x.const.dim() == 0:
+        return x.const
+    return torch.zeros((1,) * x.rank, dtype=x.dtype)
+
+
+def result_type(*xs: Operand) -> torch.dtype:
+    """torch's promoted dtype of the operands (tensors, 0-dim tensors and Python scalars)."""
+    acc = functools.reduce(operator.add, [_dummy(x) for x in xs])  # same promotion as result_type
+    if not isinstance(acc, torch.Tensor):
+        raise LoweringError("expected at least one tensor operand")
+    return acc.dtype
+
+
+def promote(b: Builder, *xs: Operand, dtype: torch.dtype | None = None) -> list[Operand]:
+    """Operands cast to one dtype and aligned to one rank, ready for a tract binary op."""
+    dtype = dtype or result_type(*xs)
+    rank = max(rank_of(x) for x in xs)
+    out: list[Operand] = []
+    for x in xs:
+        if isinstance(x, Value):
+            out.append(cast(b, x, dtype))
+        elif dtype.is_floating_point:
+            out.append(float(x))
+        else:  # typed constant: an int literal would be read as a TDim by tract
+            out.append(constant(torch.full((1,) * max(rank, 1), x, dtype=dtype)))
+    return align_ranks(b, *out)
+
+
+def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | None = None) -> Value:
+    """``op(x, y)`` after promotion; the result has the promoted dtype unless ``op`` compares."""
+    px, py = promote(b, x, y, dtype=dtype)
+    out = dtype or result_type(px, py)
+    shape = broadcast_shape(px, py)
+    if out == torch.bool and op in ("eq", "ne"):  # tract compares numbers only
+        differ = b.call("tract_core_xor", [px, py], dtype=torch.bool, shape=shape)
+        return differ if op == "ne" else b.call("not", [differ], dtype=torch.bool, shape=shape)
+    if op in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "tract_core_xor"):
+        out = torch.bool
+    return b.call(op, [px, py], dtype=out, shape=shape)
+
+
+def unary(b: Builder, op: str, x: Value) -> Value:
+    return b.call(op, [x], dtype=x.dtype, shape=x.shape)
+
+
+def select(b: Builder, cond: Value, yes: Operand, no: Operand) -> Value:
+    """``where(cond, yes, no)``; ``yes``/``no`` share a dtype (scalars follow the tensor)."""
+    tensors = [v for v in (yes, no) if isinstance(v, Value)]
+    dtype = result_type(*tensors) if tensors else torch.float32
+    yes, no = promote(b, yes, no, dtype=dtype) if tensors else (yes, no)
+    cond, yes, no = align_ranks(b, cond, yes, no)
+    return b.call("select", [cond, yes, no], dtype=dtype, shape=broadcast_shape(cond, yes, no))
+
+
+def _float_unary(op: str) -> object:
+    def lower(b: Builder, x: Value) -> Value:
+        return unary(b, op, floating(b, x))
+
+    return lower
+
+
+# ---- elementwise unary ----------------------------------------------------------------------
+
+for _aten, _op in {
+    "sqrt": "sqrt", "rsqrt": "rsqrt", "exp": "exp", "log": "log", "erf": "tract_core_erf",
+    "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan",
+    "sinh": "sinh", "cosh": "cosh", "asinh": "asinh", "acosh": "acosh", "atanh": "atanh",
+    "reciprocal": "recip",
+}.items():  # fmt: skip
+    _fn = _float_unary(_op)
+    _fn.__doc__ = f"{_aten}(Tensor self) -> Tensor"
+    _fn.__name__ = _fn.__qualname__ = _aten
+    rule(f"aten::{_aten}", f"aten::{_aten}_")(_fn)
+
+for _alias, _target in {"arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh",
+                        "arccosh": "acosh", "arctanh": "atanh"}.items():  # fmt: skip
+    rule(f"aten::{_alias}")(_float_unary(_target))
+
+
+@rule("aten::abs", "aten::abs_", "aten::absolute")
+def abs_(b: Builder, x: Value) -> Value:
+    """abs(Tensor self) -> Tensor"""
+    return unary(b, "abs", x)
+
+
+@rule("aten::neg", "aten::neg_", "aten::negative")
+def neg(b: Builder, x: Value) -> Value:
+    """neg(Tensor self) -> Tensor"""
+    return unary(b, "neg", x)
+
+
+@rule("aten::sign", "aten::sign_", "aten::sgn")
+def sign(b: Builder, x: Value) -> Value:
+    """sign(Tensor self) -> Tensor"""
+    if x.dtype == torch.bool:
+        return x
+    return unary(b, "sign", x)
+
+
+@rule("aten::log1p", "aten::log1p_")
+def log1p(b: Builder, x: Value) -> Value:
+    """log1p(Tensor self) -> Tensor"""
+    return unary(b, "log", binary(b, "add", floating(b, x), 1.0))
+
+
+@rule("aten::expm1", "aten::expm1_")
+def expm1(b: Builder, x: Value) -> Value:
+    """expm1(Tensor self) -> Tensor"""
+    return binary(b, "sub", unary(b, "exp", floating(b, x)), 1.0)
+
+
+@rule("aten::log2")
+def log2(b: Builder, x: Value) -> Value:
+    """log2(Tensor self) -> Tensor"""
+    return binary(b, "mul", unary(b, "log", floating(b, x)), 1.0 / math.log(2.0))
+
+
+@rule("aten::log10")
+def log10(b: Builder, x: Value) -> Value:
+    """log10(Tensor self) -> Tensor"""
+    return binary(b, "mul", unary(b, "log", floating(b, x)), 1.0 / math.log(10.0))
+
+
+@rule("aten::square")
+def square(b: Builder, x: Value) -> Value:
+    """square(Tensor self) -> Tensor"""
+    if _integral(x):
+        return _int_power(b, x, 2, torch.int64 if x.dtype == torch.bool else x.dtype)  # type: ignore[arg-type]
+    return binary(b, "mul", x, x)
+
+
+# ---- rounding -------------------------------------------------------------------------------
+
+
+def _integral(x: Value) -> bool:
+    return x.dtype is not None and not x.dtype.is_floating_point
+
+
+@rule("aten::floor", "aten::floor_")
+def floor(b: Builder, x: Value) -> Value:
+    """floor(Tensor self) -> Tensor"""
+    return x if _integral(x) else unary(b, "floor", x)
+
+
+@rule("aten::ceil", "aten::ceil_")
+def ceil(b: Builder, x: Value) -> Value:
+    """ceil(Tensor self) -> Tensor"""
+    return x if _integral(x) else unary(b, "ceil", x)
+
+
+@rule("aten::trunc", "aten::trunc_", "aten::fix")
+def trunc(b: Builder, x: Value) -> Value:
+    """trunc(Tensor self) -> Tensor"""
+    if _integral(x):
+        return x
+    return select(b, binary(b, "lt", x, 0.0), unary(b, "ceil", x), unary(b, "floor", x))
+
+
+@rule("aten::round", "aten::round_")
+def round_(b: Builder, x: Value, decimals: int = 0) -> Value:
+    """round(Tensor self) -> Tensor / round.decimals(Tensor self, *, int decimals) -> Tensor
+
+    Ties go to even like torch (``tract_core_round_even``); decimals scale by 10**d first."""
+    if _integral(x):
+        return x
+    if decimals == 0:
+        return unary(b, "tract_core_round_even", x)
+    scale = 10.0**decimals
+    scaled = binary(b, "mul", x, scale) if decimals > 0 else binary(b, "div", x, 10.0**-decimals)
+    rounded = unary(b, "tract_core_round_even", scaled)
+    return binary(b, "div", rounded, scale) if decimals > 0 else binary(b, "mul", rounded, 10.0**-decimals)
+
+
+# ---- division family ------------------------------------------------------------------------
+
+
+def _trunc_div(b: Builder, x: Operand, y: Operand, dtype: torch.dtype) -> Value:
+    q = binary(b, "div", x, y, dtype=dtype)
+    return q if not dtype.is_floating_point else trunc(b, q)
+
+
+@rule("aten::fmod", "aten::fmod_")
+def fmod(b: Builder, x: Operand, y: Operand) -> Value:
+    """fmod.Tensor(Tensor self, Tensor other) -> Tensor (C semantics: sign of the dividend)"""
+    dtype = result_type(x, y)
+    return binary(b, "sub", x, binary(b, "mul", _trunc_div(b, x, y, dtype), y, dtype=dtype), dtype=dtype)
+
+
+@rule("aten::remainder", "aten::remainder_")
+def remainder(b: Builder, x: Operand, y: Operand) -> Value:
+    """remainder.Tensor(Tensor self, Tensor other) -> Tensor (Python semantics: sign of the divisor)"""
+    dtype = result_type(x, y)
+    if dtype.is_floating_point:  # x - floor(x / y) * y, torch's own float formula
+        q = unary(b, "floor", binary(b, "div", x, y, dtype=dtype))
+        return binary(b, "sub", x, binary(b, "mul", q, y, dtype=dtype), dtype=dtype)
+    r = fmod(b, x, y)
+    wrong_sign = binary(b, "ne", binary(b, "lt", r, 0, dtype=dtype), binary(b, "lt", y, 0, dtype=dtype))
+    fix = binary(b, "and", binary(b, "ne", r, 0, dtype=dtype), wrong_sign)
+    return binary(b, "add", r, select(b, fix, y if isinstance(y, Value) else _typed(y, dtype), 0))
+
+
+def _typed(v: float | int | bool, dtype: torch.dtype) -> Value:
+    return constant(torch.tensor([v], dtype=dtype))
+
+
+@rule("aten::floor_divide", "aten::floor_divide_")
+def floor_divide(b: Builder, x: Operand, y: Operand) -> Value:
+    """floor_divide(Tensor self, Tensor other) -> Tensor"""
+    dtype = result_type(x, y)
+    if dtype.is_floating_point:
+        return unary(b, "floor", binary(b, "div", x, y, dtype=dtype))
+    q = binary(b, "div", x, y, dtype=dtype)  # tract truncates integer division
+    inexact = binary(b, "ne", binary(b, "mul", q, y, dtype=dtype), x, dtype=dtype)
+    negative = binary(b, "ne", binary(b, "lt", x, 0, dtype=dtype), binary(b, "lt", y, 0, dtype=dtype))
+    return binary(b, "sub", q, select(b, binary(b, "and", inexact, negative), _typed(1, dtype), 0))
+
+
+# ---- binary ---------------------------------------------------------------------------------
+
+
+@rule("aten::pow", "aten::pow_", "aten::float_power")
+def pow_(b: Builder, x: Operand, exponent: Operand) -> Value:
+    """pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor (also .Tensor_Scalar, .Scalar)"""
+    dtype = result_type(x, exponent)
+    if not dtype.is_floating_point:
+        if isinstance(exponent, int) and 0 <= exponent <= 64 and isinstance(x, Value):
+            return _int_power(b, x, exponent, dtype)
+        raise LoweringError(f"pow: integer tensors need a constant exponent in [0, 64], got {exponent!r}")
+    if isinstance(exponent, (int, float)) and float(exponent) == 2.0 and isinstance(x, Value):
+        return binary(b, "mul", x, x, dtype=dtype)
+    return binary(b, "pow", x, exponent, dtype=dtype)  # powf is exact for integral exponents < 0 bases
+
+
+def _int_power(b: Builder, x: Value, n: int, dtype: torch.dtype) -> Value:
+    """Integer powers by repeated products, in f64 (tract has no integer square; exact < 2**53)."""
+    base = cast(b, x, torch.float64)
+    result: Value | None = None
+    while n:
+        if n & 1:
+            result = base if result is None else binary(b, "mul", result, base)
+        n >>= 1
+        if n:
+            base = binary(b, "mul", base, base)
+    if result is None:
+        result = binary(b, "add", binary(b, "mul", base, 0.0), 1.0)
+    return cast(b, result, dtype)
+
+
+@rule("aten::minimum", "aten::fmin")
+def minimum(b: Builder, x: Value, y: Value) -> Value:
+    """minimum(Tensor self, Tensor other) -> Tensor"""
+    return binary(b, "min", x, y)
+
+
+@rule("aten::maximum", "aten::fmax")
+def maximum(b: Builder, x: Value, y: Value) -> Value:
+    """maximum(Tensor self, Tensor other) -> Tensor"""
+    return binary(b, "max", x, y)
+
+
+@rule("aten::atan2", "aten::atan2_", "aten::arctan2")
+def atan2(b: Builder, y: Value, x: Value) -> Value:
+    """atan2(Tensor self, Tensor other) -> Tensor: atan(y/x) moved to the right quadrant."""
+    dtype = torch.promote_types(result_type(y, x), torch.float32)
+    y, x = promote(b, y, x, dtype=dtype)
+    base = unary(b, "atan", binary(b, "div", y, x))  # x = 0 gives ±inf → ±pi/2
+    turn = select(b, binary(b, "ge", y, 0.0), math.pi, -math.pi)
+    shifted = binary(b, "add", base, select(b, binary(b, "lt", x, 0.0), turn, 0.0))
+    origin = binary(b, "and", binary(b, "eq", x, 0.0), binary(b, "eq", y, 0.0))
+    return select(b, origin, 0.0, shifted)
+
+
+# ---- cumulative -----------------------------------------------------------------------------
+
+
+def _scan(b: Builder, x: Value, dim: int, op: str, identity: float) -> Value:
+    """Inclusive scan in ceil(log2 n) shift-and-combine steps (Hillis–Steele)."""
+    axis = normalize_dim(dim, x.rank)
+    n = shape_of(x)[axis]
+    if not isinstance(n, int):
+        raise LoweringError(f"cumulative op: dim {dim} must have a static size, got {n!r}")
+    step = 1
+    while step < n:
+        head = b.call("slice", [x], {"axes": [axis], "begin": [0], "end": [n - step]}, dtype=x.dtype)
+        padding = [(0, 0)] * x.rank
+        padding[axis] = (step, 0)
+        attrs = {"padding": padding, "border": "constant", "value": identity}
+        shifted = b.call("pad", [head], attrs, dtype=x.dtype, shape=x.shape)
+        x = b.call(op, [x, shifted], dtype=x.dtype, shape=x.shape)
+        step *= 2
+    return x
+
+
+def _scan_input(b: Builder, x: Value, dtype: torch.dtype | None) -> Value:
+    if dtype is None and x.dtype is not None and not x.dtype.is_floating_point:
+        dtype = torch.int64  # torch accumulates integers and bools in int64
+    return cast(b, x, dtype) if dtype is not None else x
+
+
+@rule("aten::cumsum", "aten::cumsum_")
+def cumsum(b: Builder, x: Value, dim: int, dtype: torch.dtype | None = None) -> Value:
+    """cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"""
+    x = _scan_input(b, x, dtype)
+    return _scan(b, x, dim, "add", 0.0 if x.dtype is None or x.dtype.is_floating_point else 0)
+
+
+@rule("aten::cumprod", "aten::cumprod_")
+def cumprod(b: Builder, x: Value, dim: int, dtype: torch.dtype | None = None) -> Value:
+    """cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"""
+    x = _scan_input(b, x, dtype)
+    return _scan(b, x, dim, "mul", 1.0 if x.dtype is None or x.dtype.is_floating_point else 1)

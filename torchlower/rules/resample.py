@@ -1,0 +1,176 @@
+"""Resampling: interpolate / upsample (nearest, nearest-exact, (bi/tri)linear, bicubic, antialias).
+
+Every mode PyTorch offers is separable, so each spatial axis is resampled on its own with
+weights computed at export time *by PyTorch's own kernel* applied to an identity basis: the
+weights match torch exactly for any scale factor, ``align_corners`` and output size. Nearest
+modes become a ``tract_core_gather`` with constant indices (exact for every dtype, NaN-safe);
+the others a ``matmul`` with a constant (n_in × n_out) interpolation matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from torchlower.errors import LoweringError
+from torchlower.rules import rule
+from torchlower.rules.common import Builder, shape_of
+from torchlower.values import Value, constant
+
+aten = torch.ops.aten
+Scale = float | None
+
+
+def _basis_1d(n: int) -> torch.Tensor:
+    return torch.eye(n, dtype=torch.float64).reshape(n, 1, n)
+
+
+def _basis_2d(n: int) -> torch.Tensor:
+    return torch.eye(n, dtype=torch.float64).reshape(n, 1, 1, n)
+
+
+# kind → (n_in, n_out, align_corners, scale) ↦ torch output on the basis, shaped (n_in, …, n_out)
+_KERNELS: dict[str, Callable[[int, int, bool, Scale], torch.Tensor]] = {
+    "nearest": lambda n, m, a, s: aten.upsample_nearest1d.default(_basis_1d(n), [m], s),
+    "nearest_exact": lambda n, m, a, s: aten._upsample_nearest_exact1d.default(_basis_1d(n), [m], s),
+    "linear": lambda n, m, a, s: aten.upsample_linear1d.default(_basis_1d(n), [m], a, s),
+    "cubic": lambda n, m, a, s: aten.upsample_bicubic2d.default(_basis_2d(n), [1, m], a, None, s),
+    "linear_aa": lambda n, m, a, s: aten._upsample_bilinear2d_aa.default(_basis_2d(n), [1, m], a, None, s),
+    "cubic_aa": lambda n, m, a, s: aten._upsample_bicubic2d_aa.default(_basis_2d(n), [1, m], a, None, s),
+}
+
+
+def axis_weights(kind: str, n: int, m: int, align_corners: bool, scale: Scale) -> torch.Tensor:
+    """The (n_in, n_out) matrix W with ``out[j] = sum_k in[k] * W[k, j]`` along one axis."""
+    with torch.no_grad():
+        return _KERNELS[kind](n, m, align_corners, scale).reshape(n, m)
+
+
+def _resample_axis(b: Builder, x: Value, axis: int, kind: str, m: int, align: bool, scale: Scale) -> Value:
+    shape = list(shape_of(x))
+    n = shape[axis]
+    if not isinstance(n, int):
+        raise LoweringError(f"interpolate: spatial dim {axis} must be static, got {n!r}")
+    if n == m and scale in (None, 1.0) and kind in ("nearest", "nearest_exact", "linear", "cubic"):
+        return x  # identity resampling
+    weights = axis_weights(kind, n, m, align, scale)
+    shape[axis] = m
+    if kind.startswith("nearest"):
+        index = constant(weights.argmax(dim=0).to(torch.int64))
+        return b.call("tract_core_gather", [x, index], {"axis": axis}, dtype=x.dtype, shape=tuple(shape))
+    rank = len(shape)
+    matrix = constant(weights.to(x.dtype).reshape((1,) * (rank - 2) + (n, m)))
+    last = rank - 1
+    if axis == last:
+        return b.call("matmul", [x, matrix], dtype=x.dtype, shape=tuple(shape))
+    perm = list(range(rank))
+    perm[axis], perm[last] = last, axis
+    moved = [shape_of(x)[p] for p in perm]
+    t = b.call("transpose", [x], {"axes": perm}, dtype=x.dtype, shape=tuple(moved))
+    moved[last] = m
+    y = b.call("matmul", [t, matrix], dtype=x.dtype, shape=tuple(moved))
+    return b.call("transpose", [y], {"axes": perm}, dtype=x.dtype, shape=tuple(shape))
+
+
+def resample(
+    b: Builder, x: Value, kind: str, size: Sequence[int], scales: Sequence[Scale], align: bool
+) -> Value:
+    """Resample the trailing ``len(size)`` axes of ``x`` to ``size``."""
+    spatial = len(size)
+    if x.rank != spatial + 2:
+        raise LoweringError(f"interpolate: input must have rank {spatial + 2}, got {x.rank}")
+    if not x.dtype or (not x.dtype.is_floating_point and not kind.startswith("nearest")):
+        raise LoweringError(f"interpolate: mode {kind} needs a floating input, got {x.dtype}")
+    for i, (m, s) in enumerate(zip(size, scales, strict=True)):
+        x = _resample_axis(b, x, 2 + i, kind, int(m), align, s)
+    return x
+
+
+def _vec_size(
+    name: str, x: Value, size: Sequence[int] | None, align: bool | None, factors: Sequence[float] | None
+) -> list[int]:
+    """Output size of a ``.vec`` overload, computed by torch itself on a meta tensor."""
+    if size is not None:
+        return [int(s) for s in size]
+    spatial = [int(d) for d in shape_of(x)[2:]]  # type: ignore[arg-type]
+    meta = torch.empty((1, 1, *spatial), device="meta")
+    op = getattr(aten, name).vec
+    out = op(meta, None, factors) if align is None else op(meta, None, align, factors)
+    return list(out.shape[2:])
+
+
+def _scales(factors: Sequence[float] | None, spatial: int) -> list[Scale]:
+    return list(factors) if factors is not None else [None] * spatial
+
+
+_NEAREST = {
+    "upsample_nearest1d": "nearest",
+    "upsample_nearest2d": "nearest",
+    "upsample_nearest3d": "nearest",
+    "_upsample_nearest_exact1d": "nearest_exact",
+    "_upsample_nearest_exact2d": "nearest_exact",
+    "_upsample_nearest_exact3d": "nearest_exact",
+}
+_INTERPOLATING = {
+    "upsample_linear1d": "linear",
+    "upsample_bilinear2d": "linear",
+    "upsample_trilinear3d": "linear",
+    "upsample_bicubic2d": "cubic",
+    "_upsample_bilinear2d_aa": "linear_aa",
+    "_upsample_bicubic2d_aa": "cubic_aa",
+}
+
+
+def _nearest_rules(name: str, kind: str) -> None:
+    @rule(f"aten::{name}.vec")
+    def vec(
+        b: Builder, x: Value, output_size: Sequence[int] | None, scale_factors: Sequence[float] | None
+    ) -> Value:
+        size = _vec_size(name, x, output_size, None, scale_factors)
+        return resample(b, x, kind, size, _scales(scale_factors, len(size)), False)
+
+    @rule(f"aten::{name}")
+    def default(
+        b: Builder, x: Value, output_size: Sequence[int], s0: Scale = None, s1: Scale = None, s2: Scale = None
+    ) -> Value:
+        return resample(b, x, kind, output_size, [s0, s1, s2][: len(output_size)], False)
+
+    vec.__doc__ = f"{name}.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor"
+    default.__doc__ = f"{name}(Tensor self, SymInt[] output_size, float? scales...) -> Tensor"
+
+
+def _interpolating_rules(name: str, kind: str) -> None:
+    @rule(f"aten::{name}.vec")
+    def vec(
+        b: Builder,
+        x: Value,
+        output_size: Sequence[int] | None,
+        align_corners: bool,
+        scale_factors: Sequence[float] | None,
+    ) -> Value:
+        size = _vec_size(name, x, output_size, align_corners, scale_factors)
+        return resample(b, x, kind, size, _scales(scale_factors, len(size)), align_corners)
+
+    @rule(f"aten::{name}")
+    def default(
+        b: Builder,
+        x: Value,
+        output_size: Sequence[int],
+        align_corners: bool,
+        s0: Scale = None,
+        s1: Scale = None,
+        s2: Scale = None,
+    ) -> Value:
+        return resample(b, x, kind, output_size, [s0, s1, s2][: len(output_size)], align_corners)
+
+    vec.__doc__ = (
+        f"{name}.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors)"
+    )
+    default.__doc__ = f"{name}(Tensor self, SymInt[] output_size, bool align_corners, float? scales...)"
+
+
+for _name, _kind in _NEAREST.items():
+    _nearest_rules(_name, _kind)
+for _name, _kind in _INTERPOLATING.items():
+    _interpolating_rules(_name, _kind)
