@@ -11,15 +11,18 @@ from tests.conftest import export_and_check
 class Bag(nn.Module):
     """EmbeddingBag with offsets either baked into the model or passed as a graph input."""
 
-    def __init__(self, offsets: torch.Tensor | None, **kwargs) -> None:
+    def __init__(self, offsets: torch.Tensor | None, weighted: bool = False, **kwargs) -> None:
         super().__init__()
         self.bag = nn.EmbeddingBag(11, 5, **kwargs)
-        self.offsets = offsets
+        self.register_buffer("offsets", offsets)
+        self.weighted, self.fixed = weighted, offsets is not None
 
-    def forward(self, indices, *rest):
-        offsets = self.offsets if self.offsets is not None else rest[0]
-        weights = rest[-1] if len(rest) == (2 if self.offsets is None else 1) else None
-        return self.bag(indices, offsets, per_sample_weights=weights)
+    def forward(self, indices, offsets_or_weights=None, weights=None):
+        if self.fixed:
+            offsets, weights = self.offsets, offsets_or_weights
+        else:
+            offsets = offsets_or_weights
+        return self.bag(indices, offsets, per_sample_weights=weights if self.weighted else None)
 
 
 class OneHot(nn.Module):
@@ -78,7 +81,23 @@ def test_embedding_bag_padding_idx(tmp_path, frontend, mode):
 @pytest.mark.parametrize("offsets_as_input", [False, True])
 def test_embedding_bag_per_sample_weights(tmp_path, frontend, offsets_as_input):
     offsets = torch.tensor([0, 4, 5])
-    model = Bag(None if offsets_as_input else offsets, mode="sum")
+    model = Bag(None if offsets_as_input else offsets, weighted=True, mode="sum")
     weights = torch.rand(len(INDICES))
     args = (INDICES, offsets, weights) if offsets_as_input else (INDICES, weights)
     export_and_check(model, args, tmp_path, frontend)
+
+
+class RowBags(nn.Module):
+    """2-D input: one bag per row (the module builds the offsets)."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(11, 5, mode=mode, padding_idx=2)
+
+    def forward(self, indices):
+        return self.bag(indices)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_2d(tmp_path, frontend, mode):
+    export_and_check(RowBags(mode), torch.tensor([[1, 2, 3], [2, 2, 2], [4, 10, 0]]), tmp_path, frontend)

@@ -75,3 +75,8 @@ def test_instance_norm_running_stats(tmp_path, frontend):
 def test_rms_norm(tmp_path, frontend, normalized, eps, affine):
     model = _randomize(nn.RMSNorm(normalized, eps=eps, elementwise_affine=affine))
     export_and_check(model, torch.randn(3, 4, 8) * 0.01, tmp_path, frontend)
+
+
+def test_instance_norm_unbatched(tmp_path, frontend):
+    model = _randomize(nn.InstanceNorm1d(3, affine=True))
+    export_and_check(model, torch.randn(3, 9), tmp_path, frontend)

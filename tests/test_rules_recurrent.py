@@ -60,18 +60,18 @@ def check_function_rule(
 
 
 class WithStates(nn.Module):
-    """Feeds initial states through as graph inputs and returns every output."""
+    """Feeds initial states (if any) through as graph inputs and returns every output."""
 
-    def __init__(self, rnn: nn.RNNBase) -> None:
+    def __init__(self, rnn: nn.RNNBase, given: bool) -> None:
         super().__init__()
-        self.rnn = rnn
+        self.rnn, self.given, self.lstm = rnn, given, isinstance(rnn, nn.LSTM)
 
-    def forward(self, x, *states):
-        if isinstance(self.rnn, nn.LSTM):
-            y, (h, c) = self.rnn(x, tuple(states)) if states else self.rnn(x)
-            return y, h, c
-        y, h = self.rnn(x, states[0]) if states else self.rnn(x)
-        return y, h
+    def forward(self, x, h=None, c=None):
+        if self.lstm:
+            y, (h_n, c_n) = self.rnn(x, (h, c)) if self.given else self.rnn(x)
+            return y, h_n, c_n
+        y, h_n = self.rnn(x, h) if self.given else self.rnn(x)
+        return y, h_n
 
 
 def make(cls: type, layers: int, bidirectional: bool, batch_first: bool, **kwargs) -> nn.RNNBase:
@@ -96,7 +96,7 @@ KINDS = [nn.LSTM, nn.GRU, nn.RNN, lambda *a, **k: nn.RNN(*a, nonlinearity="relu"
 def test_recurrent_given_states(tmp_path, frontend, cls, layers, bidirectional, batch_first):
     rnn = make(cls, layers, bidirectional, batch_first)
     x = torch.randn(2, 6, 4) if batch_first else torch.randn(6, 2, 4)
-    export_and_check(WithStates(rnn), (x, *states_for(rnn, 2)), tmp_path, frontend)
+    export_and_check(WithStates(rnn, True), (x, *states_for(rnn, 2)), tmp_path, frontend)
 
 
 @pytest.mark.parametrize("cls", KINDS, ids=["lstm", "gru", "rnn_tanh", "rnn_relu"])
@@ -104,14 +104,14 @@ def test_recurrent_given_states(tmp_path, frontend, cls, layers, bidirectional, 
 def test_recurrent_zero_states(tmp_path, frontend, cls, layers, bidirectional, batch_first):
     rnn = make(cls, layers, bidirectional, batch_first)
     x = torch.randn(3, 5, 4) if batch_first else torch.randn(5, 3, 4)
-    export_and_check(WithStates(rnn), x, tmp_path, frontend)
+    export_and_check(WithStates(rnn, False), x, tmp_path, frontend)
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_lstm_projection_no_bias(tmp_path, frontend, bidirectional):
     rnn = nn.LSTM(4, 6, num_layers=2, bias=False, proj_size=3, bidirectional=bidirectional)
     x = torch.randn(4, 2, 4)
-    export_and_check(WithStates(rnn), (x, *states_for(rnn, 2)), tmp_path, frontend)
+    export_and_check(WithStates(rnn, True), (x, *states_for(rnn, 2)), tmp_path, frontend)
 
 
 # ---- module rules (what the FX front end calls for leaf modules) -------------------------------

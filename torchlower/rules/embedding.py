@@ -8,10 +8,11 @@ export time; with offsets as a graph input it is built in the graph from compari
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from torchlower.errors import LoweringError
 from torchlower.frontends.session import MISSING
-from torchlower.rules import rule
+from torchlower.rules import module_rule, rule
 from torchlower.rules.common import Builder, shape_of
 from torchlower.values import Value, constant
 
@@ -84,6 +85,35 @@ def embedding_bag(
     out = out.with_meta(weight.dtype, (bags, dim))
     # offset2bag / bag_size / max_indices only serve the backward pass: not lowered
     return out, MISSING, MISSING, MISSING
+
+
+@module_rule(nn.EmbeddingBag)
+def embedding_bag_module(
+    b: Builder,
+    m: nn.EmbeddingBag,
+    x: Value,
+    offsets: Value | None = None,
+    per_sample_weights: Value | None = None,
+) -> Value:
+    """nn.EmbeddingBag forward; a 2-D input is one bag per row (offsets must then be None)."""
+    if m.max_norm is not None:
+        raise LoweringError("EmbeddingBag: max_norm renormalizes weights at run time; export without it")
+    if x.rank == 2:
+        if offsets is not None:
+            raise LoweringError("EmbeddingBag: offsets must be None with 2-D input")
+        rows, per_bag = shape_of(x)
+        offsets = constant(torch.arange(0, int(rows) * int(per_bag), int(per_bag)))
+        x = b.call("reshape", [x], {"shape": [-1]}, dtype=x.dtype, shape=(int(rows) * int(per_bag),))
+        if per_sample_weights is not None:
+            per_sample_weights = b.call("reshape", [per_sample_weights], {"shape": [-1]}, dtype=x.dtype)
+            per_sample_weights = per_sample_weights.with_meta(None, (int(rows) * int(per_bag),))
+    if offsets is None:
+        raise LoweringError("EmbeddingBag: 1-D input needs offsets")
+    mode = {"sum": 0, "mean": 1, "max": 2}[m.mode]
+    weight = constant(m.weight.detach(), label="weight")
+    return embedding_bag(
+        b, weight, x, offsets, False, mode, False, per_sample_weights, m.include_last_offset, m.padding_idx
+    )[0]  # type: ignore[return-value]
 
 
 def _row(b: Builder, v: Value) -> Value:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch.nn.modules.instancenorm import _InstanceNorm
 
 from torchlower.errors import LoweringError
-from torchlower.rules import rule
+from torchlower.rules import module_rule, rule
 from torchlower.rules.common import Builder, channel_param, reshape, shape_of
 from torchlower.values import Value, constant
 
@@ -192,3 +193,21 @@ def rms_norm(
     inv = b.call("rsqrt", [b.call("add", [mean, float(eps)], dtype=x.dtype, shape=reduced)], dtype=x.dtype)
     y = b.call("mul", [x, inv], dtype=x.dtype, shape=shape)
     return affine(b, y, weight, None, x.rank - k, k)
+
+
+@module_rule(_InstanceNorm)
+def instance_norm_module(b: Builder, m: _InstanceNorm, x: Value) -> Value:
+    """nn.InstanceNorm1d/2d/3d (their forward branches on the input rank, which FX cannot trace)."""
+    unbatched = x.rank == m._get_no_batch_dim()
+    if unbatched:
+        x = b.call("unsqueeze", [x], {"axes": [0]}, dtype=x.dtype, shape=(1, *shape_of(x)))
+    params = [_tensor(getattr(m, n), n) for n in ("weight", "bias", "running_mean", "running_var")]
+    use_input_stats = m.training or not m.track_running_stats
+    y = instance_norm(b, x, *params, use_input_stats, m.momentum or 0.0, m.eps, False)
+    if unbatched:
+        y = b.call("squeeze", [y], {"axes": [0]}, dtype=y.dtype, shape=shape_of(y)[1:])
+    return y
+
+
+def _tensor(t: torch.Tensor | None, label: str) -> Value | None:
+    return None if t is None else constant(t.detach(), label=label)
