@@ -73,11 +73,11 @@ class ConstMaskAttention(nn.Module):
         return (out, weights) if self.need_weights else out
 
 
-@pytest.mark.parametrize("padding", [False, True])
+@pytest.mark.parametrize(("padding", "attn"), [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize(("need_weights", "average"), [(False, True), (True, True), (True, False)])
-def test_native_multi_head_attention(tmp_path, frontend, padding, need_weights, average):
+def test_native_multi_head_attention(tmp_path, frontend, padding, attn, need_weights, average):
     """Without gradients MultiheadAttention takes its fused fast path: aten::_native_multi_head_attention."""
-    model = ConstMaskAttention(need_weights, average, padding, attn=False).requires_grad_(False)
+    model = ConstMaskAttention(need_weights, average, padding, attn).requires_grad_(False)
     report = export_and_check(model, torch.randn(2, 4, 8), tmp_path, frontend)
     assert report.op_histogram["softmax"] == 1
 
