@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchlower import validate
+from torchlower import progress, validate
 from torchlower.errors import (
     CheckError,
     InvalidArgumentError,
@@ -107,7 +107,8 @@ def export(
     failures: list[TorchlowerError] = []
     for candidate in AUTO_ORDER if frontend == "auto" else (frontend,):
         try:
-            builder = _build(candidate, module, example, names_in, names_out, len(expected))
+            with progress.stage(f"tracing ({candidate})", unit="ops"):  # front end retotals: lowering
+                builder = _build(candidate, module, example, names_in, names_out, len(expected))
         except (TraceError, LoweringError, UnsupportedOpsError) as exc:
             if frontend != "auto":
                 raise
@@ -138,7 +139,8 @@ def export(
         notes=notes,
     )
     if check:
-        report.errors = verify(final, example, expected, names_out, tolerance)
+        with progress.stage("checking in tract"):
+            report.errors = verify(final, example, expected, names_out, tolerance)
     return report
 
 

@@ -19,6 +19,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
+from torchlower import progress
 from torchlower.errors import TraceError
 from torchlower.frontends.fx import Interpreter
 from torchlower.frontends.session import Session
@@ -92,6 +93,7 @@ def lower_export(
 ) -> list[Any]:
     """The ``export`` front end: flat outputs of ``module`` called on ``inputs``."""
     program = export_program(module, example, None, builder.rules)
+    progress.retotal(sum(n.op.startswith("call_") for n in program.graph_module.graph.nodes), "lowering")
     return interpret_program(program, builder, session, inputs)
 
 

@@ -19,6 +19,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 from torch.utils import _pytree as pytree
 
+from torchlower import progress
 from torchlower.errors import InvalidArgumentError, LoweringError, TraceError
 from torchlower.frontends import pycalls
 from torchlower.frontends.session import MISSING, Meta, Missing, Session
@@ -267,6 +268,7 @@ def lower_module(
         gm = trace(model, builder.rules)
         with torch.no_grad():
             _ShapePass(gm, builder.rules).propagate(*example)
+        progress.retotal(sum(n.op.startswith("call_") for n in gm.graph.nodes), "lowering")
         out = Interpreter(gm, builder, session).run(*inputs)
     return pytree.tree_leaves(out)
 

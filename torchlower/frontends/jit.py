@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower.errors import InvalidArgumentError, TraceError
+from torchlower import progress
+from torchlower.errors import InvalidArgumentError, LoweringError, TraceError
 from torchlower.frontends.session import MISSING, Meta, Session
 from torchlower.values import Value, constant
 
@@ -117,6 +118,7 @@ def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], sessi
     """Walk the inlined graph, lowering every node; returns the flattened outputs."""
     graph = tracer.torch_graph.copy()
     torch._C._jit_pass_inline(graph)
+    progress.retotal(sum(n.kind().startswith("aten::") for n in graph.nodes()), "lowering")
     graph_inputs = list(graph.inputs())
     env: dict[Any, Any] = {graph_inputs[0]: _ModuleRef("", tracer.mod)}
     tensor_inputs = graph_inputs[1:]
@@ -130,6 +132,8 @@ def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], sessi
         results = _lower_node(node, [env[i] for i in node.inputs()], session)
         if len(outputs) == 1:
             env[outputs[0]] = results
+            if _is_inplace(node.kind()):
+                _rebind_inplace(node, env, results)
         else:
             if results is MISSING:
                 results = [MISSING] * len(outputs)
@@ -168,21 +172,83 @@ def _lower_node(node: torch._C.Node, args: list[Any], session: Session) -> Any:
     key = schema.split("(", 1)[0] if schema and schema != "(no schema)" else kind
     args = _normalize_args(schema, args)
     metas = [_meta(o) for o in node.outputs()]
-    fold = _folder(kind, schema) if kind.startswith("aten::") else None
+    fold = _folder(kind, schema)
     return session.apply(key, args, where, metas, fold)
 
 
+_VIEW_OPS = {
+    f"aten::{op}"
+    for op in [
+        "slice",
+        "select",
+        "narrow",
+        "view",
+        "view_as",
+        "reshape",
+        "expand",
+        "expand_as",
+        "unsqueeze",
+        "squeeze",
+        "transpose",
+        "permute",
+        "t",
+        "as_strided",
+        "diagonal",
+        "unfold",
+        "split",
+        "chunk",
+        "unbind",
+        "flatten",
+        "unflatten",
+        "movedim",
+        "alias",
+        "detach",
+    ]
+}
+
+
+def _rebind_inplace(node: torch._C.Node, env: dict[Any, Any], result: Any) -> None:
+    """Later uses of a tensor mutated in place (``y[i] = v``) see the new value.
+
+    Every alias with the same graph name (identity views such as ``y[:]``) is rebound; a write
+    through a real view into a tensor that is read afterwards cannot be expressed: refuse it.
+    """
+    target = next(iter(node.inputs()))
+    old = env[target]
+    env[target] = result
+    if isinstance(old, Value):
+        for key, value in list(env.items()):
+            if isinstance(value, Value) and value.name == old.name:
+                env[key] = result
+    producer = target.node()
+    if producer.kind() in _VIEW_OPS:
+        base = next(iter(producer.inputs()))
+        if env.get(base) is not result and any(u.user.isAfter(node) for u in base.uses()):
+            raise LoweringError(
+                f"in-place {node.kind()} at {_scope(node) or '<top level>'} writes through a view "
+                f"({producer.kind()}) into a tensor read later; write into the tensor itself instead"
+            )
+
+
+def _is_inplace(kind: str) -> bool:
+    """``aten::index_put_`` and friends mutate their first input (``__iand__``-style names excluded)."""
+    return kind.startswith("aten::") and kind.endswith("_") and not kind.endswith("__")
+
+
 def _folder(kind: str, schema: str) -> Any:
-    """The ATen op to fold with; keyword-only schema arguments are passed by name."""
-    op = getattr(torch.ops.aten, kind.split("::", 1)[1], None)
-    if op is None or not schema or schema == "(no schema)":
-        return op
-    params = torch._C.parse_schema(schema).arguments
-    keywords = [p.name for p in params if p.kwarg_only]
-    if not keywords:
-        return op
-    n = len(params) - len(keywords)
-    return lambda *args: op(*args[:n], **dict(zip(keywords, args[n:], strict=False)))
+    """The torch op that folds a node; keyword-only schema args (dtype, device…) go by name."""
+    packet = getattr(torch.ops.aten, kind.split("::", 1)[1], None) if kind.startswith("aten::") else None
+    if packet is None or not schema or schema == "(no schema)":
+        return packet
+    kwonly = [a.name for a in torch._C.parse_schema(schema).arguments if a.kwarg_only]
+    if not kwonly:
+        return packet
+
+    def fold(*args: Any) -> Any:
+        n = len(args) - len(kwonly)
+        return packet(*args[:n], **dict(zip(kwonly, args[n:], strict=True)))
+
+    return fold
 
 
 def _get_attr(owner: Any, name: str) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from torchlower import progress
 from torchlower.errors import LoweringError, TorchlowerError, UnsupportedOp, UnsupportedOpsError
 from torchlower.rules.registry import describe, normalize_key
 from torchlower.values import Shape, Value, constant
@@ -65,6 +66,7 @@ class Session:
         fold: Callable[..., Any] | None = None,
     ) -> Any:
         """Lower one call; returns Value(s), Python objects (folded scalars) or MISSING."""
+        progress.advance()
         rule = self.builder.rules.lookup_function(key)
         if _contains(args, Missing):  # downstream of a missing op: only note our own absence
             if rule is None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from torchlower import progress
 from torchlower.errors import InvalidArgumentError
 from torchlower.nnef import dat
 
@@ -46,10 +47,9 @@ def members(graph: str, weights: Mapping[str, torch.Tensor]) -> Iterator[tuple[s
     files.update({f"{label}.dat": tensor for label, tensor in weights.items()})
     for name in sorted(files):
         item = files[name]
-        if isinstance(item, str):
-            yield name, item.encode()
-        else:
-            yield name, dat.encode(_to_numpy(item))  # type: ignore[arg-type]
+        blob = item.encode() if isinstance(item, str) else dat.encode(_to_numpy(item))  # type: ignore[arg-type]
+        yield name, blob
+        progress.advance(len(blob))
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -65,10 +65,12 @@ def write(path: str | os.PathLike[str], graph: str, weights: Mapping[str, torch.
         raise InvalidArgumentError(f"output folder {str(folder)!r} does not exist")
     if not os.access(folder, os.W_OK):
         raise InvalidArgumentError(f"output folder {str(folder)!r} is not writable")
-    if kind == "dir":
-        _write_directory(target, graph, weights)
-    else:
-        _write_tar(target, graph, weights, compress=kind == "tgz")
+    total = len(graph) + sum(t.numel() * t.element_size() for t in weights.values())
+    with progress.stage("writing", total=total, unit="bytes"):
+        if kind == "dir":
+            _write_directory(target, graph, weights)
+        else:
+            _write_tar(target, graph, weights, compress=kind == "tgz")
     return target
 
 

@@ -35,10 +35,11 @@ def run_in_tract(artifact: str | os.PathLike[str], inputs: Sequence[np.ndarray])
     """Outputs of the artifact on ``inputs``; a tract failure or abort becomes ``CheckError``."""
     with tempfile.TemporaryDirectory(prefix="torchlower-check-") as tmp:
         ins, outs = Path(tmp, "in.npz"), Path(tmp, "out.npz")
+        runnable = Path(artifact).resolve()  # the child runs in another directory
         np.savez(ins, *inputs)
         env = dict(os.environ, RAYON_NUM_THREADS=os.environ.get("RAYON_NUM_THREADS", "1"))
         proc = subprocess.run(
-            [sys.executable, "-m", "torchlower.nnef.tract_runner", str(artifact), str(ins), str(outs)],
+            [sys.executable, "-m", "torchlower.nnef.tract_runner", str(runnable), str(ins), str(outs)],
             capture_output=True,
             text=True,
             env=env,

@@ -62,3 +62,12 @@ def channel_param(param: Value, rank: int, axis: int = 1) -> Value:
 
 def pairs(values: Sequence[int]) -> list[tuple[int, int]]:
     return [(int(v), int(v)) for v in values]
+
+
+def cast(b: Builder, x: Value, dtype: torch.dtype) -> Value:
+    """``x`` as ``dtype``: constants are converted at export time, tensors with one cast."""
+    if x.dtype == dtype:
+        return x
+    if x.is_const:
+        return constant(x.const.to(dtype))
+    return b.call("tract_core_cast", [x], {"to": b.dtype_name(dtype)}, dtype=dtype, shape=x.shape)

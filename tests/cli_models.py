@@ -1,0 +1,36 @@
+"""Model factories the CLI tests import as ``tests.cli_models:NAME`` (real modules, real weights)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def mlp() -> nn.Module:
+    """Two linear layers with a relu: within every front end's coverage."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+
+
+class TwoHeads(nn.Module):
+    """Two inputs, two outputs: names and order must survive the round trip."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.a = nn.Linear(6, 3)
+        self.b = nn.Linear(5, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(self.a(x)), self.b(y)
+
+
+class Determinant(nn.Module):
+    """Uses ``linalg_det``, which no rule lowers (exercises exit code 3)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.det(x)
+
+
+def broken() -> nn.Module:
+    raise RuntimeError("factory exploded on purpose")

@@ -1,0 +1,118 @@
+"""Parsing the small languages of the command line: input specs, dynamic axes, npz files."""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from torchlower.cli.failures import usage_error
+
+DTYPES = {
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "f32": "float32",
+    "f64": "float64",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "u8": "uint8",
+    "bool": "bool",
+}
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """``x:1x3x224x224:f32`` — a named example input to draw at random."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # key of DTYPES
+
+
+def input_spec(text: str) -> InputSpec:
+    """Parse ``NAME:DIMS[:DTYPE]`` (dims joined by ``x``; ``NAME:scalar`` for rank 0)."""
+    parts = text.split(":")
+    example = "write NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 or ids:1x16:i64"
+    if len(parts) not in (2, 3) or not _NAME.match(parts[0]):
+        raise usage_error(f"--input {text!r}: expected NAME:DIMS[:DTYPE]", f"{example}.")
+    name, dims = parts[0], parts[1]
+    dtype = parts[2] if len(parts) == 3 else "f32"
+    if dtype not in DTYPES:
+        raise usage_error(f"--input {text!r}: unknown dtype {dtype!r}", f"use one of {', '.join(DTYPES)}.")
+    if dims == "scalar":
+        return InputSpec(name, (), dtype)
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        raise usage_error(
+            f"--input {text!r}: dimensions {dims!r} are not integers joined by 'x'", f"{example}."
+        ) from None
+    if any(d < 0 for d in shape):
+        raise usage_error(f"--input {text!r}: dimensions must be >= 0")
+    return InputSpec(name, shape, dtype)
+
+
+def example_tensors(specs: list[InputSpec], seed: int) -> list[Any]:
+    """Random tensors for ``specs``: floats standard normal, integers 0 or 1, bools random."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for s in specs:
+        dtype = getattr(torch, DTYPES[s.dtype])
+        if dtype.is_floating_point:
+            out.append(torch.randn(s.shape, generator=gen).to(dtype))
+        else:
+            out.append(torch.randint(0, 2, s.shape, generator=gen).to(dtype))
+    return out
+
+
+def dynamic_axes(items: list[str], names: list[str]) -> dict[str, dict[int, str]]:
+    """``x:0=B`` → ``{"x": {0: "B"}}`` (the torch.onnx convention ``export`` takes)."""
+    axes: dict[str, dict[int, str]] = {}
+    for text in items:
+        m = re.fullmatch(r"([A-Za-z_]\w*):(-?\d+)=([A-Za-z_]\w*)", text)
+        if m is None:
+            raise usage_error(f"--dynamic {text!r}: expected INPUT:AXIS=SYMBOL", "e.g. --dynamic x:0=B.")
+        name, axis, symbol = m.group(1), int(m.group(2)), m.group(3)
+        if names and name not in names:
+            raise usage_error(f"--dynamic {text!r}: no input named {name!r} (inputs: {', '.join(names)})")
+        axes.setdefault(name, {})[axis] = symbol
+    return axes
+
+
+def symbol_sizes(items: list[str]) -> dict[str, int]:
+    """``B=4`` → ``{"B": 4}``: sizes of symbolic dimensions for generated inputs."""
+    sizes = {}
+    for text in items:
+        m = re.fullmatch(r"([A-Za-z_]\w*)=(\d+)", text)
+        if m is None:
+            raise usage_error(f"--symbol {text!r}: expected SYMBOL=SIZE", "e.g. --symbol B=4.")
+        sizes[m.group(1)] = int(m.group(2))
+    return sizes
+
+
+def read_npz(path: str, option: str) -> list[np.ndarray] | dict[str, np.ndarray]:
+    """Arrays of an ``.npz``: a list if saved positionally (arr_0, arr_1…), else by name."""
+    file = Path(path)
+    if not file.is_file():
+        raise usage_error(f"{option} {path!r}: file does not exist")
+    try:
+        with np.load(file, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise usage_error(
+            f"{option} {path!r}: not a readable .npz ({exc})",
+            "write it with numpy.savez(path, name=array, ...) — object arrays are refused.",
+        ) from exc
+    positional = [f"arr_{i}" for i in range(len(arrays))]
+    if sorted(arrays) == sorted(positional):
+        return [arrays[k] for k in positional]
+    return arrays

@@ -1,0 +1,322 @@
+"""Layout beyond the basics: slicing, expanding, repeating, rolling, splitting, stacking.
+
+Shapes are read from the values (the front end observed them), so torch's index arithmetic
+(negative starts, ``end = 2**63 - 1``, uneven chunks) is resolved at export time and tract
+only sees in-range, non-negative bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from torchlower.errors import LoweringError
+from torchlower.rules import rule
+from torchlower.rules.common import Builder, Operand, reshape, unsqueeze_to
+from torchlower.values import Value, constant, normalize_dim
+
+
+def dims_of(x: Value) -> tuple[int, ...]:
+    """Static shape of ``x``; rules that bake sizes into attributes need it."""
+    return x.static_shape()
+
+
+def clamp_index(i: int | None, n: int, default: int) -> int:
+    """torch slice bound semantics: None → default, negative counts from the end, then clamp."""
+    if i is None:
+        return default
+    i = int(i)
+    if i < 0:
+        i += n
+    return min(max(i, 0), n)
+
+
+def slice_dim(b: Builder, x: Value, dim: int, start: int, end: int, step: int = 1) -> Value:
+    """``x`` sliced on ``dim`` with already-normalised, in-range bounds (``0 <= start < end <= n``)."""
+    shape = list(dims_of(x))
+    if start == 0 and end == shape[dim] and step == 1:
+        return x
+    if end <= start:
+        # tract reads end <= 0 as "to the end" and has no empty slice: refuse rather than lie
+        raise LoweringError(
+            f"slice of {x.name} on dim {dim} is empty ({start}:{end}); tract has no empty tensors"
+        )
+    shape[dim] = (end - start + step - 1) // step
+    attrs = {"axes": [dim], "begin": [start], "end": [end]}
+    if step != 1:
+        attrs["stride"] = [step]
+    return b.call("slice", [x], attrs, dtype=x.dtype, shape=tuple(shape))
+
+
+def transpose(b: Builder, x: Value, perm: Sequence[int]) -> Value:
+    """``x`` permuted by ``perm`` (identity permutations emit nothing)."""
+    perm = [int(p) for p in perm]
+    if perm == sorted(perm):
+        return x
+    shape = tuple(x.shape[p] for p in perm) if x.shape is not None else None
+    return b.call("transpose", [x], {"axes": perm}, dtype=x.dtype, shape=shape)
+
+
+def squeeze(b: Builder, x: Value, axes: Sequence[int]) -> Value:
+    shape = tuple(d for i, d in enumerate(dims_of(x)) if i not in axes)
+    return b.call("squeeze", [x], {"axes": list(axes)}, dtype=x.dtype, shape=shape)
+
+
+def unsqueeze(b: Builder, x: Value, axes: Sequence[int]) -> Value:
+    shape = list(dims_of(x))
+    for a in sorted(axes):
+        shape.insert(a, 1)
+    return b.call("unsqueeze", [x], {"axes": list(axes)}, dtype=x.dtype, shape=tuple(shape))
+
+
+def scalar_of(value: float | int | bool, dtype: torch.dtype, rank: int) -> Operand:
+    """``value`` as an operand of ``dtype``: an f32/bool literal, else a one-element constant.
+
+    tract reads integer literals as symbolic dims (TDim), so other dtypes get a tiny tensor.
+    """
+    if dtype == torch.float32:
+        return float(value)
+    if dtype == torch.bool:
+        return bool(value)
+    return constant(torch.full([1] * rank, value, dtype=dtype))
+
+
+def broadcast_to(b: Builder, x: Operand, shape: Sequence[int], dtype: torch.dtype) -> Value:
+    """``x`` broadcast to ``shape`` without materialising a full-size weight."""
+    if isinstance(x, Value) and x.is_const and x.const.dim() == 0:
+        x = scalar_of(x.const.item(), dtype, len(shape))
+    if isinstance(x, Value):
+        if dims_of(x) == tuple(shape):
+            return x
+        x = unsqueeze_to(b, x, len(shape))
+    return b.call("tract_core_broadcast", [x], {"shape": list(shape)}, dtype=dtype, shape=tuple(shape))
+
+
+def concat(b: Builder, parts: Sequence[Value], axis: int) -> Value:
+    if len(parts) == 1:
+        return parts[0]
+    shape = list(dims_of(parts[0]))
+    shape[axis] = sum(dims_of(p)[axis] for p in parts)
+    return b.call("concat", [list(parts)], {"axis": axis}, dtype=parts[0].dtype, shape=tuple(shape))
+
+
+@rule("aten::slice.Tensor")
+def slice_(b: Builder, x: Value, dim: int, start: int | None, end: int | None, step: int) -> Value:
+    """slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)"""  # noqa: E501
+    if step < 1:
+        raise LoweringError(f"slice step must be positive (torch forbids others), got {step}")
+    dim = normalize_dim(dim, x.rank)
+    n = dims_of(x)[dim]
+    return slice_dim(b, x, dim, clamp_index(start, n, 0), clamp_index(end, n, n), step)
+
+
+@rule("aten::select.int")
+def select(b: Builder, x: Value, dim: int, index: int) -> Value:
+    """select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)"""
+    dim = normalize_dim(dim, x.rank)
+    n = dims_of(x)[dim]
+    if not -n <= index < n:
+        raise LoweringError(f"select index {index} out of range for dim {dim} of size {n}")
+    index %= n
+    return squeeze(b, slice_dim(b, x, dim, index, index + 1), [dim])
+
+
+@rule("aten::narrow")
+def narrow(b: Builder, x: Value, dim: int, start: int | Value, length: int) -> Value:
+    """narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)"""
+    if isinstance(start, Value):
+        if not start.is_const:
+            raise LoweringError("narrow: start must be known at export time (got a graph tensor)")
+        start = int(start.const.item())
+    dim = normalize_dim(dim, x.rank)
+    n = dims_of(x)[dim]
+    start = start + n if start < 0 else start
+    return slice_dim(b, x, dim, start, start + length)
+
+
+@rule("aten::expand")
+def expand(b: Builder, x: Value, size: Sequence[int], implicit: bool) -> Value:
+    """expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)"""
+    src = (1,) * (len(size) - x.rank) + dims_of(x)
+    target = [s if int(t) == -1 else int(t) for s, t in zip(src, size, strict=True)]
+    return broadcast_to(b, x, target, x.dtype)
+
+
+@rule("aten::expand_as")
+def expand_as(b: Builder, x: Value, other: Value) -> Value:
+    """expand_as(Tensor(a) self, Tensor other) -> Tensor(a)"""
+    return broadcast_to(b, x, dims_of(other), x.dtype)
+
+
+@rule("aten::repeat")
+def repeat(b: Builder, x: Value, repeats: Sequence[int]) -> Value:
+    """repeat(Tensor self, SymInt[] repeats) -> Tensor"""
+    if len(repeats) < x.rank:
+        raise LoweringError(f"repeat: {len(repeats)} repeats for a rank-{x.rank} tensor (need >= rank)")
+    return _tile(b, x, [int(r) for r in repeats])
+
+
+@rule("aten::tile")
+def tile(b: Builder, x: Value, dims: Sequence[int]) -> Value:
+    """tile(Tensor self, SymInt[] dims) -> Tensor"""
+    reps = [1] * (x.rank - len(dims)) + [int(d) for d in dims]
+    return _tile(b, x, reps)
+
+
+def _tile(b: Builder, x: Value, reps: list[int]) -> Value:
+    x = unsqueeze_to(b, x, len(reps))
+    if all(r == 1 for r in reps):
+        return x
+    shape = tuple(d * r for d, r in zip(dims_of(x), reps, strict=True))
+    return b.call("tile", [x], {"repeats": reps}, dtype=x.dtype, shape=shape)
+
+
+@rule("aten::roll")
+def roll(b: Builder, x: Value, shifts: Sequence[int], dims: Sequence[int]) -> Value:
+    """roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor"""
+    if not dims:
+        if len(shifts) != 1:
+            raise LoweringError(f"roll without dims takes one shift, got {list(shifts)}")
+        shape = dims_of(x)
+        flat = reshape(b, x, [int(torch.Size(shape).numel())])
+        return reshape(b, _roll(b, flat, int(shifts[0]), 0), shape)
+    if len(shifts) != len(dims):
+        raise LoweringError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+    for shift, dim in zip(shifts, dims, strict=True):
+        x = _roll(b, x, int(shift), normalize_dim(dim, x.rank))
+    return x
+
+
+def _roll(b: Builder, x: Value, shift: int, dim: int) -> Value:
+    n = dims_of(x)[dim]
+    shift %= n
+    if shift == 0:
+        return x
+    return concat(b, [slice_dim(b, x, dim, n - shift, n), slice_dim(b, x, dim, 0, n - shift)], dim)
+
+
+@rule("aten::flip")
+def flip(b: Builder, x: Value, dims: Sequence[int]) -> Value:
+    """flip(Tensor self, int[] dims) -> Tensor"""
+    # tract's slice has no negative stride (it aborts): gather with reversed indices instead
+    for dim in sorted({normalize_dim(d, x.rank) for d in dims}):
+        n = dims_of(x)[dim]
+        if n > 1:
+            x = gather_axis(b, x, constant(torch.arange(n - 1, -1, -1)), dim)
+    return x
+
+
+def gather_axis(b: Builder, x: Value, index: Value, axis: int) -> Value:
+    """``tract_core_gather``: output shape is ``x.shape[:axis] + index.shape + x.shape[axis+1:]``."""
+    shape = dims_of(x)
+    out = (*shape[:axis], *dims_of(index), *shape[axis + 1 :])
+    return b.call("tract_core_gather", [x, index], {"axis": axis}, dtype=x.dtype, shape=out)
+
+
+def _split(b: Builder, x: Value, sizes: Sequence[int], dim: int) -> list[Value]:
+    dim = normalize_dim(dim, x.rank)
+    n = dims_of(x)[dim]
+    if sum(sizes) != n:
+        raise LoweringError(f"split sizes {list(sizes)} do not add up to dim {dim} of size {n}")
+    out, start = [], 0
+    for size in sizes:
+        out.append(slice_dim(b, x, dim, start, start + int(size)))
+        start += int(size)
+    return out
+
+
+def _even_sizes(n: int, size: int) -> list[int]:
+    return [size] * (n // size) + ([n % size] if n % size else []) if n else [0]
+
+
+@rule("aten::split.Tensor", "aten::unsafe_split.Tensor")
+def split(b: Builder, x: Value, split_size: int, dim: int) -> list[Value]:
+    """split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]"""
+    n = dims_of(x)[normalize_dim(dim, x.rank)]
+    return _split(b, x, _even_sizes(n, int(split_size)), dim)
+
+
+@rule("aten::split_with_sizes", "aten::unsafe_split_with_sizes", "aten::split.sizes")
+def split_with_sizes(b: Builder, x: Value, split_sizes: Sequence[int], dim: int) -> list[Value]:
+    """split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]"""
+    return _split(b, x, split_sizes, dim)
+
+
+@rule("aten::chunk", "aten::unsafe_chunk")
+def chunk(b: Builder, x: Value, chunks: int, dim: int) -> list[Value]:
+    """chunk(Tensor(a -> *) self, int chunks, int dim=0) -> Tensor(a)[]"""
+    n = dims_of(x)[normalize_dim(dim, x.rank)]
+    return _split(b, x, _even_sizes(n, -(-n // int(chunks))), dim)
+
+
+@rule("aten::unbind.int")
+def unbind(b: Builder, x: Value, dim: int) -> list[Value]:
+    """unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]"""
+    dim = normalize_dim(dim, x.rank)
+    return [select(b, x, dim, i) for i in range(dims_of(x)[dim])]
+
+
+@rule("aten::stack")
+def stack(b: Builder, tensors: Sequence[Value], dim: int) -> Value:
+    """stack(Tensor[] tensors, int dim=0) -> Tensor"""
+    first = tensors[0]
+    dim = normalize_dim(dim, first.rank + 1)  # a new axis: negative dims count from rank + 1
+    shape = list(dims_of(first))
+    shape.insert(dim, len(tensors))
+    if first.rank == 0:  # tract's stack wants tensors: scalars become [1] and are concatenated
+        return concat(b, [reshape(b, t, [1]) for t in tensors], 0)
+    return b.call("stack", [list(tensors)], {"axis": dim}, dtype=first.dtype, shape=tuple(shape))
+
+
+@rule("aten::movedim.int", "aten::moveaxis.int")
+def movedim(b: Builder, x: Value, source: int, destination: int) -> Value:
+    """movedim.int(Tensor(a) self, int source, int destination) -> Tensor(a)"""
+    return movedim_list(b, x, [source], [destination])
+
+
+@rule("aten::movedim.intlist", "aten::moveaxis.intlist")
+def movedim_list(b: Builder, x: Value, source: Sequence[int], destination: Sequence[int]) -> Value:
+    """movedim.intlist(Tensor(a) self, int[] source, int[] destination) -> Tensor(a)"""
+    rank = x.rank
+    src = [normalize_dim(s, rank) for s in source]
+    dst = [normalize_dim(d, rank) for d in destination]
+    perm: list[int | None] = [None] * rank
+    for s, d in zip(src, dst, strict=True):
+        perm[d] = s
+    rest = iter(i for i in range(rank) if i not in src)
+    return transpose(b, x, [p if p is not None else next(rest) for p in perm])
+
+
+@rule("aten::unflatten.int")
+def unflatten(b: Builder, x: Value, dim: int, sizes: Sequence[int]) -> Value:
+    """unflatten.int(Tensor(a) self, int dim, SymInt[] sizes) -> Tensor(a)"""
+    shape = list(dims_of(x))
+    dim = normalize_dim(dim, len(shape))
+    sizes = [int(s) for s in sizes]
+    if -1 in sizes:
+        known = int(torch.Size([s for s in sizes if s != -1]).numel())
+        sizes[sizes.index(-1)] = shape[dim] // known
+    return reshape(b, x, shape[:dim] + sizes + shape[dim + 1 :])
+
+
+@rule("aten::pixel_shuffle")
+def pixel_shuffle(b: Builder, x: Value, upscale_factor: int) -> Value:
+    """pixel_shuffle(Tensor self, int upscale_factor) -> Tensor"""
+    r = int(upscale_factor)
+    *batch, c, h, w = dims_of(x)
+    k = len(batch)
+    y = reshape(b, x, [*batch, c // (r * r), r, r, h, w])
+    y = transpose(b, y, [*range(k), k, k + 3, k + 1, k + 4, k + 2])
+    return reshape(b, y, [*batch, c // (r * r), h * r, w * r])
+
+
+@rule("aten::pixel_unshuffle")
+def pixel_unshuffle(b: Builder, x: Value, downscale_factor: int) -> Value:
+    """pixel_unshuffle(Tensor self, int downscale_factor) -> Tensor"""
+    r = int(downscale_factor)
+    *batch, c, h, w = dims_of(x)
+    k = len(batch)
+    y = reshape(b, x, [*batch, c, h // r, r, w // r, r])
+    y = transpose(b, y, [*range(k), k, k + 2, k + 4, k + 1, k + 3])
+    return reshape(b, y, [*batch, c * r * r, h // r, w // r])

@@ -1,0 +1,101 @@
+"""Selection: argmax/argmin, max/min along a dim, topk, sort, argsort.
+
+tract's ``argmax_reduce`` keeps the first of tied maxima and its ``tract_core_topk`` sorts
+stably, which is what PyTorch does on CPU (and what ``stable=True`` promises).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchlower.errors import LoweringError
+from torchlower.rules import rule
+from torchlower.rules.common import Builder, reshape
+from torchlower.rules.layout import dims_of, squeeze
+from torchlower.values import Value, normalize_dim
+
+
+def _reduce(b: Builder, op: str, x: Value, dim: int, keepdim: bool, dtype: torch.dtype) -> Value:
+    shape = list(dims_of(x))
+    shape[dim] = 1
+    y = b.call(op, [x], {"axes": [dim]}, dtype=dtype, shape=tuple(shape))
+    return y if keepdim else squeeze(b, y, [dim])
+
+
+def _arg(b: Builder, op: str, x: Value, dim: int | None, keepdim: bool) -> Value:
+    if dim is not None:
+        return _reduce(b, op, x, normalize_dim(dim, x.rank), keepdim, torch.int64)
+    flat = reshape(b, x, [int(torch.Size(dims_of(x)).numel())])
+    if keepdim:
+        return reshape(b, _reduce(b, op, flat, 0, True, torch.int64), [1] * x.rank)
+    return _reduce(b, op, flat, 0, False, torch.int64)  # tract cannot reshape to rank 0: squeeze
+
+
+@rule("aten::argmax")
+def argmax(b: Builder, x: Value, dim: int | None, keepdim: bool) -> Value:
+    """argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor"""
+    return _arg(b, "argmax_reduce", x, dim, keepdim)
+
+
+@rule("aten::argmin")
+def argmin(b: Builder, x: Value, dim: int | None, keepdim: bool) -> Value:
+    """argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor"""
+    return _arg(b, "argmin_reduce", x, dim, keepdim)
+
+
+@rule("aten::max.dim")
+def max_dim(b: Builder, x: Value, dim: int, keepdim: bool) -> tuple[Value, Value]:
+    """max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)"""
+    dim = normalize_dim(dim, x.rank)
+    return _reduce(b, "max_reduce", x, dim, keepdim, x.dtype), _arg(b, "argmax_reduce", x, dim, keepdim)
+
+
+@rule("aten::min.dim")
+def min_dim(b: Builder, x: Value, dim: int, keepdim: bool) -> tuple[Value, Value]:
+    """min.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)"""
+    dim = normalize_dim(dim, x.rank)
+    return _reduce(b, "min_reduce", x, dim, keepdim, x.dtype), _arg(b, "argmin_reduce", x, dim, keepdim)
+
+
+def topk_values(b: Builder, x: Value, k: int, dim: int, largest: bool) -> tuple[Value, Value]:
+    """Both results of ``tract_core_topk`` (sorted, stable), with their shapes."""
+    dim = normalize_dim(dim, x.rank)
+    shape = list(dims_of(x))
+    if not 0 < k <= shape[dim]:
+        raise LoweringError(
+            f"topk: k = {k} must be in [1, {shape[dim]}] for dim {dim} (tract has no empty tensors)"
+        )
+    shape[dim] = k
+    values, indices = b.call_multi("tract_core_topk", [x], {"k": k, "axis": dim, "largest": largest}, 2)
+    return values.with_meta(x.dtype, tuple(shape)), indices.with_meta(torch.int64, tuple(shape))
+
+
+@rule("aten::topk")
+def topk(b: Builder, x: Value, k: int, dim: int, largest: bool, sorted: bool) -> tuple[Value, Value]:
+    """topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)"""  # noqa: E501
+    # sorted=False leaves the order unspecified: the sorted order tract gives is one valid answer
+    return topk_values(b, x, int(k), dim, largest)
+
+
+@rule("aten::sort")
+def sort(b: Builder, x: Value, dim: int, descending: bool) -> tuple[Value, Value]:
+    """sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)"""
+    return topk_values(b, x, dims_of(x)[normalize_dim(dim, x.rank)], dim, descending)
+
+
+@rule("aten::sort.stable")
+def sort_stable(b: Builder, x: Value, stable: bool | None, dim: int, descending: bool) -> tuple[Value, Value]:
+    """sort.stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)"""  # noqa: E501
+    return sort(b, x, dim, descending)  # tract's sort is stable, so stable=True is honoured
+
+
+@rule("aten::argsort")
+def argsort(b: Builder, x: Value, dim: int, descending: bool) -> Value:
+    """argsort(Tensor self, int dim=-1, bool descending=False) -> Tensor"""
+    return sort(b, x, dim, descending)[1]
+
+
+@rule("aten::argsort.stable")
+def argsort_stable(b: Builder, x: Value, stable: bool, dim: int, descending: bool) -> Value:
+    """argsort.stable(Tensor self, *, bool stable, int dim=-1, bool descending=False) -> Tensor"""
+    return sort(b, x, dim, descending)[1]
