@@ -35,6 +35,8 @@ _DTYPE_OF_CODE = {
 def _is_quantized_input_module(module: nn.Module) -> bool:
     """True when the first compute layer is a quantized conv/linear (expects quantized input)."""
     for sub in module.modules():
+        if type(sub).__name__ == "Quantize":  # a QuantStub converted: it quantizes the input itself
+            return False
         kind = type(sub).__module__
         if kind.startswith("torch.ao.nn.quantized") and type(sub).__name__ in {
             "Conv1d", "Conv2d", "Conv3d", "Linear", "ConvTranspose1d", "ConvTranspose2d",
