@@ -311,10 +311,13 @@ def _fold_conv(
 
 
 def _fold_matmul(
-    b: NNEFBuilder, mm: Assignment, c: torch.Tensor, before: list[Assignment]
+    b: NNEFBuilder,
+    producers: dict[str, Assignment],
+    mm: Assignment,
+    c: torch.Tensor,
+    before: list[Assignment],
 ) -> list[Any] | None:
     """New args of ``matmul(x, W)`` computing ``matmul(x, W) * c`` (scale along output columns)."""
-    producers = _producers(b)
     if mm.attrs.get("transposeA") or len(mm.args) != 2 or not isinstance(mm.args[1], Value):
         return None
     weight = _const(b, mm.args[1], producers)
