@@ -288,9 +288,9 @@ def _rebind_inplace(node: torch._C.Node, env: dict[Any, Any], result: Any) -> No
     target = next(iter(node.inputs()))
     old = env[target]
     env[target] = result
-    if isinstance(old, Value):
+    if isinstance(old, Value):  # constants share placeholder names ("const"): match them by identity
         for key, value in list(env.items()):
-            if isinstance(value, Value) and value.name == old.name:
+            if isinstance(value, Value) and (value is old if old.is_const else value.name == old.name):
                 env[key] = result
     producer = target.node()
     if producer.kind() in _VIEW_OPS:
