@@ -90,6 +90,18 @@ class ModuleTracer:
                 ) from exc
         return self._traced_module
 
+    def fast_trace(self) -> FastTrace | None:
+        """The graph of ``forward`` traced without building a TracedModule, or None when that
+        route would not lower to the same artifact (then the front end uses ``torch_graph``).
+
+        ``torch.jit.trace`` spends most of its time turning the module tree into a
+        ``TracedModule``; ``torch.jit._get_trace_graph`` records the same ops with the
+        parameters and buffers as extra graph inputs, in ``state_dict`` order.
+        """
+        if self._traced_module is not None or self.fn_name != "forward" or self.args is None:
+            return None
+        return _fast_trace(self.mod, self.args)
+
     @property
     def torch_graph(self) -> torch.Graph:
         if self.fn_name == "forward":
@@ -111,6 +123,55 @@ def _trace(module: nn.Module, fn_name: str, args: tuple[Any, ...] | None) -> Any
 
 
 @dataclass
+class FastTrace:
+    graph: torch.Graph
+    state: list[tuple[str, torch.Tensor]]  # (state_dict key, tensor) of the trailing graph inputs
+
+
+def _fast_trace(module: nn.Module, args: tuple[Any, ...]) -> FastTrace | None:
+    """Trace with ``_get_trace_graph`` where it is equivalent to ``torch.jit.trace``; else None.
+
+    Equivalent means: plain (not scripted, not quantized) module and tensor inputs, every
+    parameter and buffer in the state dict exactly once (tied or non-persistent tensors would
+    get other labels), and outputs that are tensors in (nested) tuples or lists.
+    """
+    if isinstance(module, torch.jit.ScriptModule) or not all(
+        isinstance(a, torch.Tensor) and not a.is_quantized for a in args
+    ):
+        return None
+    state = torch.jit._unique_state_dict(module, keep_vars=True)
+    held = [t for _, t in module.named_parameters(remove_duplicate=False)]
+    held += [t for _, t in module.named_buffers(remove_duplicate=False)]
+    if len(state) != len(held) or {id(t) for t in state.values()} != {id(t) for t in held}:
+        return None
+    if any(t.is_quantized for t in held):
+        return None
+    scopes: dict[Any, str] = {"__module": module}
+    for name, child in module.named_modules(remove_duplicate=False):
+        if name:
+            scopes[child] = f"__module.{name}"  # last name wins, as in torch.jit.trace_module
+    old = torch.jit._trace._trace_module_map
+    torch.jit._trace._trace_module_map = scopes  # scope names, as torch.jit.trace records them
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            graph, out = torch.jit._get_trace_graph(module, args, strict=False)
+    except (RuntimeError, TypeError, ValueError):
+        return None  # the full route reports the failure with its own message
+    finally:
+        torch.jit._trace._trace_module_map = old
+    if not _tensor_tree(out) or len(list(graph.inputs())) != len(args) + len(state):
+        return None
+    return FastTrace(graph, list(state.items()))
+
+
+def _tensor_tree(item: Any) -> bool:
+    if isinstance(item, (tuple, list)):
+        return all(_tensor_tree(i) for i in item)
+    return isinstance(item, torch.Tensor)
+
+
+@dataclass
 class _ModuleRef:
     path: str
     module: Any
@@ -118,12 +179,21 @@ class _ModuleRef:
 
 def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], session: Session) -> list[Any]:
     """Walk the inlined graph, lowering every node; returns the flattened outputs."""
-    graph = tracer.torch_graph.copy()
-    torch._C._jit_pass_inline(graph)
+    fast = tracer.fast_trace()
+    env: dict[Any, Any] = {}
+    if fast is not None:  # parameters and buffers arrive as trailing graph inputs
+        graph = fast.graph
+        graph_inputs = list(graph.inputs())
+        tensor_inputs = graph_inputs[: len(graph_inputs) - len(fast.state)]
+        for value, (key, tensor) in zip(graph_inputs[len(tensor_inputs) :], fast.state, strict=True):
+            env[value] = constant(tensor, label=key)
+    else:
+        graph = tracer.torch_graph.copy()
+        torch._C._jit_pass_inline(graph)
+        graph_inputs = list(graph.inputs())
+        env[graph_inputs[0]] = _ModuleRef("", tracer.mod)
+        tensor_inputs = graph_inputs[1:]
     progress.retotal(sum(n.kind().startswith("aten::") for n in graph.nodes()), "lowering")
-    graph_inputs = list(graph.inputs())
-    env: dict[Any, Any] = {graph_inputs[0]: _ModuleRef("", tracer.mod)}
-    tensor_inputs = graph_inputs[1:]
     if len(tensor_inputs) != len(inputs):
         raise InvalidArgumentError(
             f"the traced graph takes {len(tensor_inputs)} tensor inputs, {len(inputs)} were given"
