@@ -163,15 +163,34 @@ CASES: dict[str, tuple[nn.Module, tuple[Callable[[], torch.Tensor], ...]]] = {
     "nan_to_num": (Fn(torch.nan_to_num), (_special,)),
     "nan_to_num_args": (Fn(lambda x: torch.nan_to_num(x, nan=1.5, posinf=9.0, neginf=-8.0)), (_special,)),
     "nan_to_num_": (Fn(lambda x: x.clone().nan_to_num_(2.0)), (_special,)),
+    "xlog1py": (Fn(torch.special.xlog1py), (_ties, _pos8)),
+    "xlog1py_nan": (
+        Fn(torch.special.xlog1py),
+        (
+            lambda: torch.tensor([[0.0, 0.0, 2.0, 1.0]]),
+            lambda: torch.tensor([[0.0, math.nan, math.nan, -0.5]]),
+        ),
+    ),
+    "xlog1py_scalar_other": (Fn(lambda x: torch.special.xlog1py(x, 3.0)), (_ties,)),
+    "xlog1py_scalar_self": (Fn(lambda y: torch.special.xlog1py(2.0, y)), (_pos,)),
+    "entr": (Fn(torch.special.entr), (lambda: torch.cat([_special(), _pos((1, 8))], 1),)),
+    "ndtr": (Fn(torch.special.ndtr), (_any,)),
+    "square_": (Fn(lambda x: x.clone().square_()), (_any,)),
+    "log2_": (Fn(lambda x: x.clone().log2_()), (_pos,)),
+    "log10_": (Fn(lambda x: x.clone().log10_()), (_pos,)),
+    "prelu_kernel": (
+        Fn(lambda x, w: torch.ops.aten._prelu_kernel(x, w)),
+        (_any, lambda: torch.tensor([0.1, -0.5, 2.0]).reshape(3, 1, 1)),
+    ),
     "multiply": (Fn(torch.multiply), (_any, _any)),
-    "multiply_": (Fn(lambda x, y: x.clone().multiply_(y)), (_any, _any)),
+    "multiply_": (Fn(lambda x, y: torch.ops.aten.multiply_.Tensor(x.clone(), y)), (_any, _any)),
     "subtract": (Fn(lambda x, y: torch.subtract(x, y, alpha=2)), (_any, _any)),
-    "subtract_": (Fn(lambda x, y: x.clone().subtract_(y)), (_any, _any)),
+    "subtract_": (Fn(lambda x, y: torch.ops.aten.subtract_.Tensor(x.clone(), y, alpha=3)), (_any, _any)),
     "divide": (Fn(torch.divide), (_any, _pos)),
     "divide_mode": (Fn(lambda x, y: torch.divide(x, y, rounding_mode="floor")), (_any, _pos)),
-    "divide_": (Fn(lambda x, y: x.clone().divide_(y)), (_any, _pos)),
+    "divide_": (Fn(lambda x, y: torch.ops.aten.divide_.Tensor(x.clone(), y)), (_any, _pos)),
     "true_divide": (Fn(torch.true_divide), (_int, lambda: torch.randint(1, 5, (4, 6)))),
-    "true_divide_": (Fn(lambda x, y: x.clone().true_divide_(y)), (_any, _pos)),
+    "true_divide_": (Fn(lambda x, y: torch.ops.aten.true_divide_.Tensor(x.clone(), y)), (_any, _pos)),
 }
 
 

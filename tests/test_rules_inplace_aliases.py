@@ -157,6 +157,8 @@ ALIASES = {
     "arcsinh": (torch.arcsinh, (_any,)),
     "arctanh": (torch.arctanh, (_unit,)),
     "arctan2": (torch.arctan2, (_any, _any)),
+    "_softmax": (lambda x: torch.ops.aten._softmax(x, 1, False), (_any,)),
+    "_log_softmax": (lambda x: torch.ops.aten._log_softmax(x, -1, False), (_any,)),
     "fix": (torch.fix, (_any,)),
     "sgn": (torch.sgn, (_small_ints,)),
     "greater": (torch.greater, (_small_ints, _small_ints)),

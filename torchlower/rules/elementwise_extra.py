@@ -17,8 +17,20 @@ from torchlower.rules.activations import elu, leaky_relu
 from torchlower.rules.arithmetic import div, mul, sub
 from torchlower.rules.common import Builder, Operand, Scalar, reshape
 from torchlower.rules.compare import isnan
-from torchlower.rules.math import binary, cast, floating, promote, result_type, select, trunc, unary
-from torchlower.values import Value, normalize_dim
+from torchlower.rules.math import (
+    binary,
+    cast,
+    floating,
+    log2,
+    log10,
+    promote,
+    result_type,
+    select,
+    square,
+    trunc,
+    unary,
+)
+from torchlower.values import Value, constant, normalize_dim
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
@@ -245,6 +257,35 @@ def xlogy(b: Builder, x: Operand, y: Operand) -> Value:
     return select(b, isnan(b, py), py, out) if isinstance(py, Value) else out  # NaN y gives NaN
 
 
+@rule("aten::special_xlog1py")
+def xlog1py(b: Builder, x: Operand, y: Operand) -> Value:
+    """special_xlog1py(Tensor self, Tensor other) -> Tensor (also .self_scalar / .other_scalar)
+
+    NaN where y is NaN, else 0 where x == 0, else x * log1p(y)."""
+    dtype = _float_dtype(x, y)
+    py = binary(b, "add", y, 1.0, dtype=dtype) if isinstance(y, Value) else float(y) + 1.0
+    return xlogy(b, x, py)
+
+
+@rule("aten::special_entr")
+def entr(b: Builder, x: Value) -> Value:
+    """special_entr(Tensor self) -> Tensor: -x log x for x > 0, 0 at 0, -inf below, NaN kept"""
+    x = floating(b, x)
+    minus_inf = constant(torch.full((1,) * max(x.rank, 1), -math.inf, dtype=x.dtype))  # literals clamp inf
+    y = select(
+        b, binary(b, "gt", x, 0.0), unary(b, "neg", binary(b, "mul", x, unary(b, "log", x))), minus_inf
+    )
+    y = select(b, binary(b, "eq", x, 0.0), 0.0, y)
+    return select(b, isnan(b, x), x, y)
+
+
+@rule("aten::special_ndtr")
+def ndtr(b: Builder, x: Value) -> Value:
+    """special_ndtr(Tensor self) -> Tensor: standard normal CDF, (1 + erf(x / sqrt 2)) / 2"""
+    erf = unary(b, "tract_core_erf", binary(b, "mul", floating(b, x), 1.0 / math.sqrt(2.0)))
+    return binary(b, "mul", binary(b, "add", erf, 1.0), 0.5)
+
+
 def _signbit(b: Builder, x: Value) -> Value:
     """Sign bit of floats: negative, or a zero whose reciprocal is -inf (-0.0). NaN reads as positive."""
     negative = binary(b, "lt", x, 0.0)
@@ -351,3 +392,8 @@ def nan_to_num(
 rule("aten::multiply", "aten::multiply_")(mul)
 rule("aten::subtract", "aten::subtract_")(sub)
 rule("aten::divide", "aten::divide_", "aten::true_divide", "aten::true_divide_")(div)
+
+# in-place forms of math.py rules (same computation, the front end rebinds the result)
+rule("aten::square_")(square)
+rule("aten::log2_")(log2)
+rule("aten::log10_")(log10)
