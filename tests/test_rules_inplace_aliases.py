@@ -7,6 +7,7 @@ front end. In-place ops act on a clone so no front end sees a mutated input.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from operator import methodcaller
 
@@ -59,6 +60,18 @@ def _ties() -> torch.Tensor:
 def _small_ints() -> torch.Tensor:
     """Floats with many exact ties so comparisons hit both outcomes."""
     return torch.randint(-3, 4, (3, 8)).float()
+
+
+def _nans() -> torch.Tensor:
+    return torch.tensor(
+        [[math.nan, 1.0, math.nan, -2.0, math.inf, -math.inf], [0.5, -0.5, 3.0, -math.inf, 2.0, 1.0]]
+    )
+
+
+def _nans_t() -> torch.Tensor:
+    return torch.tensor(
+        [[0.5, math.nan, math.nan, 3.0, -math.inf, 1.0], [math.nan, 2.0, -3.0, 4.0, 5.0, -6.0]]
+    )
 
 
 # name → (fn(*inputs), input factories)
@@ -166,6 +179,10 @@ ALIASES = {
     "less": (torch.less, (_small_ints, _small_ints)),
     "less_equal": (torch.less_equal, (_small_ints, _small_ints)),
     "not_equal": (torch.not_equal, (_small_ints, _small_ints)),
+    "fmax_nan": (torch.fmax, (_nans, _nans_t)),
+    "fmin_nan": (torch.fmin, (_nans, _nans_t)),
+    "maximum_nan": (torch.maximum, (_nans, _nans_t)),
+    "minimum_nan": (torch.minimum, (_nans, _nans_t)),
     "fmax": (torch.fmax, (_any, _any)),
     "fmin": (torch.fmin, (_any, _any)),
     "float_power": (torch.float_power, (_pos, _unit)),
