@@ -165,7 +165,10 @@ def bilinear(b: Builder, x1: Value, x2: Value, w: Value, bias: Value | None) -> 
 
 @rule("aten::linalg_cross", "aten::cross")
 def cross(b: Builder, x: Value, y: Value, dim: int | None) -> Value:
-    """linalg_cross(Tensor self, Tensor other, *, int dim=-1) -> Tensor  (cross: dim=None → first size-3 dim)"""
+    """linalg_cross(Tensor self, Tensor other, *, int dim=-1) -> Tensor
+
+    cross(self, other, int? dim=None): dim None means the first dimension of size 3.
+    """
     x, y = align_ranks(b, x, y)
     if dim is None:
         shape = torch.broadcast_shapes(shape_of(x), shape_of(y))
