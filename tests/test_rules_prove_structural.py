@@ -124,6 +124,23 @@ CASES: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
         )[0],
         (torch.tensor([1, 2, 4, 4, 3]),),
     ),
+    "to_copy_direct": (lambda x: torch.ops.aten._to_copy(x, dtype=torch.float64) * 2, (_r(3, 4),)),
+    "reshape_alias_direct": (lambda x: torch.ops.aten._reshape_alias(x * 2, [4, 3], [3, 1]), (_r(3, 4),)),
+    "lift_fresh_direct": (lambda x: torch.ops.aten.lift_fresh(x * 2) + 1, (_r(3, 4),)),
+    "detach_direct": (lambda x: torch.ops.aten.detach_(x * 2) + 1, (_r(3, 4),)),
+    "native_channel_shuffle": (lambda x: torch.native_channel_shuffle(x, 2), (_r(1, 4, 3, 3),)),
+    "bilinear_aa_direct": (
+        lambda x: torch._C._nn._upsample_bilinear2d_aa(x, [3, 2], False, None, None),
+        (_r(1, 2, 6, 8),),
+    ),
+    "bicubic_aa_direct": (
+        lambda x: torch._C._nn._upsample_bicubic2d_aa(x, [3, 2], False, None, None),
+        (_r(1, 2, 6, 8),),
+    ),
+    "nearest_exact2d_direct": (
+        lambda x: torch._C._nn._upsample_nearest_exact2d(x, [6, 7], None, None),
+        (_r(1, 2, 3, 4),),
+    ),
     "reflection_pad1d": (lambda x: F.pad(x, (2, 1), mode="reflect"), (_r(1, 2, 5),)),
     "reflection_pad2d": (lambda x: F.pad(x, (2, 1, 1, 2), mode="reflect"), (_r(1, 2, 4, 5),)),
     "reflection_pad3d": (lambda x: F.pad(x, (1, 1, 2, 0, 1, 1), mode="reflect"), (_r(1, 2, 3, 4, 5),)),
