@@ -105,8 +105,26 @@ def rsub(b: Builder, x: Operand, y: Operand, alpha: Scalar = 1) -> Value:
 
 @rule("aten::mul.Tensor", "aten::mul.Scalar", "aten::mul_.Tensor", "aten::mul_.Scalar")
 def mul(b: Builder, x: Operand, y: Operand) -> Value:
-    """mul.Tensor(Tensor self, Tensor other) -> Tensor"""
+    """mul.Tensor(Tensor self, Tensor other) -> Tensor
+
+    tract folds a product with a constant 0 to 0, but IEEE (and torch) give NaN for inf or NaN
+    times 0 (``0.0 / x`` is ``reciprocal(x) * 0.0`` in torch): a float zero factor is written
+    as ``x - x`` (0 where x is finite, NaN elsewhere, never folded), so ``x * (x - x)`` is exact.
+    """
+    dtype = result_dtype(x, y)
+    if dtype.is_floating_point and _is_zero(x) and isinstance(y, Value) and not y.is_const:
+        x, y = y, x
+    if dtype.is_floating_point and _is_zero(y) and isinstance(x, Value) and not x.is_const:
+        x = cast(b, x, dtype)
+        return binary(b, "mul", x, binary(b, "sub", x, x, dtype), dtype)
     return binary(b, "mul", x, y)
+
+
+def _is_zero(x: Operand) -> bool:
+    """A scalar 0 or a one-element constant 0 (a factor tract would fold away)."""
+    if isinstance(x, Value):
+        return x.is_const and x.const.numel() == 1 and x.const.dim() == 0 and bool(x.const == 0)
+    return not isinstance(x, bool) and x == 0
 
 
 @rule(
@@ -127,7 +145,11 @@ def div(b: Builder, x: Operand, y: Operand, rounding_mode: str | None = None) ->
     dtype = result_dtype(x, y)
     integral = not (dtype.is_floating_point or dtype.is_complex)
     if rounding_mode is None:
-        return binary(b, "div", x, y, torch.get_default_dtype() if integral else dtype)
+        dtype = torch.get_default_dtype() if integral else dtype
+        if _is_zero(x) and isinstance(y, Value) and not y.is_const:  # tract folds 0 / y to 0
+            r = b.call("recip", [cast(b, y, dtype)], dtype=dtype, shape=y.shape)
+            return mul(b, r, 0.0)  # 0 * (1 / y): NaN for y = 0 or NaN, like torch
+        return binary(b, "div", x, y, dtype)
     q = binary(b, "div", x, y, dtype)  # integer division in tract truncates
     if rounding_mode == "trunc":
         if integral:
