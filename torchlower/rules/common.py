@@ -50,6 +50,8 @@ def as_const(x: Operand, dtype: torch.dtype) -> Value:
 def reshape(b: Builder, x: Value, shape: Sequence[Dim]) -> Value:
     if x.is_const:
         return constant(x.const.reshape([int(d) for d in shape]))
+    if not shape:  # tract cannot read `shape = []`; every dim is 1, so squeeze them all
+        return b.call("squeeze", [x], {"axes": list(range(x.rank))}, dtype=x.dtype, shape=())
     return b.call("reshape", [x], {"shape": list(shape)}, dtype=x.dtype, shape=tuple(shape))
 
 

@@ -23,6 +23,8 @@ def reshape(b: Builder, x: Value, shape: Sequence[Any]) -> Value:
     target = _target_shape(shape_of(x), [_dim(d) for d in shape])
     if tuple(target) == tuple(shape_of(x)):
         return x
+    if not target:  # tract cannot read `shape = []`; every dim is 1, so squeeze them all
+        return b.call("squeeze", [x], {"axes": list(range(x.rank))}, dtype=x.dtype, shape=())
     return b.call("reshape", [x], {"shape": target}, dtype=x.dtype, shape=None)
 
 
