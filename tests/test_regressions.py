@@ -1,0 +1,55 @@
+"""Minimal failing examples found by the fuzzer (tests/test_fuzz.py), kept as regular tests.
+
+Each one exported without error and then disagreed with PyTorch in tract (or tract could not run
+it). The property is the fuzzer's: a front end either verifies the model in tract or refuses it
+at export time with a typed error — never a CheckError, never a raw exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import torchlower
+from tests.test_rules_math import Fn
+from torchlower.errors import CheckError, TorchlowerError
+
+INF, NAN = float("inf"), float("nan")
+
+
+def verified_or_refused(
+    fn: Callable[..., object], args: tuple[torch.Tensor, ...], tmp: Path, frontend: str
+) -> None:
+    """Verified in tract, or (only off the jit front end) a typed error at export time."""
+    try:
+        report = torchlower.export(Fn(fn), args, tmp / "m.nnef.tgz", frontend=frontend)
+    except CheckError:
+        raise
+    except TorchlowerError:
+        if frontend == "jit":
+            raise
+        return
+    assert report.errors and all(e.ok for e in report.errors)
+
+
+def test_zero_factor_keeps_nan_and_inf(tmp_path, frontend):
+    """tract folds ``x * 0`` and ``0 / x`` to 0; torch gives NaN for inf/NaN (and 0 / 0)."""
+    x = torch.tensor([0.0, -0.0, 1.0, NAN, -2.0, INF, -INF])
+    verified_or_refused(
+        lambda t: (0.0 / t, t * 0, 0 * t, torch.mul(t, 0.0), t.int() * 0.0), (x,), tmp_path, frontend
+    )
+
+
+def test_zero_numerator_div(tmp_path, frontend):
+    x = torch.tensor([0.0, 1.0, NAN, -2.0, INF])
+    verified_or_refused(lambda t: torch.div(0.0, t), (x,), tmp_path, frontend)
+
+
+def test_reshape_to_rank_0(tmp_path, frontend):
+    """tract cannot read ``reshape(x, shape = [])``; roll of a 0-d tensor flattens and reshapes back."""
+    args = (torch.tensor(1.5), torch.tensor([[2.0]]))
+    verified_or_refused(
+        lambda x, y: (torch.roll(x, -6), y.reshape(()), torch.roll(x > 0, 2)), args, tmp_path, frontend
+    )
