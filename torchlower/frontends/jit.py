@@ -130,6 +130,8 @@ def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], sessi
     for node in graph.nodes():
         outputs = list(node.outputs())
         results = _lower_node(node, [env[i] for i in node.inputs()], session)
+        if len(outputs) == 1 and node.kind() in _UNPACK and results is not MISSING:
+            results = results[0]  # unpacking a one-element list (split into one chunk)
         if len(outputs) == 1:
             env[outputs[0]] = results
             if _is_inplace(node.kind()):
@@ -140,6 +142,9 @@ def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], sessi
             env.update(zip(outputs, results, strict=True))
     returned = [env[v] for v in graph.return_node().inputs()]
     return _flatten(returned[0] if len(returned) == 1 else returned)
+
+
+_UNPACK = ("prim::ListUnpack", "prim::TupleUnpack")
 
 
 def _lower_node(node: torch._C.Node, args: list[Any], session: Session) -> Any:
@@ -154,7 +159,7 @@ def _lower_node(node: torch._C.Node, args: list[Any], session: Session) -> Any:
         return list(args)
     if kind == "prim::TupleConstruct":
         return tuple(args)
-    if kind in ("prim::ListUnpack", "prim::TupleUnpack"):
+    if kind in _UNPACK:
         return list(args[0]) if args[0] is not MISSING else MISSING
     if kind == "prim::TupleIndex":
         return args[0][args[1]]
