@@ -26,6 +26,8 @@ from torchlower.frontends.session import MISSING, Meta, Missing, Session
 from torchlower.rules.registry import Registry, describe
 from torchlower.values import Value, constant
 
+# field -> position in torch.return_types (max/min/sort/topk .values/.indices, aminmax .min/.max)
+_RETURN_FIELDS = {"values": 0, "indices": 1, "min": 0, "max": 1}
 EXAMPLE = "torchlower_example"  # node.meta key: real inputs of a leaf module without a rule
 _SHAPE_METHODS = {"size", "dim", "ndimension", "numel", "nelement"}
 
@@ -128,6 +130,8 @@ class Interpreter(fx.Interpreter):
     def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if target is operator.getitem and isinstance(args[0], Value):
             return self._index(args[0], args[1])
+        if target is getattr and isinstance(args[0], tuple) and args[1] in _RETURN_FIELDS:
+            return args[0][_RETURN_FIELDS[args[1]]]  # rules return plain tuples for torch.return_types
         if target in (operator.getitem, getattr, len) and not isinstance(args[0], Value):
             return MISSING if isinstance(args[0], Missing) else target(*args, **kwargs)
         if target is getattr:
