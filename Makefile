@@ -30,3 +30,9 @@ test: $(STAMP) lint
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000
+N ?= 10000
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzz_campaign -n $(N)
+.PHONY: fuzz

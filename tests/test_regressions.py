@@ -53,3 +53,18 @@ def test_reshape_to_rank_0(tmp_path, frontend):
     verified_or_refused(
         lambda x, y: (torch.roll(x, -6), y.reshape(()), torch.roll(x > 0, 2)), args, tmp_path, frontend
     )
+
+
+def test_split_into_one_chunk(tmp_path, frontend):
+    """jit: ``prim::ListUnpack`` of a one-element list bound the list itself, not its element."""
+    x = torch.randn(1, 1, 3, 5)
+    verified_or_refused(
+        lambda t: torch.any(torch.split(t, 1, 0)[0], dim=[-4, 3], keepdim=True), (x,), tmp_path, frontend
+    )
+
+
+def test_return_type_fields(tmp_path, frontend):
+    """fx: ``torch.min(x, dim).values`` met a plain tuple from the rule (raw AttributeError)."""
+    x = torch.randn(2, 4)
+    fn = lambda t: (torch.min(t, -2).values, torch.max(t, 1).indices, torch.aminmax(t).max)  # noqa: E731
+    verified_or_refused(fn, (x,), tmp_path, frontend)
