@@ -11,7 +11,17 @@ import torch
 
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, Operand, Scalar, align_ranks, cast, shape_of
+from torchlower.rules.common import (
+    Builder,
+    Operand,
+    Scalar,
+    align_ranks,
+    cast,
+    ieee_zero,
+    rank0,
+    rank_of,
+    shape_of,
+)
 from torchlower.values import Shape, Value, constant
 
 
@@ -68,11 +78,13 @@ def broadcast_shape(*xs: Operand) -> Shape | None:
 def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | None = None) -> Value:
     """Emit ``op(x, y)`` after promoting to ``dtype`` (torch's result type by default)."""
     dtype = dtype or result_dtype(x, y)
+    rank = max(rank_of(x), rank_of(y))
     x, y = as_operand(b, x, dtype), as_operand(b, y, dtype)
     shape = broadcast_shape(x, y)
     x, y = align_ranks(b, x, y)
     out_dtype = torch.bool if op in ("lt", "gt", "le", "ge", "eq", "ne") else dtype
-    return b.call(op, [x, y], dtype=out_dtype, shape=shape)
+    op, x, y = ieee_zero(b, op, x, y)
+    return rank0(b, b.call(op, [x, y], dtype=out_dtype, shape=shape), rank)
 
 
 def _scaled(b: Builder, y: Operand, alpha: Scalar) -> Operand:
@@ -105,26 +117,8 @@ def rsub(b: Builder, x: Operand, y: Operand, alpha: Scalar = 1) -> Value:
 
 @rule("aten::mul.Tensor", "aten::mul.Scalar", "aten::mul_.Tensor", "aten::mul_.Scalar")
 def mul(b: Builder, x: Operand, y: Operand) -> Value:
-    """mul.Tensor(Tensor self, Tensor other) -> Tensor
-
-    tract folds a product with a constant 0 to 0, but IEEE (and torch) give NaN for inf or NaN
-    times 0 (``0.0 / x`` is ``reciprocal(x) * 0.0`` in torch): a float zero factor is written
-    as ``x - x`` (0 where x is finite, NaN elsewhere, never folded), so ``x * (x - x)`` is exact.
-    """
-    dtype = result_dtype(x, y)
-    if dtype.is_floating_point and _is_zero(x) and isinstance(y, Value) and not y.is_const:
-        x, y = y, x
-    if dtype.is_floating_point and _is_zero(y) and isinstance(x, Value) and not x.is_const:
-        x = cast(b, x, dtype)
-        return binary(b, "mul", x, binary(b, "sub", x, x, dtype), dtype)
+    """mul.Tensor(Tensor self, Tensor other) -> Tensor"""
     return binary(b, "mul", x, y)
-
-
-def _is_zero(x: Operand) -> bool:
-    """A scalar 0 or a one-element constant 0 (a factor tract would fold away)."""
-    if isinstance(x, Value):
-        return x.is_const and x.const.numel() == 1 and x.const.dim() == 0 and bool(x.const == 0)
-    return not isinstance(x, bool) and x == 0
 
 
 @rule(
@@ -145,11 +139,7 @@ def div(b: Builder, x: Operand, y: Operand, rounding_mode: str | None = None) ->
     dtype = result_dtype(x, y)
     integral = not (dtype.is_floating_point or dtype.is_complex)
     if rounding_mode is None:
-        dtype = torch.get_default_dtype() if integral else dtype
-        if _is_zero(x) and isinstance(y, Value) and not y.is_const:  # tract folds 0 / y to 0
-            r = b.call("recip", [cast(b, y, dtype)], dtype=dtype, shape=y.shape)
-            return mul(b, r, 0.0)  # 0 * (1 / y): NaN for y = 0 or NaN, like torch
-        return binary(b, "div", x, y, dtype)
+        return binary(b, "div", x, y, torch.get_default_dtype() if integral else dtype)
     q = binary(b, "div", x, y, dtype)  # integer division in tract truncates
     if rounding_mode == "trunc":
         if integral:

@@ -73,3 +73,40 @@ def cast(b: Builder, x: Value, dtype: torch.dtype) -> Value:
     if x.is_const:
         return constant(x.const.to(dtype))
     return b.call("tract_core_cast", [x], {"to": b.dtype_name(dtype)}, dtype=dtype, shape=x.shape)
+
+
+def _is_zero(x: Operand) -> bool:
+    if isinstance(x, Value):
+        return x.is_const and x.const.numel() == 1 and bool(x.const.reshape(()) == 0)
+    return not isinstance(x, bool) and x == 0
+
+
+def ieee_zero(b: Builder, op: str, x: Operand, y: Operand) -> tuple[str, Operand, Operand]:
+    """A float ``x * 0`` or ``0 / y`` rewritten so tract keeps IEEE NaN.
+
+    tract folds a product with a constant 0 (and ``0 / y``) to 0, but ``inf * 0``, ``NaN * 0``
+    and ``0 / 0`` are NaN in torch. ``x - x`` is 0 where x is finite and NaN elsewhere, and is
+    not folded: ``x * 0`` becomes ``x * (x - x)`` (sign of zero kept), ``0 / y`` becomes ``r * (r - r)``
+    with ``r = 1 / y``. Operands are already promoted and rank-aligned.
+    """
+    if op not in ("mul", "div"):
+        return op, x, y
+    if op == "mul" and _is_zero(x):
+        x, y = y, x
+    live = x if op == "mul" else y
+    if not isinstance(live, Value) or live.is_const or live.dtype is None or not live.dtype.is_floating_point:
+        return op, x, y
+    if op == "div" and _is_zero(x):
+        op, x, y = "mul", b.call("recip", [live], dtype=live.dtype, shape=live.shape), 0.0
+    if op == "mul" and _is_zero(y):
+        return "mul", x, b.call("sub", [x, x], dtype=x.dtype, shape=x.shape)
+    return op, x, y
+
+
+def rank0(b: Builder, y: Value, rank: int) -> Value:
+    """``y`` back to rank 0 when every operand was: integer scalars are written as ``[1]``-shaped
+    typed constants (an int literal is a TDim in tract), which would make the result rank 1."""
+    if rank == 0 and y.rank == 1:
+        return b.call("squeeze", [y], {"axes": [0]}, dtype=y.dtype, shape=())
+    return y
+

@@ -15,7 +15,7 @@ import torch
 
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, Operand, align_ranks, rank_of, shape_of
+from torchlower.rules.common import Builder, Operand, align_ranks, ieee_zero, rank0, rank_of, shape_of
 from torchlower.values import Shape, Value, constant, normalize_dim
 
 # ---- helpers shared by the compare / reduce_extra families ---------------------------------
@@ -81,15 +81,18 @@ def promote(b: Builder, *xs: Operand, dtype: torch.dtype | None = None) -> list[
 
 def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | None = None) -> Value:
     """``op(x, y)`` after promotion; the result has the promoted dtype unless ``op`` compares."""
+    rank = max(rank_of(x), rank_of(y))
     px, py = promote(b, x, y, dtype=dtype)
     out = dtype or result_type(px, py)
     shape = broadcast_shape(px, py)
     if out == torch.bool and op in ("eq", "ne"):  # tract compares numbers only
         differ = b.call("tract_core_xor", [px, py], dtype=torch.bool, shape=shape)
-        return differ if op == "ne" else b.call("not", [differ], dtype=torch.bool, shape=shape)
+        same = differ if op == "ne" else b.call("not", [differ], dtype=torch.bool, shape=shape)
+        return rank0(b, same, rank)
     if op in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "tract_core_xor"):
         out = torch.bool
-    return b.call(op, [px, py], dtype=out, shape=shape)
+    op, px, py = ieee_zero(b, op, px, py)
+    return rank0(b, b.call(op, [px, py], dtype=out, shape=shape), rank)
 
 
 def unary(b: Builder, op: str, x: Value) -> Value:
@@ -249,7 +252,8 @@ def remainder(b: Builder, x: Operand, y: Operand) -> Value:
     r = fmod(b, x, y)
     wrong_sign = binary(b, "ne", binary(b, "lt", r, 0, dtype=dtype), binary(b, "lt", y, 0, dtype=dtype))
     fix = binary(b, "and", binary(b, "ne", r, 0, dtype=dtype), wrong_sign)
-    return binary(b, "add", r, select(b, fix, y if isinstance(y, Value) else _typed(y, dtype), 0))
+    out = binary(b, "add", r, select(b, fix, y if isinstance(y, Value) else _typed(y, dtype), 0))
+    return rank0(b, out, max(rank_of(x), rank_of(y)))
 
 
 def _typed(v: float | int | bool, dtype: torch.dtype) -> Value:
@@ -265,7 +269,8 @@ def floor_divide(b: Builder, x: Operand, y: Operand) -> Value:
     q = binary(b, "div", x, y, dtype=dtype)  # tract truncates integer division
     inexact = binary(b, "ne", binary(b, "mul", q, y, dtype=dtype), x, dtype=dtype)
     negative = binary(b, "ne", binary(b, "lt", x, 0, dtype=dtype), binary(b, "lt", y, 0, dtype=dtype))
-    return binary(b, "sub", q, select(b, binary(b, "and", inexact, negative), _typed(1, dtype), 0))
+    out = binary(b, "sub", q, select(b, binary(b, "and", inexact, negative), _typed(1, dtype), 0))
+    return rank0(b, out, max(rank_of(x), rank_of(y)))
 
 
 # ---- binary ---------------------------------------------------------------------------------
