@@ -55,13 +55,13 @@ def main(argv: list[str]) -> int:
 def report(runner: Runner, seconds: float) -> str:
     runs = sum(runner.counts.values())
     lines = [
-        f"cases: {runs // len(runner.frontends)} generated, {runs} case runs over {', '.join(runner.frontends)}"
-        f" in {seconds:.0f} s",
+        f"cases: {runs // len(runner.frontends)} generated, {runs} case runs over "
+        f"{', '.join(runner.frontends)} in {seconds:.0f} s",
         f"verified: {runner.counts['verified']}",
         f"typed errors: {runner.counts['typed']} "
         + ", ".join(f"{k} {v}" for k, v in runner.typed.most_common()),
-        f"mismatches: {runner.counts['mismatch']}; tract refused an exported graph: {runner.counts['tract']}; "
-        f"raw exceptions: {runner.counts['raw']}",
+        f"mismatches: {runner.counts['mismatch']}; tract refused an exported graph: "
+        f"{runner.counts['tract']}; raw exceptions: {runner.counts['raw']}",
         "per front end: "
         + "; ".join(
             f"{fe}: "

@@ -35,6 +35,7 @@ class Spec:
     shape: tuple[int, ...]
     dtype: torch.dtype
     exact: bool = True
+    nan: bool = False
 
     @property
     def rank(self) -> int:

@@ -68,3 +68,28 @@ def test_return_type_fields(tmp_path, frontend):
     x = torch.randn(2, 4)
     fn = lambda t: (torch.min(t, -2).values, torch.max(t, 1).indices, torch.aminmax(t).max)  # noqa: E731
     verified_or_refused(fn, (x,), tmp_path, frontend)
+
+
+def test_zero_factor_inside_rules(tmp_path, frontend):
+    """fmod/remainder by 0.0 and std of one element multiply by a literal 0 that tract folded."""
+    x, i, e = torch.tensor([1.0, -2.0, 0.0]), torch.tensor([3, -2, 0]), torch.randn(1, 3)
+    fn = lambda t, n, u: (torch.fmod(n, 0.0), torch.remainder(t, 0.0), torch.std(u, 0), u % 0.0)  # noqa: E731
+    verified_or_refused(fn, (x, i, e), tmp_path, frontend)
+
+
+def test_identifier_starting_with_true(tmp_path, frontend):
+    """fx names ``0.0 / x`` ``truediv``; tract's parser reads a leading ``true`` as a literal."""
+    x = torch.tensor([0.5, -2.0, 4.0])
+    verified_or_refused(lambda t: (1.5 / t) / (t + 1), (x,), tmp_path, frontend)
+
+
+def test_int_scalar_ops_keep_rank_0(tmp_path, frontend):
+    """Integer scalars are [1]-shaped constants; on a 0-d tensor the result became [1]."""
+    fn = lambda i: (lambda v: (torch.clamp(torch.fmod(v, 2), min=0), v * 2, v == 3, v % 3, v // 2))(i.max())  # noqa: E731
+    verified_or_refused(fn, (torch.tensor([3, -2, 0]),), tmp_path, frontend)
+
+
+def test_linear_of_a_vector(tmp_path, frontend):
+    """F.linear on a 1-D input: tract's matmul needs equal ranks (export front end)."""
+    w = torch.randn(3, 4)
+    verified_or_refused(lambda x: torch.nn.functional.linear(x, w), (torch.randn(4),), tmp_path, frontend)
