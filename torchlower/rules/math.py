@@ -239,16 +239,29 @@ def _trunc_div(b: Builder, x: Operand, y: Operand, dtype: torch.dtype) -> Value:
 def fmod(b: Builder, x: Operand, y: Operand) -> Value:
     """fmod.Tensor(Tensor self, Tensor other) -> Tensor (C semantics: sign of the dividend)"""
     dtype = result_type(x, y)
-    return binary(b, "sub", x, binary(b, "mul", _trunc_div(b, x, y, dtype), y, dtype=dtype), dtype=dtype)
+    r = binary(b, "sub", x, binary(b, "mul", _trunc_div(b, x, y, dtype), y, dtype=dtype), dtype=dtype)
+    return _zero_signed_like(b, r, x) if dtype.is_floating_point else r
+
+
+def _zero_signed_like(b: Builder, r: Value, x: Operand) -> Value:
+    """A zero remainder carries the dividend's sign, as in C and torch (``1 / fmod(-2., 1.)`` is -inf):
+    ``x * 0`` (written ``x * (x - x)`` so tract does not fold it) where ``r`` is 0."""
+    if not isinstance(x, Value) and x >= 0:
+        return r  # x - q * y is +0 when it is zero
+    # tract reads a `-0.0` literal as +0: for a negative scalar dividend flip the (+0) zero of r
+    signed_zero = (
+        binary(b, "mul", x, 0.0, dtype=r.dtype) if isinstance(x, Value) else binary(b, "mul", r, -1.0)
+    )
+    return select(b, binary(b, "eq", r, 0.0, dtype=r.dtype), signed_zero, r)
 
 
 @rule("aten::remainder", "aten::remainder_")
 def remainder(b: Builder, x: Operand, y: Operand) -> Value:
     """remainder.Tensor(Tensor self, Tensor other) -> Tensor (Python semantics: sign of the divisor)"""
     dtype = result_type(x, y)
-    if dtype.is_floating_point:  # x - floor(x / y) * y, torch's own float formula
+    if dtype.is_floating_point:  # x - floor(x / y) * y; a zero result keeps the dividend's sign
         q = unary(b, "floor", binary(b, "div", x, y, dtype=dtype))
-        return binary(b, "sub", x, binary(b, "mul", q, y, dtype=dtype), dtype=dtype)
+        return _zero_signed_like(b, binary(b, "sub", x, binary(b, "mul", q, y, dtype=dtype), dtype=dtype), x)
     r = fmod(b, x, y)
     wrong_sign = binary(b, "ne", binary(b, "lt", r, 0, dtype=dtype), binary(b, "lt", y, 0, dtype=dtype))
     fix = binary(b, "and", binary(b, "ne", r, 0, dtype=dtype), wrong_sign)
