@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint setup clean
+.PHONY: demo test lint setup clean ops-doc
 
 setup: $(STAMP)
 
@@ -26,10 +26,32 @@ lint: $(STAMP)
 	$(BIN)/ruff check torchlower tests
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -n 2 tests
+	TORCHLOWER_VERIFY_COVERAGE=1 $(BIN)/python -m pytest -n 2 tests
+
+# Re-record which test proves each rule in tract, then regenerate docs/operators.md from it.
+ops-doc: $(STAMP)
+	TORCHLOWER_RECORD_COVERAGE=1 $(BIN)/python -m pytest -n 2 -q -p no:warnings tests || true
+	$(BIN)/python -c "from torchlower import coverage; print(coverage.markdown(), end='')" > docs/operators.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# `make bench`: torchlower vs torch_to_nnef vs torch.onnx.export + onnxruntime (bench/results.md).
+# The comparison tools live in their own venv so the dev venv stays clean; torch stays pinned.
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_ARGS ?=
+.PHONY: bench
+
+$(BENCH_STAMP): bench/requirements.txt bench/constraints.txt pyproject.toml
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt -c bench/constraints.txt
+	$(BENCH_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e .
+	$(BENCH_VENV)/bin/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python bench/run.py $(BENCH_ARGS)
 
 # A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000
 N ?= 10000

@@ -11,6 +11,8 @@ import torch
 import torchlower
 from torchlower.api import FRONTENDS, ExportReport
 
+pytest_plugins = ["tests.coverage_plugin"]
+
 
 @pytest.fixture(params=FRONTENDS)
 def frontend(request: pytest.FixtureRequest) -> str:

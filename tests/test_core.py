@@ -172,3 +172,22 @@ def test_bad_arguments(tmp_path, kwargs, match):
     call.update(kwargs)
     with pytest.raises(InvalidArgumentError, match=match):
         torchlower.export(call.pop("model"), call.pop("args"), call.pop("path"), **call)
+
+
+def test_tract_abort_is_a_check_error_and_the_next_check_works(tmp_path):
+    """tract panics (SIGABRT) on an einsum with '...': the caller gets CheckError and survives."""
+    import numpy as np
+
+    from torchlower.nnef.tract import run_in_tract
+
+    bad = tmp_path / "bad.nnef"
+    bad.mkdir()
+    (bad / "graph.nnef").write_text(
+        "version 1.0;\nextension tract_registry tract_core;\ngraph network(x) -> (y)\n{\n"
+        "    x = tract_core_external(shape = [2, 3, 3], datum_type = 'f32');\n"
+        "    y = tract_core_einsum([x, x], expr = '...ij,...jk->...ik', acc = 'f32', output = '');\n}\n"
+    )
+    with pytest.raises(CheckError, match="aborted"):
+        run_in_tract(bad, [np.ones((2, 3, 3), np.float32)])
+    report = torchlower.export(mlp().eval(), torch.randn(2, 4), tmp_path / "ok.nnef.tgz", frontend="jit")
+    assert report.errors[0].ok

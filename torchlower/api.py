@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchlower import progress, validate
+from torchlower import coverage, progress, validate
 from torchlower.errors import (
     CheckError,
     InvalidArgumentError,
@@ -35,6 +35,7 @@ log = logging.getLogger("torchlower")
 
 FRONTENDS = ("jit", "fx", "export")  # "auto" tries export, then jit, then fx
 AUTO_ORDER = ("export", "jit", "fx")
+COMPRESSIONS = ("q4_0",)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,13 @@ class ExportReport:
     weight_bytes: int
     errors: list[OutputError] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    precision: str = "f32"
+    compress: str | None = None
+    weight_bytes_by_format: dict[str, int] = field(default_factory=dict)
+    # with compress=: `errors` compare with PyTorch running the dequantized weights, these with
+    # the original model (informative, never failing)
+    original_errors: list[OutputError] = field(default_factory=list)
+    rules_used: list[str] = field(default_factory=list)  # registered keys of the rules that ran
 
     @property
     def checked(self) -> bool:
@@ -76,8 +84,13 @@ def export(
     frontend: str = "auto",
     check: bool = True,
     tolerance: float | None = None,
+    precision: str = "f32",
+    compress: str | None = None,
 ) -> ExportReport:
     """Export ``model`` called on ``args`` to an NNEF artifact at ``path`` and verify it in tract.
+
+    ``precision="f16"`` stores float weights and computes in f16 (inputs and outputs stay f32);
+    ``compress="q4_0"`` stores eligible weights in tract's 4-bit blocks (docs/compression.md).
 
     ``frontend="auto"`` tries ``export``, then ``jit``, then ``fx``; the report names the one
     that produced the artifact and notes why the earlier ones were skipped.
@@ -94,6 +107,7 @@ def export(
         check=check,
         tolerance=tolerance,
     )
+    _check_compression_options(precision, compress)
     example = _as_tuple(args)
     target = Path(path)
     names_in = _input_names(model, example, input_names)
@@ -108,7 +122,7 @@ def export(
     for candidate in AUTO_ORDER if frontend == "auto" else (frontend,):
         try:
             with progress.stage(f"tracing ({candidate})", unit="ops"):  # front end retotals: lowering
-                builder = _build(candidate, module, example, names_in, names_out, len(expected))
+                builder = _build(candidate, module, example, names_in, names_out, len(expected), precision)
         except (TraceError, LoweringError, UnsupportedOpsError) as exc:
             if frontend != "auto":
                 raise
@@ -121,8 +135,11 @@ def export(
         for note in notes:
             failures[0].add_note(note)
         raise failures[0]
+    reference = expected
+    if compress is not None:
+        reference = _compress(builder, module, example, compress)
     weights = builder.live_weights()
-    final = archive.write(target, builder.graph_text(), weights)
+    final = archive.write(target, builder.graph_text(), weights, builder.quant_text())
     report = ExportReport(
         path=final,
         frontend=frontend,
@@ -135,13 +152,70 @@ def export(
             for n, t in zip(names_out, expected, strict=True)
         ],
         op_histogram=builder.op_histogram(),
-        weight_bytes=sum(t.numel() * t.element_size() for t in weights.values()),
+        weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
         notes=notes,
+        precision=precision,
+        compress=compress,
+        weight_bytes_by_format=_bytes_by_format(weights),
+        rules_used=builder.rules_used,
     )
     if check:
+        if tolerance is None and precision == "f16":
+            tolerance = f16_tolerance([t.detach().numpy() for t in reference])
         with progress.stage("checking in tract"):
-            report.errors = verify(final, example, expected, names_out, tolerance)
+            report.errors = verify(final, example, reference, names_out, tolerance)
+        coverage.verified(report.rules_used)
+        if reference is not expected:
+            report.original_errors = _original_errors(final, example, expected, names_out)
     return report
+
+
+def _check_compression_options(precision: str, compress: str | None) -> None:
+    from torchlower.nnef.builder import PRECISIONS
+    from torchlower.nnef.quant import FORMATS
+
+    if precision not in PRECISIONS:
+        raise InvalidArgumentError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+    if compress is not None and compress not in COMPRESSIONS:
+        raise InvalidArgumentError(
+            f"compress must be None or one of {', '.join(COMPRESSIONS)}; got {compress!r}"
+        )
+    assert set(COMPRESSIONS) <= set(FORMATS)
+
+
+def _compress(
+    builder: NNEFBuilder, module: nn.Module, example: tuple[torch.Tensor, ...], compress: str
+) -> list[torch.Tensor]:
+    """Pack eligible weights; the outputs of ``module`` run with the dequantized weights."""
+    from torchlower.nnef import quant
+
+    params = dict(module.named_parameters()) | dict(module.named_buffers())
+    dequantized = quant.compress_weights(builder, quant.FORMATS[compress], params)
+    with torch.no_grad():
+        return _flatten_outputs(torch.func.functional_call(module, dequantized, example))
+
+
+def _original_errors(
+    artifact: Path, example: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], names: Sequence[str]
+) -> list[OutputError]:
+    actual = run_in_tract(artifact, [t.detach().numpy() for t in example])
+    return compare(names, [t.detach().numpy() for t in expected], actual, float("inf"))
+
+
+def _bytes_by_format(weights: dict[str, Any]) -> dict[str, int]:
+    from torchlower.nnef.quant import BlockQuantized
+
+    out: Counter[str] = Counter()
+    for w in weights.values():
+        key = w.format.name if isinstance(w, BlockQuantized) else str(w.dtype).removeprefix("torch.")
+        out[key] += archive.weight_bytes(w)
+    return dict(sorted(out.items()))
+
+
+def f16_tolerance(expected: Sequence[np.ndarray]) -> float:
+    """1e-2 relative to the largest magnitude: f16 keeps ~3 decimal digits, layers add up."""
+    scale = max((float(np.abs(e).max()) for e in expected if e.size and e.dtype.kind == "f"), default=1.0)
+    return 1e-2 * max(1.0, scale)
 
 
 def _build(
@@ -151,9 +225,10 @@ def _build(
     names_in: Sequence[str],
     names_out: Sequence[str],
     n_expected: int,
+    precision: str = "f32",
 ) -> NNEFBuilder:
     """A fresh builder holding ``module`` lowered by one front end, outputs set."""
-    builder = NNEFBuilder()
+    builder = NNEFBuilder(precision=precision)
     builder.reserve(list(names_in) + list(names_out))
     inputs = [builder.add_input(n, t.dtype, tuple(t.shape)) for n, t in zip(names_in, example, strict=True)]
     session = Session(builder, frontend)
@@ -162,6 +237,7 @@ def _build(
     if len(outputs) != n_expected or any(o is MISSING for o in outputs):
         raise LoweringError(f"the graph has {len(outputs)} outputs, the model returns {n_expected}")
     builder.set_outputs(names_out, [_as_value(o) for o in outputs])
+    builder.rules_used = sorted(session.used)
     return builder
 
 

@@ -24,41 +24,16 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def support_table() -> list[dict[str, Any]]:
-    """One row per rule key, sorted by family then name."""
-    from torchlower.api import FRONTENDS
-    from torchlower.rules import NNEF_RULES
-    from torchlower.rules.registry import describe
+    """One row per rule proven in tract by a test, sorted by family then name."""
+    from torchlower.coverage import support_rows
 
-    NNEF_RULES.ensure_loaded()
-    rows = []
-    for key, rule in NNEF_RULES.functions.items():
-        aten = isinstance(key, str)
-        rows.append(
-            {
-                "op": describe(key),
-                "kind": "op" if aten else "function",
-                "family": rule.family,
-                "frontends": list(FRONTENDS) if aten else [f for f in FRONTENDS if f == "fx"],
-                "rule": f"{rule.fn.__module__}.{rule.fn.__qualname__}",
-            }
-        )
-    for module_type, rule in NNEF_RULES.modules.items():
-        rows.append(
-            {
-                "op": f"{module_type.__module__}.{module_type.__qualname__}",
-                "kind": "module",
-                "family": rule.family,
-                "frontends": [f for f in FRONTENDS if f == "fx"],
-                "rule": f"{rule.fn.__module__}.{rule.fn.__qualname__}",
-            }
-        )
-    return sorted(rows, key=lambda r: (r["family"], r["kind"], r["op"]))
+    return support_rows()
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     rows = support_table()
     if args.markdown and not args.json:
-        print(markdown(rows))
+        print(markdown(rows), end="")
         return 0
     data = {"ok": True, "count": len(rows), "ops": rows}
     out.emit(data, lambda console: render(console, rows))
@@ -66,9 +41,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| op | kind | family | front ends |", "|---|---|---|---|"]
-    lines += [f"| `{r['op']}` | {r['kind']} | {r['family']} | {', '.join(r['frontends'])} |" for r in rows]
-    return "\n".join(lines)
+    from torchlower.coverage import markdown as generate
+
+    return generate()
 
 
 def render(console: Console, rows: list[dict[str, Any]]) -> None:

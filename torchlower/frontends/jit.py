@@ -35,6 +35,8 @@ _DTYPE_OF_CODE = {
 def _is_quantized_input_module(module: nn.Module) -> bool:
     """True when the first compute layer is a quantized conv/linear (expects quantized input)."""
     for sub in module.modules():
+        if type(sub).__name__ == "Quantize":  # a QuantStub converted: it quantizes the input itself
+            return False
         kind = type(sub).__module__
         if kind.startswith("torch.ao.nn.quantized") and type(sub).__name__ in {
             "Conv1d", "Conv2d", "Conv3d", "Linear", "ConvTranspose1d", "ConvTranspose2d",
@@ -221,9 +223,9 @@ def _rebind_inplace(node: torch._C.Node, env: dict[Any, Any], result: Any) -> No
     target = next(iter(node.inputs()))
     old = env[target]
     env[target] = result
-    if isinstance(old, Value):
+    if isinstance(old, Value):  # constants share placeholder names ("const"): match them by identity
         for key, value in list(env.items()):
-            if isinstance(value, Value) and value.name == old.name:
+            if isinstance(value, Value) and (value is old if old.is_const else value.name == old.name):
                 env[key] = result
     producer = target.node()
     if producer.kind() in _VIEW_OPS:

@@ -56,6 +56,7 @@ class Session:
     frontend: str
     missing: Counter[str] = field(default_factory=Counter)
     first_use: dict[str, str] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)  # registered keys of the rules that ran
 
     def apply(
         self,
@@ -79,6 +80,7 @@ class Session:
         if rule is None:
             self.record_missing(describe(normalize_key(key)), where)
             return MISSING
+        self.used.add(describe(rule.key))
         return self.invoke(rule.fn, describe(normalize_key(key)), args, where, metas)
 
     def apply_module(
@@ -91,6 +93,7 @@ class Session:
             return MISSING
         if _contains(args, Missing):
             return MISSING
+        self.used.add(describe(rule.key))
         return self.invoke(rule.fn, describe(type(module)), [module, *args], where, metas)
 
     def invoke(self, fn: Callable[..., Any], op: str, args: Sequence[Any], where: str, metas: Any) -> Any:

@@ -21,7 +21,9 @@ import torch
 
 from torchlower import progress
 from torchlower.errors import InvalidArgumentError
-from torchlower.nnef import dat
+from torchlower.nnef import dat, quant
+
+Weight = torch.Tensor | quant.BlockQuantized
 
 ARCHIVE_SUFFIXES = (".nnef.tgz", ".tgz", ".tar.gz", ".nnef.tar", ".tar")
 
@@ -41,22 +43,38 @@ def archive_kind(path: Path) -> str:
     )
 
 
-def members(graph: str, weights: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, bytes]]:
+def members(
+    graph: str, weights: Mapping[str, Weight], quant_text: str | None = None
+) -> Iterator[tuple[str, bytes]]:
     """(path, bytes) of every file, sorted by path; tensors are encoded one at a time."""
     files: dict[str, object] = {"graph.nnef": graph}
+    if quant_text is not None:
+        files["graph.quant"] = quant_text
     files.update({f"{label}.dat": tensor for label, tensor in weights.items()})
     for name in sorted(files):
         item = files[name]
-        blob = item.encode() if isinstance(item, str) else dat.encode(_to_numpy(item))  # type: ignore[arg-type]
+        if isinstance(item, (str, quant.BlockQuantized)):
+            blob = item.encode()
+        else:
+            blob = dat.encode(_to_numpy(item))  # type: ignore[arg-type]
         yield name, blob
         progress.advance(len(blob))
+
+
+def weight_bytes(weight: Weight) -> int:
+    """Bytes of tensor data a weight takes in the artifact (headers excluded)."""
+    if isinstance(weight, quant.BlockQuantized):
+        return weight.nbytes
+    return weight.numel() * weight.element_size()
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().cpu().contiguous().numpy()
 
 
-def write(path: str | os.PathLike[str], graph: str, weights: Mapping[str, torch.Tensor]) -> Path:
+def write(
+    path: str | os.PathLike[str], graph: str, weights: Mapping[str, Weight], quant_text: str | None = None
+) -> Path:
     """Write the artifact at ``path`` atomically; returns the final path."""
     target = Path(path)
     kind = archive_kind(target)
@@ -65,16 +83,16 @@ def write(path: str | os.PathLike[str], graph: str, weights: Mapping[str, torch.
         raise InvalidArgumentError(f"output folder {str(folder)!r} does not exist")
     if not os.access(folder, os.W_OK):
         raise InvalidArgumentError(f"output folder {str(folder)!r} is not writable")
-    total = len(graph) + sum(t.numel() * t.element_size() for t in weights.values())
+    total = len(graph) + sum(weight_bytes(t) for t in weights.values())
     with progress.stage("writing", total=total, unit="bytes"):
         if kind == "dir":
-            _write_directory(target, graph, weights)
+            _write_directory(target, members(graph, weights, quant_text))
         else:
-            _write_tar(target, graph, weights, compress=kind == "tgz")
+            _write_tar(target, members(graph, weights, quant_text), compress=kind == "tgz")
     return target
 
 
-def _write_tar(target: Path, graph: str, weights: Mapping[str, torch.Tensor], compress: bool) -> None:
+def _write_tar(target: Path, files: Iterator[tuple[str, bytes]], compress: bool) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
@@ -84,7 +102,7 @@ def _write_tar(target: Path, graph: str, weights: Mapping[str, torch.Tensor], co
                 else raw
             )
             with tarfile.open(fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-                for name, blob in members(graph, weights):
+                for name, blob in files:
                     info = tarfile.TarInfo(name)
                     info.size, info.mtime, info.mode = len(blob), 0, 0o644
                     info.uid = info.gid = 0
@@ -98,10 +116,10 @@ def _write_tar(target: Path, graph: str, weights: Mapping[str, torch.Tensor], co
         raise
 
 
-def _write_directory(target: Path, graph: str, weights: Mapping[str, torch.Tensor]) -> None:
+def _write_directory(target: Path, files: Iterator[tuple[str, bytes]]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        for name, blob in members(graph, weights):
+        for name, blob in files:
             file = tmp / name
             file.parent.mkdir(parents=True, exist_ok=True)
             file.write_bytes(blob)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +29,35 @@ TRACT_DTYPES = {
     torch.bool: "bool",
 }
 
+PRECISIONS = ("f32", "f16")
+# torch quantized dtype -> (bits, signed) of its storage
+_QUANT_STORAGE = {torch.quint8: (8, False), torch.qint8: (8, True), torch.qint32: (32, True)}
+
+
+# ops whose output tract gives the quantized type of their first input (layout, max, relu)
+_QUANT_PRESERVING = {
+    "reshape", "squeeze", "unsqueeze", "transpose", "slice", "copy", "relu", "max_pool", "tile", "pad",
+    "tract_core_broadcast",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Affine quantization of one tensor: real = (code − zero_point) × scale."""
+
+    scale: float
+    zero_point: int
+    bits: int
+    signed: bool
+
+    def text(self) -> str:
+        return (
+            f"zero_point_linear_quantize(zero_point = {self.zero_point}, scale = {self.scale!r}, "
+            f"bits = {self.bits}, signed = {str(self.signed).lower()}, "
+            f"symmetric = {str(self.zero_point == 0).lower()});"
+        )
+
+
 _VARIABLE_KIND = {"f": "scalar", "c": "scalar", "i": "integer", "u": "integer", "b": "logical"}
 
 Operand = Any  # Value | bool | int | float | str | list | tuple of those
@@ -36,21 +66,28 @@ Operand = Any  # Value | bool | int | float | str | list | tuple of those
 class NNEFBuilder:
     """Collects assignments into an NNEF graph for tract (``tract=True``) or plain Khronos."""
 
-    def __init__(self, *, tract: bool = True) -> None:
+    def __init__(self, *, tract: bool = True, precision: str = "f32") -> None:
         from torchlower.rules import NNEF_RULES
 
+        if precision not in PRECISIONS:
+            raise InvalidArgumentError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
         self.rules = NNEF_RULES
         self.tract = tract
+        self.precision = precision  # "f16": float weights and compute in f16, I/O stay f32
         self.inputs: list[Value] = []
         self.outputs: list[tuple[str, Value]] = []
         self.assignments: list[text.Assignment] = []
         self.weights: dict[str, torch.Tensor] = {}
         self.extensions: set[str] = {"tract_registry tract_core"} if tract else set()
         self.symbols: list[str] = []
+        self.rules_used: list[str] = []  # set by the front end once lowering is done
         self.hint = "v"  # set by front ends per node, gives readable names
         self._taken: set[str] = set()
         self._reserved: set[str] = set()
         self._materialized: dict[object, Value] = {}
+        self._keep_alive: list[torch.Tensor] = []
+        self.quantization: dict[str, QParams] = {}  # graph.quant entries by identifier
+        self._qvalues: dict[str, QParams] = {}  # those plus values that inherit their type
 
     # ---- names --------------------------------------------------------------------------
     def fresh(self, hint: str | None = None) -> str:
@@ -81,11 +118,16 @@ class NNEFBuilder:
         value = Value(ident, dtype, tuple(shape))
         dims = [d for d in shape]
         if self.tract:
-            op, attrs = "tract_core_external", {"shape": dims, "datum_type": self.dtype_name(dtype)}
+            op, attrs = "tract_core_external", {"shape": dims, "datum_type": TRACT_DTYPES.get(dtype, "")}
+            self.dtype_name(dtype)  # refuses dtypes tract lacks
         else:
             op, attrs = "external<scalar>", {"shape": dims}
         self.assignments.append(text.Assignment([value], op, [], attrs))
         self.inputs.append(value)
+        if self._narrows(dtype):  # the caller keeps feeding f32; compute starts in f16
+            return self.call(
+                "tract_core_cast", [value], {"to": "f16"}, dtype=dtype, shape=value.shape, hint=name
+            )
         return value
 
     def set_outputs(self, names: Sequence[str], values: Sequence[Value]) -> None:
@@ -96,7 +138,12 @@ class NNEFBuilder:
             ident = text.identifier(name)
             if ident != name:
                 raise InvalidArgumentError(f"output name {name!r} is not a valid NNEF identifier")
-            self.outputs.append((name, self.tensor(value)))
+            value = self.tensor(value)
+            if self._narrows(value.dtype):  # the caller gets f32 back
+                value = self.call(
+                    "tract_core_cast", [value], {"to": "f32"}, dtype=value.dtype, shape=value.shape
+                )
+            self.outputs.append((name, value))
 
     def call(
         self,
@@ -112,6 +159,8 @@ class NNEFBuilder:
         out = Value(self.fresh(hint), dtype, shape)
         args = [self._operand(a) for a in args]
         self.assignments.append(text.Assignment([out], op, args, dict(attrs or {})))
+        if op in _QUANT_PRESERVING and args and isinstance(args[0], Value) and args[0].name in self._qvalues:
+            self._qvalues[out.name] = self._qvalues[args[0].name]  # tract keeps the type through it
         return out
 
     def call_multi(
@@ -122,6 +171,50 @@ class NNEFBuilder:
         args = [self._operand(a) for a in args]
         self.assignments.append(text.Assignment(outs, op, args, dict(attrs or {})))
         return tuple(outs)
+
+    def accurate(self, x: Value) -> Value:
+        """``x`` in the precision reductions should accumulate in (f32 when computing in f16).
+
+        Rules wrap numerically touchy ops (softmax, norms, attention) in ``accurate`` /
+        ``compute`` instead of asking which precision the export uses.
+        """
+        if not self._narrows(x.dtype) or x.is_const:
+            return x
+        return self.call("tract_core_cast", [x], {"to": "f32"}, dtype=x.dtype, shape=x.shape)
+
+    def compute(self, x: Value) -> Value:
+        """``x`` back in the working precision after an ``accurate`` section."""
+        if not self._narrows(x.dtype) or x.is_const:
+            return x
+        return self.call("tract_core_cast", [x], {"to": "f16"}, dtype=x.dtype, shape=x.shape)
+
+    def quantize(self, value: Value, scale: float, zero_point: int, dtype: torch.dtype) -> Value:
+        """Declare ``value`` a linearly quantized tensor (a ``graph.quant`` entry); returns it."""
+        if not self.tract:
+            raise LoweringError("quantized tensors need tract (graph.quant); Khronos-only mode has none")
+        bits, signed = _QUANT_STORAGE[dtype]
+        self.quantization[value.name] = QParams(float(scale), int(zero_point), bits, signed)
+        self._qvalues[value.name] = self.quantization[value.name]
+        return value
+
+    def quant_params(self, value: Value) -> QParams | None:
+        """How ``value`` is quantized, or None for a plain tensor (rules ask, never guess)."""
+        return self._qvalues.get(value.name)
+
+    def quant_text(self) -> str | None:
+        """The ``graph.quant`` document for live quantized tensors, or None when there are none."""
+        live = self.live_assignments()
+        names = self._output_renames(list(live))
+        lines = [
+            f'"{names.get(v.name, v.name)}": {q.text()}'
+            for a in live
+            for v in a.outputs
+            if (q := self.quantization.get(v.name)) is not None
+        ]
+        return "\n".join(lines) + "\n" if lines else None
+
+    def _narrows(self, dtype: torch.dtype | None) -> bool:
+        return self.precision == "f16" and dtype == torch.float32
 
     def use_extension(self, extension: str) -> None:
         """Declare an extension (e.g. ``tract_registry tract_transformers``) used by an op."""
@@ -145,7 +238,8 @@ class NNEFBuilder:
         label = value.label or f"constants/{self.fresh('c')}"
         if label in self.weights:
             label = self.fresh(f"{label}_v")
-        self.weights[label] = tensor
+        self.weights[label] = tensor.half() if self._narrows(tensor.dtype) else tensor
+        self._keep_alive.append(tensor)  # its data pointer is part of a key above
         out = Value(self.fresh(label), tensor.dtype, tuple(tensor.shape), label=label)
         kind = _VARIABLE_KIND[_dtype_kind(tensor.dtype)]
         attrs = {"label": label, "shape": list(tensor.shape)}
@@ -154,9 +248,13 @@ class NNEFBuilder:
         return out
 
     def _operand(self, arg: Operand) -> Operand:
-        """Constants in operand position: scalars print as literals, tensors become variables."""
+        """Constants in operand position: float scalars print as literals, tensors become variables.
+
+        Integer rank-0 constants become typed variables: tract reads an integer literal as a
+        symbolic size (TDim), which then leaks into the result type.
+        """
         if isinstance(arg, Value):
-            if arg.const is not None and arg.const.dim() == 0:
+            if arg.const is not None and arg.const.dim() == 0 and arg.const.is_floating_point():
                 return arg.const.item()
             return self.tensor(arg)
         if isinstance(arg, (list, tuple)):
@@ -166,6 +264,9 @@ class NNEFBuilder:
         return arg
 
     def dtype_name(self, dtype: torch.dtype) -> str:
+        """tract's name for ``dtype`` in the working precision (f32 is f16 in an f16 export)."""
+        if self._narrows(dtype):
+            return "f16"
         try:
             return TRACT_DTYPES[dtype]
         except KeyError:

@@ -7,6 +7,7 @@ import struct
 import numpy as np
 
 from torchlower.errors import ArtifactError
+from torchlower.nnef import quant
 
 HEADER_SIZE = 128
 MAGIC = b"\x4e\xef"
@@ -83,6 +84,11 @@ def decode(blob: bytes, name: str = "<tensor>") -> np.ndarray:
         raise ArtifactError(
             f"{name}: data length field says {length} bytes but the file holds {len(blob) - HEADER_SIZE}"
         )
+    block = quant.header_format(blob)
+    if block is not None:  # tract's block-quantized weights decode to float32
+        if rank < 2:
+            raise ArtifactError(f"{name}: a {block.name} tensor needs rank >= 2, header says {rank}")
+        return quant.dequantize(block, blob[HEADER_SIZE:], tuple(dims))
     dtype = _DTYPES.get((item_type, bits)) if vendor == 0 else None
     if dtype is None:
         raise ArtifactError(

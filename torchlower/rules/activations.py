@@ -136,7 +136,9 @@ def _softmax(b: Builder, op: str, x: Value, dim: int, dtype: torch.dtype | bool 
     # _softmax's third argument is half_to_float (a bool), softmax.int's is an optional dtype
     if isinstance(dtype, torch.dtype):
         x = cast(b, x, dtype)
+    x = b.accurate(x)  # f32 inside an f16 export: exp and the sum lose too much in f16
     if x.rank == 0:  # a scalar is its own (only) class
         x1 = b.call("unsqueeze", [x], {"axes": [0]}, dtype=x.dtype, shape=(1,))
-        return b.call("squeeze", [_unary(b, op, x1, {"axes": [0]})], {"axes": [0]}, dtype=x.dtype, shape=())
-    return _unary(b, op, x, {"axes": [normalize_dim(dim, x.rank)]})
+        y = b.call("squeeze", [_unary(b, op, x1, {"axes": [0]})], {"axes": [0]}, dtype=x.dtype, shape=())
+        return b.compute(y)
+    return b.compute(_unary(b, op, x, {"axes": [normalize_dim(dim, x.rank)]}))
