@@ -112,3 +112,11 @@ def test_zero_remainder_keeps_the_dividend_sign(tmp_path, frontend):
     x, y = torch.tensor([-2.0, 2.0, -0.5, 3.0, 0.0, -4.0]), torch.tensor([1.0, -1.0, 0.25, 1.5, 2.0, -2.0])
     fn = lambda a, c: (1 / (a % c), 1 / torch.fmod(a, c), 1 / torch.remainder(a, 1.0), 1 / (-2.0 % c))  # noqa: E731
     verified_or_refused(fn, (x, y), tmp_path, frontend)
+
+
+def test_strided_slice_of_one_element(tmp_path, frontend):
+    """tract's declutter fails ("Invalid axis") on a step-3 slice of an axis added by unsqueeze."""
+    x = torch.rand(3, 1, 4, 3) > 0.5
+    verified_or_refused(
+        lambda t: torch.any(t, dim=[0, 1, 2, 3]).unsqueeze(0)[-3:2:3], (x,), tmp_path, frontend
+    )
