@@ -120,3 +120,10 @@ def test_strided_slice_of_one_element(tmp_path, frontend):
     verified_or_refused(
         lambda t: torch.any(t, dim=[0, 1, 2, 3]).unsqueeze(0)[-3:2:3], (x,), tmp_path, frontend
     )
+
+
+def test_fmod_remainder_with_an_inexact_divisor(tmp_path, frontend):
+    """x / 0.1 rounded in f32 can reach the next integer: fmod(-0.5, 0.1) came out ~0, not -0.1."""
+    x = torch.arange(-20, 20).float() / 2
+    fn = lambda t: (torch.fmod(t, 0.1), torch.fmod(-t, 0.3), t % 0.1, torch.remainder(t, -0.3))  # noqa: E731
+    verified_or_refused(fn, (x,), tmp_path, frontend)

@@ -239,8 +239,16 @@ def _trunc_div(b: Builder, x: Operand, y: Operand, dtype: torch.dtype) -> Value:
 def fmod(b: Builder, x: Operand, y: Operand) -> Value:
     """fmod.Tensor(Tensor self, Tensor other) -> Tensor (C semantics: sign of the dividend)"""
     dtype = result_type(x, y)
-    r = binary(b, "sub", x, binary(b, "mul", _trunc_div(b, x, y, dtype), y, dtype=dtype), dtype=dtype)
-    return _zero_signed_like(b, r, x) if dtype.is_floating_point else r
+    if dtype != torch.float32:
+        r = binary(b, "sub", x, binary(b, "mul", _trunc_div(b, x, y, dtype), y, dtype=dtype), dtype=dtype)
+        return _zero_signed_like(b, r, x) if dtype.is_floating_point else r
+    # torch's fmod is exact; x / y rounded in f32 can land on the next integer (fmod(-0.5, 0.1) gave
+    # ~0 instead of -0.1): in f64 the quotient of two f32 values keeps its fractional part and
+    # q * y is exact, so the remainder is right before rounding back to f32
+    x64, y64 = (cast(b, v, torch.float64) if isinstance(v, Value) else v for v in (x, y))
+    qy = binary(b, "mul", _trunc_div(b, x64, y64, torch.float64), y64, dtype=torch.float64)
+    r = binary(b, "sub", x64, qy, dtype=torch.float64)
+    return _zero_signed_like(b, cast(b, r, torch.float32), x)
 
 
 def _zero_signed_like(b: Builder, r: Value, x: Operand) -> Value:
@@ -260,8 +268,11 @@ def remainder(b: Builder, x: Operand, y: Operand) -> Value:
     """remainder.Tensor(Tensor self, Tensor other) -> Tensor (Python semantics: sign of the divisor)"""
     dtype = result_type(x, y)
     if dtype.is_floating_point:  # x - floor(x / y) * y; a zero result keeps the dividend's sign
-        q = unary(b, "floor", binary(b, "div", x, y, dtype=dtype))
-        return _zero_signed_like(b, binary(b, "sub", x, binary(b, "mul", q, y, dtype=dtype), dtype=dtype), x)
+        wide = torch.float64 if dtype == torch.float32 else dtype  # exact quotient, as in fmod
+        xw, yw = (cast(b, v, wide) if isinstance(v, Value) else v for v in (x, y))
+        q = unary(b, "floor", binary(b, "div", xw, yw, dtype=wide))
+        r = binary(b, "sub", xw, binary(b, "mul", q, yw, dtype=wide), dtype=wide)
+        return _zero_signed_like(b, cast(b, r, dtype), x)
     r = fmod(b, x, y)
     wrong_sign = binary(b, "ne", binary(b, "lt", r, 0, dtype=dtype), binary(b, "lt", y, 0, dtype=dtype))
     fix = binary(b, "and", binary(b, "ne", r, 0, dtype=dtype), wrong_sign)
