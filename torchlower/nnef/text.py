@@ -16,8 +16,9 @@ _IDENT = re.compile(r"[^A-Za-z0-9_]")
 def identifier(hint: str) -> str:
     """A valid NNEF identifier derived from ``hint`` (torch names contain dots and colons)."""
     name = _IDENT.sub("_", hint).strip("_") or "v"
-    # tract's parser reads a leading `true`/`false` as a literal: `sub(truediv, x)` fails to load
-    return name if not (name[0].isdigit() or name.startswith(("true", "false"))) else f"v{name}"
+    if name.startswith(("true", "false")):  # tract's parser reads `truediv_2` as `true` + garbage
+        return f"v_{name}"
+    return name if not name[0].isdigit() else f"v{name}"
 
 
 def literal(value: Any, names: dict[str, str]) -> str:
