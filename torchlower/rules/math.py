@@ -254,6 +254,8 @@ def fmod(b: Builder, x: Operand, y: Operand) -> Value:
 def _zero_signed_like(b: Builder, r: Value, x: Operand) -> Value:
     """A zero remainder carries the dividend's sign, as in C and torch (``1 / fmod(-2., 1.)`` is -inf):
     ``x * 0`` (written ``x * (x - x)`` so tract does not fold it) where ``r`` is 0."""
+    if isinstance(x, Value) and x.is_const and x.const.numel() == 1:
+        x = x.const.item()  # a wrapped scalar: its sign is known now
     if not isinstance(x, Value) and x >= 0:
         return r  # x - q * y is +0 when it is zero
     # tract reads a `-0.0` literal as +0: for a negative scalar dividend flip the (+0) zero of r
