@@ -59,6 +59,12 @@ def test_zero_numerator_div(tmp_path, frontend):
     verified_or_refused(lambda t: torch.div(0.0, t), (x,), tmp_path, frontend)
 
 
+def test_negative_zero_factor(tmp_path, frontend):
+    """``x * -0.0`` is -0 for positive x (rsqrt of it is -inf); the unfolded form lost the sign."""
+    x = torch.tensor([2.0, -3.0, 0.5, INF])
+    verified_or_refused(lambda t: (torch.rsqrt(t * -0.0), 1 / (-0.0 * t)), (x,), tmp_path, frontend)
+
+
 def test_reshape_to_rank_0(tmp_path, frontend):
     """tract cannot read ``reshape(x, shape = [])``; roll of a 0-d tensor flattens and reshapes back."""
     args = (torch.tensor(1.5), torch.tensor([[2.0]]))

@@ -99,8 +99,16 @@ def ieee_zero(b: Builder, op: str, x: Operand, y: Operand) -> tuple[str, Operand
     if op == "div" and _is_zero(x):
         op, x, y = "mul", b.call("recip", [live], dtype=live.dtype, shape=live.shape), 0.0
     if op == "mul" and _is_zero(y):
-        return "mul", x, b.call("sub", [x, x], dtype=x.dtype, shape=x.shape)
+        zero = b.call("sub", [x, x], dtype=x.dtype, shape=x.shape)
+        if _negative_zero(y):  # x * -0.0 flips the sign of the zero
+            zero = b.call("neg", [zero], dtype=x.dtype, shape=x.shape)
+        return "mul", x, zero
     return op, x, y
+
+
+def _negative_zero(z: Operand) -> bool:
+    v = z.const.reshape(()) if isinstance(z, Value) else torch.tensor(float(z))
+    return bool(torch.signbit(v.float()))
 
 
 def rank0(b: Builder, y: Value, rank: int) -> Value:
@@ -109,4 +117,3 @@ def rank0(b: Builder, y: Value, rank: int) -> Value:
     if rank == 0 and y.rank == 1:
         return b.call("squeeze", [y], {"axes": [0]}, dtype=y.dtype, shape=())
     return y
-
