@@ -133,3 +133,10 @@ def test_fmod_remainder_with_an_inexact_divisor(tmp_path, frontend):
     x = torch.arange(-20, 20).float() / 2
     fn = lambda t: (torch.fmod(t, 0.1), torch.fmod(-t, 0.3), t % 0.1, torch.remainder(t, -0.3))  # noqa: E731
     verified_or_refused(fn, (x,), tmp_path, frontend)
+
+
+def test_atan2_of_negative_zero(tmp_path, frontend):
+    """atan2(-0.0, x < 0) is -pi in torch; the rule turned by +pi for every y >= 0."""
+    y = torch.tensor([-0.0, 0.0, -0.0, 0.0, -1.0, 1.0])
+    x = torch.tensor([-2.0, -2.0, 3.0, 3.0, -1.0, -1.0])
+    verified_or_refused(lambda a, c: torch.atan2(a, c), (y, x), tmp_path, frontend)

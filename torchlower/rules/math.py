@@ -348,7 +348,9 @@ def atan2(b: Builder, y: Value, x: Value) -> Value:
     dtype = torch.promote_types(result_type(y, x), torch.float32)
     y, x = promote(b, y, x, dtype=dtype)
     base = unary(b, "atan", binary(b, "div", y, x))  # x = 0 gives ±inf → ±pi/2
-    turn = select(b, binary(b, "ge", y, 0.0), math.pi, -math.pi)
+    # y = -0.0 turns by -pi like y < 0 (torch: atan2(-0., -1.) = -pi); only 1 / y tells -0 from +0
+    below = binary(b, "or", binary(b, "lt", y, 0.0), binary(b, "lt", unary(b, "recip", y), 0.0))
+    turn = select(b, below, -math.pi, math.pi)
     shifted = binary(b, "add", base, select(b, binary(b, "lt", x, 0.0), turn, 0.0))
     origin = binary(b, "and", binary(b, "eq", x, 0.0), binary(b, "eq", y, 0.0))
     return select(b, origin, 0.0, shifted)
