@@ -20,7 +20,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from torchlower import progress
-from torchlower.errors import TraceError
+from torchlower.errors import LoweringError, TraceError
 from torchlower.frontends.fx import Interpreter
 from torchlower.frontends.session import Session
 from torchlower.rules.registry import Registry
@@ -90,8 +90,11 @@ def lower_export(
     example: Sequence[torch.Tensor],
     inputs: Sequence[Value],
     session: Session,
+    spec: Any = None,
 ) -> list[Any]:
     """The ``export`` front end: flat outputs of ``module`` called on ``inputs``."""
+    if spec is not None:
+        raise LoweringError("dynamic axes: export front end pending")
     program = export_program(module, example, None, builder.rules)
     progress.retotal(sum(n.op.startswith("call_") for n in program.graph_module.graph.nodes), "lowering")
     return interpret_program(program, builder, session, inputs)

@@ -256,9 +256,16 @@ class _ShapePass(ShapeProp):
 
 
 def lower_module(
-    builder: Any, model: nn.Module, inputs: Sequence[Value], example: Sequence[Any], session: Session
+    builder: Any,
+    model: nn.Module,
+    inputs: Sequence[Value],
+    example: Sequence[Any],
+    session: Session,
+    spec: Any = None,
 ) -> list[Any]:
     """Lower ``model`` called on ``inputs`` (``example`` holds matching real tensors); flat outputs."""
+    if spec is not None:
+        raise LoweringError("dynamic axes are not supported by the fx front end yet; use jit or export")
     if builder.rules.lookup_module(type(model)) is not None:
         with torch.no_grad():
             observed = pytree.tree_leaves(model(*example))
