@@ -90,3 +90,20 @@ def test_transformer_encoder(tmp_path, dyn_frontend):
     layer = nn.TransformerEncoderLayer(d_model=16, nhead=4, dim_feedforward=32, dropout=0.0, batch_first=True)
     model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
     export_dynamic(model, (torch.randn(2, 7, 16),), tmp_path, dyn_frontend, {"src": {0: "B", 1: "S"}})
+
+
+def _text_model(name: str) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    from tests.test_models_transformers import MODELS
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, (ids, mask) = MODELS[name]()
+    return model, (ids, torch.ones_like(mask))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_decoder_variable_batch_and_sequence(tmp_path, dyn_frontend, name):
+    pytest.importorskip("transformers")
+    model, args = _text_model(name)
+    axes = {"input_ids": {0: "B", 1: "S"}, "attention_mask": {0: "B", 1: "S"}}
+    export_dynamic(model, args, tmp_path, dyn_frontend, axes)

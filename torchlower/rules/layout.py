@@ -77,6 +77,8 @@ def unsqueeze(b: Builder, x: Value, axes: Sequence[int]) -> Value:
     shape = list(dims_of(x))
     for a in sorted(axes):
         shape.insert(a, 1)
+    if any(isinstance(d, SymDim) for d in shape):  # tract 0.23 mis-broadcasts unsqueezed symbolic ranges
+        return b.call("reshape", [x], {"shape": shape}, dtype=x.dtype, shape=tuple(shape))
     return b.call("unsqueeze", [x], {"axes": list(axes)}, dtype=x.dtype, shape=tuple(shape))
 
 
