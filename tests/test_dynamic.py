@@ -81,7 +81,12 @@ def dyn_frontend(request: pytest.FixtureRequest) -> str:
 
 def test_cnn_variable_batch(tmp_path, dyn_frontend):
     model = nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(128, 5)
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(128, 5),
     )
     export_dynamic(model, (torch.randn(2, 3, 8, 8),), tmp_path, dyn_frontend, {"input": {0: "B"}})
 
@@ -107,3 +112,57 @@ def test_decoder_variable_batch_and_sequence(tmp_path, dyn_frontend, name):
     model, args = _text_model(name)
     axes = {"input_ids": {0: "B", 1: "S"}, "attention_mask": {0: "B", 1: "S"}}
     export_dynamic(model, args, tmp_path, dyn_frontend, axes)
+
+
+def test_unknown_input_and_axis_are_rejected(tmp_path):
+    model = nn.Linear(4, 2)
+    x = torch.randn(2, 4)
+    with pytest.raises(InvalidArgumentError, match="unknown input 'y'"):
+        torchlower.export(model, x, tmp_path / "m.nnef.tgz", dynamic_axes={"y": {0: "B"}})
+    with pytest.raises(InvalidArgumentError, match="axis 2 does not exist"):
+        torchlower.export(model, x, tmp_path / "m.nnef.tgz", dynamic_axes={"input": {2: "B"}})
+
+
+class Branchy(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.shape[1] > 7 else x + 1
+
+
+class PythonSize(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.from_numpy(np.ones(x.shape[1], np.float32))  # built in Python: baked in the trace
+
+
+def test_branching_on_a_dynamic_dim_names_input_axis_and_op(tmp_path):
+    with pytest.raises(LoweringError, match=r"input 'x' axis 1 \(S\) cannot be dynamic.*(branches|aten::)"):
+        torchlower.export(
+            Branchy(),
+            torch.randn(2, 7),
+            tmp_path / "m.nnef.tgz",
+            frontend="jit",
+            dynamic_axes={"x": {1: "S"}},
+        )
+    with pytest.raises(
+        LoweringError, match=r"input 'x' axis 1 \(S\) cannot be dynamic: a constant used by aten::"
+    ):
+        torchlower.export(
+            PythonSize(),
+            torch.randn(2, 7),
+            tmp_path / "m.nnef.tgz",
+            frontend="jit",
+            dynamic_axes={"x": {1: "S"}},
+        )
+
+
+def test_export_dynamic_shapes_with_dim(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 3)).eval()
+    x = torch.randn(2, 5, 8)
+    b, s = torch.export.Dim("B"), torch.export.Dim("S")
+    report = torchlower.export(
+        model, x, tmp_path / "m.nnef.tgz", frontend="export", dynamic_shapes={"input": {0: b, 1: s}}
+    )
+    assert report.inputs[0].shape == ("B", "S", 8)
+    for sizes in ({"B": 1, "S": 1}, {"B": 3, "S": 4}, {"B": 5, "S": 9}):
+        (xi,) = at_sizes((x,), {0: {0: "B", 1: "S"}}, sizes)
+        got = run_in_tract(report.path, [xi.numpy()])[0]
+        assert np.abs(got - model(xi).detach().numpy()).max() <= 1e-4

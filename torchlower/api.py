@@ -157,7 +157,7 @@ def export(
         path=final,
         frontend=frontend,
         inputs=[
-            TensorInfo(n, tuple(d if isinstance(d, int) else str(d) for d in v.shape), str(t.dtype).removeprefix("torch."))
+            TensorInfo(n, _shape_text(v.shape), str(t.dtype).removeprefix("torch."))
             for n, t, v in zip(names_in, example, builder.inputs, strict=True)
         ],
         outputs=[
@@ -183,6 +183,10 @@ def export(
         if reference is not expected:
             report.original_errors = _original_errors(final, example, expected, names_out)
     return report
+
+
+def _shape_text(shape: Any) -> tuple[int | str, ...]:
+    return tuple(d if isinstance(d, int) else str(d) for d in shape)
 
 
 def _verify_sizes(

@@ -72,7 +72,8 @@ class Spec:
         """``dynamic_shapes`` for ``torch.export`` (by position), one ``Dim`` per symbol."""
         dims = {s: torch.export.Dim(s, min=1) for s in self.base}
         return tuple(
-            {a: dims[s] for a, s in self.axes[i].items()} if i in self.axes else None for i in range(len(example))
+            {a: dims[s] for a, s in self.axes[i].items()} if i in self.axes else None
+            for i in range(len(example))
         )
 
     # ---- inputs ---------------------------------------------------------------------------
@@ -80,7 +81,9 @@ class Spec:
         by_axis = self.axes.get(index, {})
         return tuple(SymDim(by_axis[a]) if a in by_axis else int(d) for a, d in enumerate(tensor.shape))
 
-    def example_at(self, example: Sequence[torch.Tensor], point: Mapping[str, int]) -> tuple[torch.Tensor, ...]:
+    def example_at(
+        self, example: Sequence[torch.Tensor], point: Mapping[str, int]
+    ) -> tuple[torch.Tensor, ...]:
         """The example inputs resized to ``point``, repeating their own values (ids stay valid)."""
         out = []
         for i, t in enumerate(example):
@@ -158,7 +161,9 @@ def axes_from_dynamic_shapes(
     if isinstance(shapes, Mapping):
         unknown = [k for k in shapes if k not in names]
         if unknown:
-            raise InvalidArgumentError(f"dynamic_shapes names unknown inputs {unknown}; inputs are {list(names)}")
+            raise InvalidArgumentError(
+                f"dynamic_shapes names unknown inputs {unknown}; inputs are {list(names)}"
+            )
         items = [(k, v) for k, v in shapes.items()]
     elif isinstance(shapes, (list, tuple)):
         if len(shapes) != len(example):
@@ -298,7 +303,7 @@ def scalar_op(name: str, args: Sequence[Any]) -> Any:
             if a.const is None or a.const.dim() != 0 or a.const.is_floating_point():
                 return NotImplemented
             a = int(a.const.item())
-        elif isinstance(a, float) or isinstance(a, (list, tuple)):
+        elif isinstance(a, (float, list, tuple)):
             return NotImplemented
         plain.append(a)
     while plain and plain[-1] is None:
@@ -328,8 +333,10 @@ def jit_overrides(spec: Spec, graphs: Sequence[Any]) -> JitOverrides:
             moved = [p for p, k in zip(spec.points, kinds, strict=True) if k != node.kind()]
             symbols = [s for s in spec.base if any(p[s] != spec.base[s] for p in moved)]
             raise not_dynamic(
-                spec, symbols or list(spec.base), f"the traced graph changes with it (the model branches on"
-                f" the size; first difference at {_scope(node)}: {node.kind()} vs {next(k for k in kinds if k != node.kind())})"
+                spec,
+                symbols or list(spec.base),
+                f"the traced graph changes with it (the model branches on the size; first difference"
+                f" at {_scope(node)}: {node.kind()} vs {next(k for k in kinds if k != node.kind())})",
             )
         if node.kind() == "prim::Constant":
             values = [ns[i].output().toIValue() for ns in nodes]
@@ -337,14 +344,16 @@ def jit_overrides(spec: Spec, graphs: Sequence[Any]) -> JitOverrides:
             if fitted is UNFIT:
                 users = sorted({u.user.kind() for u in node.output().uses()})
                 raise not_dynamic(
-                    spec, spec.changed(values), f"a constant used by {', '.join(users)} at {_scope(node)}"
-                    " was computed in Python from the size"
+                    spec,
+                    spec.changed(values),
+                    f"a constant used by {', '.join(users)} at {_scope(node)}"
+                    " was computed in Python from the size",
                 )
             if fitted is not values[0]:
                 out.constants[i] = fitted
             continue
         shapes: list[Shape | None] = []
-        for j, o in enumerate(node.outputs()):
+        for j in range(len(list(node.outputs()))):
             seen = [_sizes(ns[i].outputsAt(j)) for ns in nodes]
             if seen[0] is None or any(s is None for s in seen):
                 shapes.append(None)
@@ -352,8 +361,10 @@ def jit_overrides(spec: Spec, graphs: Sequence[Any]) -> JitOverrides:
             shape = spec.fit_shape(seen)
             if shape is None:
                 raise not_dynamic(
-                    spec, list(spec.base), f"the size of the result of {node.kind()} at {_scope(node)} is"
-                    f" not an integer expression of the symbols (seen {seen})"
+                    spec,
+                    list(spec.base),
+                    f"the size of the result of {node.kind()} at {_scope(node)} is"
+                    f" not an integer expression of the symbols (seen {seen})",
                 )
             shapes.append(shape)
         if any(s is not None and any(isinstance(d, SymDim) for d in s) for s in shapes):

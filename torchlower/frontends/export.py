@@ -28,15 +28,26 @@ from torchlower.values import Value, constant
 
 
 def export_program(
-    module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None, rules: Registry
+    module: nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None,
+    rules: Registry,
+    dynamic_shapes: Any = None,
 ) -> ExportedProgram:
     """``torch.export`` the module; decompose (keeping ops with rules) only when that completes it."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            program = torch.export.export(module, tuple(args), kwargs or None, strict=False)
+            program = torch.export.export(
+                module, tuple(args), kwargs or None, strict=False, dynamic_shapes=dynamic_shapes
+            )
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        if dynamic_shapes is not None and "onstraint" in str(exc):  # a dynamic dim got specialized
+            raise LoweringError(
+                f"a dynamic axis cannot be dynamic: torch.export found that the model fixes it — {first}"
+                f" {' '.join(str(exc).split())[:600]}"
+            ) from exc
         raise TraceError(f"torch.export failed on {type(module).__qualname__}: {first}") from exc
     if all(_lowerable(n.target, rules) for n in program.graph.nodes if n.op == "call_function"):
         return program
@@ -63,7 +74,12 @@ def _lowerable(target: Any, rules: Registry) -> bool:
 
 
 def interpret_program(
-    program: ExportedProgram, builder: Any, session: Session, inputs: Sequence[Any], prefix: str = ""
+    program: ExportedProgram,
+    builder: Any,
+    session: Session,
+    inputs: Sequence[Any],
+    prefix: str = "",
+    symbols: dict[str, str] | None = None,
 ) -> list[Any]:
     """Run the program's graph on symbolic ``inputs`` (flat user inputs); flat user outputs."""
     user = iter(inputs)
@@ -79,7 +95,9 @@ def interpret_program(
             values.append(constant(tensor.detach(), label=label) if is_tensor else tensor)
         else:
             values.append(None)  # tokens / custom objects: no data flows through them
-    outputs = Interpreter(program.graph_module, builder, session, prefix=prefix).run(*values)
+    interpreter = Interpreter(program.graph_module, builder, session, prefix=prefix)
+    interpreter.symbols = symbols or {}
+    outputs = interpreter.run(*values)
     specs = program.graph_signature.output_specs
     return [o for o, s in zip(outputs, specs, strict=True) if s.kind == OutputKind.USER_OUTPUT]
 
@@ -93,11 +111,25 @@ def lower_export(
     spec: Any = None,
 ) -> list[Any]:
     """The ``export`` front end: flat outputs of ``module`` called on ``inputs``."""
-    if spec is not None:
-        raise LoweringError("dynamic axes: export front end pending")
-    program = export_program(module, example, None, builder.rules)
+    dims = spec.export_dims(example) if spec is not None else None
+    program = export_program(module, example, None, builder.rules, dims)
     progress.retotal(sum(n.op.startswith("call_") for n in program.graph_module.graph.nodes), "lowering")
-    return interpret_program(program, builder, session, inputs)
+    symbols = _user_symbols(program, spec) if spec is not None else None
+    return interpret_program(program, builder, session, inputs, symbols=symbols)
+
+
+def _user_symbols(program: ExportedProgram, spec: Any) -> dict[str, str]:
+    """torch.export's ``s0``, ``s1``… → the user's symbol names, read off the input placeholders."""
+    names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    out: dict[str, str] = {}
+    for i, by_axis in spec.axes.items():
+        shape = nodes[names[i]].meta["val"].shape
+        for axis, symbol in by_axis.items():
+            dim = shape[axis]
+            if isinstance(dim, torch.SymInt):
+                out[str(dim.node.expr)] = symbol
+    return out
 
 
 def lower_submodule(

@@ -24,7 +24,7 @@ from torchlower.errors import InvalidArgumentError, LoweringError, TraceError
 from torchlower.frontends import pycalls
 from torchlower.frontends.session import MISSING, Meta, Missing, Session
 from torchlower.rules.registry import Registry, describe
-from torchlower.values import Value, constant
+from torchlower.values import SymDim, Value, constant
 
 EXAMPLE = "torchlower_example"  # node.meta key: real inputs of a leaf module without a rule
 _SHAPE_METHODS = {"size", "dim", "ndimension", "numel", "nelement"}
@@ -90,6 +90,7 @@ class Interpreter(fx.Interpreter):
         self.extra_traceback = False
         self._node: fx.Node | None = None
         self._inplace = False
+        self.symbols: dict[str, str] = {}  # torch.export's symbol names → the user's (dynamic axes)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         """Interpret; when this interpreter owns the session, raise every missing op at once."""
@@ -138,7 +139,7 @@ class Interpreter(fx.Interpreter):
             if not target._schema.returns:  # _assert_* checks of export: nothing to lower
                 return None
             if target._schema.name in ("aten::sym_size", "aten::sym_numel") and isinstance(args[0], Value):
-                shape = _static(args[0])
+                shape = args[0].shape or _static(args[0])
                 return shape[args[1]] if len(args) > 1 else math.prod(shape)
         rule = self.builder.rules.lookup_function(target)
         if rule is not None and rule.key is target:  # a user rule keyed by the Python callable
@@ -222,11 +223,27 @@ class Interpreter(fx.Interpreter):
     def _where(self) -> str:
         return self.prefix + (self._node.name if self._node is not None else "")
 
+
     def _metas(self) -> list[Meta] | None:
-        return node_metas(self._node) if self._node is not None else None
+        return node_metas(self._node, self.symbols) if self._node is not None else None
 
 
-def node_metas(node: fx.Node) -> list[Meta] | None:
+def _dim(d: Any, symbols: dict[str, str]) -> Any:
+    """An int, or a torch SymInt as a SymDim over the user's symbol names."""
+    if isinstance(d, int):
+        return int(d)
+    if isinstance(d, torch.SymInt) and symbols:
+        import sympy
+
+        expr = d.node.expr
+        subs = {s: sympy.Symbol(symbols[str(s)], integer=True, positive=True) for s in expr.free_symbols}
+        if all(str(s) in symbols for s in expr.free_symbols):
+            return SymDim.wrap(expr.subs(subs))
+        raise LoweringError(f"size {expr} uses symbols torch.export made up ({sorted(map(str, subs))})")
+    return str(d)
+
+
+def node_metas(node: fx.Node, symbols: dict[str, str] | None = None) -> list[Meta] | None:
     """dtype/shape of a node's tensor results, from export's ``val`` or FX's ``tensor_meta``."""
     found = node.meta.get("val", node.meta.get("tensor_meta"))
     if found is None:
@@ -235,7 +252,7 @@ def node_metas(node: fx.Node) -> list[Meta] | None:
     metas: list[Meta] = []
     for leaf in leaves:
         if isinstance(leaf, (torch.Tensor,)) or (hasattr(leaf, "dtype") and hasattr(leaf, "shape")):
-            metas.append((leaf.dtype, tuple(int(d) if isinstance(d, int) else str(d) for d in leaf.shape)))
+            metas.append((leaf.dtype, tuple(_dim(d, symbols or {}) for d in leaf.shape)))
         else:
             metas.append((None, None))
     return metas

@@ -168,7 +168,8 @@ def _dynamic_overrides(tracer: ModuleTracer, graph: torch.Graph, spec: Spec) -> 
                 spec, [s for s in spec.base if point[s] != spec.base[s]], f"tracing at sizes {point} failed"
                 f" ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})"
             ) from exc
-        other = (traced.graph if tracer.fn_name == "forward" else getattr(traced, tracer.fn_name).graph).copy()
+        fn = traced if tracer.fn_name == "forward" else getattr(traced, tracer.fn_name)
+        other = fn.graph.copy()
         torch._C._jit_pass_inline(other)
         graphs.append(other)
     return dynamic.jit_overrides(spec, graphs)

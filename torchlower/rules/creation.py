@@ -1,8 +1,9 @@
 """Creation: ``*_like`` / ``new_*`` of graph tensors, triu/tril.
 
 Creation ops with static arguments (arange, zeros, ones, full, eye, linspace) never reach
-these rules: the session folds them to constants; with a symbolic size (dynamic axes) they do. What remains are tensors shaped like a
-graph value; they are written as a broadcast scalar, never as a full-size weight.
+these rules: the session folds them to constants (with a symbolic size they do reach them).
+What remains are tensors shaped like a graph value; they are written as a broadcast scalar,
+never as a full-size weight.
 """
 
 from __future__ import annotations

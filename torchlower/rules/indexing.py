@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torchlower.dynamic import materialize
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Operand, align_ranks, broadcast_shapes, reshape, unsqueeze_to
@@ -27,7 +28,6 @@ from torchlower.rules.layout import (
     transpose,
     unsqueeze,
 )
-from torchlower.dynamic import materialize
 from torchlower.values import Dim, Value, constant, normalize_dim
 
 Scalar = float | int | bool
