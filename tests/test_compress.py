@@ -14,9 +14,6 @@ from tests.models_compress import CNN, MLP, Block
 from torchlower.nnef import dat, quant
 
 FRONTENDS = ("jit", "export")
-EXPORT_SCALAR_ADD = pytest.mark.xfail(
-    reason="export front end: aten::add.Tensor with a Python scalar", strict=False
-)
 
 
 def test_q4_0_byte_layout_by_hand() -> None:
@@ -73,7 +70,7 @@ def test_cnn_q4_0_compresses_only_eligible_convs(frontend: str, tmp_path: Path) 
     assert formats["head.weight"] == "q4_0"  # 256
 
 
-@pytest.mark.parametrize("frontend", ["jit", pytest.param("export", marks=EXPORT_SCALAR_ADD)])
+@pytest.mark.parametrize("frontend", FRONTENDS)
 def test_block_q4_0_matmul_by_constant_is_stored_transposed(frontend: str, tmp_path: Path) -> None:
     model, x = Block().eval(), torch.randn(2, 8, 64)
     report = torchlower.export(model, x, tmp_path / "b.nnef", frontend=frontend, compress="q4_0")

@@ -11,10 +11,6 @@ import torchlower
 from tests.models_compress import CNN, MLP, Block
 
 FRONTENDS = ("jit", "export")
-# the export front end's fx interpreter refuses `var + 1e-5` (scalar add) today: another helper's fix
-EXPORT_SCALAR_ADD = pytest.mark.xfail(
-    reason="export front end: aten::add.Tensor with a Python scalar", strict=False
-)
 CASES = {
     "mlp": (MLP, lambda: torch.randn(4, 64)),
     "cnn": (CNN, lambda: torch.randn(2, 3, 8, 8)),
@@ -24,11 +20,7 @@ CASES = {
 
 @pytest.mark.parametrize(
     ("case", "frontend"),
-    [
-        pytest.param(c, f, marks=EXPORT_SCALAR_ADD if (c, f) == ("block", "export") else ())
-        for c in sorted(CASES)
-        for f in FRONTENDS
-    ],
+    [(c, f) for c in sorted(CASES) for f in FRONTENDS],
 )
 def test_f16_export_runs_in_f16_and_matches_f32_model(case: str, frontend: str, tmp_path: Path) -> None:
     make, example = CASES[case]

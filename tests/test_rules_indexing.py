@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import export_and_check
+from tests.conftest import export_and_check, frontend_limit
+from torchlower.errors import TraceError
 
 
 class Fn(nn.Module):
@@ -49,7 +50,13 @@ INDEXING = {
 
 
 @pytest.mark.parametrize("case", INDEXING)
-def test_advanced_indexing(tmp_path, frontend, case):
+def test_advanced_indexing(request, tmp_path, frontend, case):
+    if case == "const_mask_and_index":
+        reason = (
+            "torch.export itself fails on x[i, const_bool_mask]: the mask's nonzero count is an "
+            "unbacked symbol it cannot bind (PendingUnbackedSymbolNotFound)"
+        )
+        frontend_limit(request, frontend, "export", TraceError, reason)
     x, i, j = torch.randn(*X), I2.clamp(-4, 3), I2.clamp(-5, 4)
     report = check(lambda x, i, j: INDEXING[case](x, i, j), tmp_path, frontend, x, i, j)
     assert report.op_histogram["tract_core_gather"] + report.op_histogram["tract_core_gather_nd"] >= 1

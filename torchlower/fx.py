@@ -1,5 +1,6 @@
 """Public FX API: ``Tracer``, ``Interpreter`` and ``lower_fx`` (generic over ``builder.rules``)."""
 
-from torchlower.frontends.fx import Interpreter, Tracer, lower_fx, trace
+from torchlower.frontends.fx import Interpreter, lower_fx
+from torchlower.frontends.fx_trace import Tracer, trace
 
 __all__ = ["Interpreter", "Tracer", "lower_fx", "trace"]

@@ -8,72 +8,28 @@ session to a rule. Shapes and dtypes come from one real forward pass (``ShapePro
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
-import types
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx.passes.shape_prop import ShapeProp
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from torchlower import progress
-from torchlower.errors import InvalidArgumentError, LoweringError, TraceError
+from torchlower.errors import InvalidArgumentError, LoweringError
 from torchlower.frontends import pycalls
-from torchlower.frontends.session import MISSING, Meta, Missing, Session
-from torchlower.rules.registry import Registry, describe
+from torchlower.frontends.fx_index import fold as _fold
+from torchlower.frontends.fx_index import lower_getitem, lower_setitem, static
+from torchlower.frontends.fx_trace import EXAMPLE, ShapePass, Tracer, trace
+from torchlower.frontends.session import MISSING, Meta, Missing, Session, stamp
+from torchlower.rules.registry import describe
 from torchlower.values import SymDim, Value, constant
 
-EXAMPLE = "torchlower_example"  # node.meta key: real inputs of a leaf module without a rule
 _SHAPE_METHODS = {"size", "dim", "ndimension", "numel", "nelement"}
-
-
-class Tracer(fx.Tracer):
-    """Keeps modules with a module rule (by MRO) as leaves and wraps functions that have rules.
-
-    Other modules are traced through; a ``torch.nn`` module whose ``forward`` cannot be traced
-    symbolically (control flow on shapes, Python-only functionals) stays a leaf and is lowered
-    through ``torch.export`` of that module alone.
-    """
-
-    def __init__(self, rules: Registry | None = None, autowrap_functions: Sequence[Any] = ()) -> None:
-        from torchlower.rules import NNEF_RULES
-
-        self.rules = rules if rules is not None else NNEF_RULES
-        self.rules.ensure_loaded()
-        wrapped = [k for k in self.rules.functions if isinstance(k, types.FunctionType)]
-        super().__init__((math,), tuple(autowrap_functions) + tuple(wrapped))
-        self._traceable: dict[int, bool] = {}
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if self.rules.lookup_module(type(m)) is not None:
-            return True
-        if not super().is_leaf_module(m, module_qualified_name):
-            return False
-        if id(m) not in self._traceable:
-            self._traceable[id(m)] = _traces_into_known_calls(m)
-        return not self._traceable[id(m)]
-
-
-def _traces_into_known_calls(module: nn.Module) -> bool:
-    try:
-        graph = fx.Tracer().trace(module)
-    except Exception:  # any failure means: keep it whole
-        return False
-    return all(pycalls.resolvable(n.target) for n in graph.nodes if n.op == "call_function")
-
-
-def trace(model: nn.Module, rules: Registry | None = None) -> fx.GraphModule:
-    """``model`` as a ``GraphModule`` traced with ``Tracer``."""
-    tracer = Tracer(rules)
-    try:
-        graph = tracer.trace(model)
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        raise TraceError(f"FX tracing failed on {type(model).__qualname__}: {first}") from exc
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
 class Interpreter(fx.Interpreter):
@@ -128,24 +84,34 @@ class Interpreter(fx.Interpreter):
 
     def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if target is operator.getitem and isinstance(args[0], Value):
-            return self._index(args[0], args[1])
+            return lower_getitem(self.session, args[0], args[1], self._where(), self._metas())
+        if target is operator.setitem and isinstance(args[0], Value):
+            self._inplace = True  # later readers of x see the result
+            return lower_setitem(self.session, args[0], args[1], args[2], self._where())
+        if target is getattr and isinstance(args[0], (tuple, list)) and self._node is not None:
+            return args[0][_return_field(self._node.args[0], args[1])]  # topk(...).values
         if target in (operator.getitem, getattr, len) and not isinstance(args[0], Value):
             return MISSING if isinstance(args[0], Missing) else target(*args, **kwargs)
         if target is getattr:
             return _value_attr(args[0], args[1])
         if target is len:
-            return _static(args[0])[0]
+            return static(args[0])[0]
         if isinstance(target, torch._ops.OpOverload):
             if not target._schema.returns:  # _assert_* checks of export: nothing to lower
                 return None
             if target._schema.name in ("aten::sym_size", "aten::sym_numel") and isinstance(args[0], Value):
-                shape = args[0].shape or _static(args[0])
+                shape = args[0].shape or static(args[0])
                 return shape[args[1]] if len(args) > 1 else math.prod(shape)
         rule = self.builder.rules.lookup_function(target)
         if rule is not None and rule.key is target:  # a user rule keyed by the Python callable
             inputs = _bind_signature(target, args, kwargs)
             fold = _fold(target, args, kwargs)
             return self.session.apply(target, inputs, self._where(), self._metas(), fold)
+        example = self._node.meta.get(EXAMPLE) if self._node is not None else None
+        if example is not None and not _has_missing((args, kwargs)):  # see ``lowered_by_export``
+            from torchlower.frontends.export import lower_call
+
+            return lower_call(self.builder, self.session, target, args, kwargs, example, self._where())
         return self._apply(pycalls.resolve_function(target, args, kwargs), target, args, kwargs)
 
     def call_method(self, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -155,7 +121,7 @@ class Interpreter(fx.Interpreter):
         if target in _SHAPE_METHODS:
             if isinstance(self_arg, Missing):
                 return MISSING
-            shape = _static(self_arg)
+            shape = static(self_arg)
             if target == "size":
                 dim = args[1] if len(args) > 1 else kwargs.get("dim")
                 return torch.Size(shape) if dim is None else shape[dim]
@@ -171,6 +137,9 @@ class Interpreter(fx.Interpreter):
     ) -> Any:
         fold = _fold(target, args, kwargs) if fold == "original" else fold
         self._inplace = call.inplace
+        if call.bound is not None and call.first_only:
+            out = self.session.apply(call.bound.key, call.bound.args, self._where(), None, call.bound.fold)
+            return out if isinstance(out, Missing) else stamp(out[0], self._metas())
         if call.bound is not None:
             return self.session.apply(call.bound.key, call.bound.args, self._where(), self._metas(), fold)
         if self.builder.rules.lookup_function(call.op) is not None and not _has_missing((args, kwargs)):
@@ -179,46 +148,6 @@ class Interpreter(fx.Interpreter):
                 f"{_describe_args(args, kwargs)}"
             )
         return self.session.apply(call.op, [*args, *kwargs.values()], self._where(), self._metas(), fold)
-
-    def _index(self, x: Value, index: Any) -> Any:
-        """``x[...]`` as select / slice / unsqueeze / index steps, each with its observed shape."""
-        items = list(index) if isinstance(index, tuple) else [index]
-        if sum(i is Ellipsis for i in items) > 1:
-            raise LoweringError(f"{self._where()}: an index may hold one Ellipsis, got {index!r}")
-        if Ellipsis in items:
-            at = items.index(Ellipsis)
-            used = sum(i is not None for i in items) - 1
-            items[at : at + 1] = [slice(None)] * (x.rank - used)
-        tensors = [i for i, item in enumerate(items) if isinstance(item, Value)]
-        probe = torch.empty(_static(x), dtype=x.dtype, device="meta")
-        steps: list[tuple[str, list[Any]]] = []
-        dim = 0
-        for item in items:
-            if item is None:
-                steps.append(("aten::unsqueeze", [dim]))
-                dim += 1
-            elif isinstance(item, int) and not isinstance(item, bool) and not tensors:
-                steps.append(("aten::select.int", [dim, item]))
-            elif isinstance(item, slice):
-                if item != slice(None):
-                    steps.append(("aten::slice.Tensor", [dim, item.start, item.stop, item.step or 1]))
-                dim += 1
-            elif (
-                isinstance(item, Value)
-                and len(tensors) == 1
-                and all(isinstance(i, slice) and i == slice(None) for i in items if i is not item)
-            ):
-                steps.append(("aten::index.Tensor", [[None] * dim + [item]]))
-            else:
-                raise LoweringError(f"{self._where()}: indexing with {index!r} is not supported")
-        result: Any = x
-        for n, (op, rest) in enumerate(steps):
-            aten = _overload(op)
-            probe = aten(probe, *[_meta_arg(r) for r in rest])
-            meta = self._metas() if n == len(steps) - 1 else [(probe.dtype, tuple(probe.shape))]
-            fold = _fold(aten, (result, *rest), {})
-            result = self.session.apply(op, [result, *rest], self._where(), meta, fold)
-        return result
 
     def _where(self) -> str:
         return self.prefix + (self._node.name if self._node is not None else "")
@@ -252,24 +181,13 @@ def node_metas(node: fx.Node, symbols: dict[str, str] | None = None) -> list[Met
     metas: list[Meta] = []
     for leaf in leaves:
         if isinstance(leaf, (torch.Tensor,)) or (hasattr(leaf, "dtype") and hasattr(leaf, "shape")):
+            if free_unbacked_symbols(tuple(leaf.shape)):  # data-dependent (index with a mask): the
+                metas.append((leaf.dtype, None))  # rule's own shape stands (static when the mask is)
+                continue
             metas.append((leaf.dtype, tuple(_dim(d, symbols or {}) for d in leaf.shape)))
         else:
             metas.append((None, None))
     return metas
-
-
-class _ShapePass(ShapeProp):
-    """One real forward pass: shapes for every node, real inputs for leaves without a rule."""
-
-    def __init__(self, module: fx.GraphModule, rules: Registry) -> None:
-        super().__init__(module)
-        self.rules = rules
-
-    def run_node(self, n: fx.Node) -> Any:
-        if n.op == "call_module" and self.rules.lookup_module(type(self.fetch_attr(n.target))) is None:
-            args, kwargs = self.fetch_args_kwargs_from_env(n)
-            n.meta[EXAMPLE] = pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
-        return super().run_node(n)
 
 
 def lower_module(
@@ -288,10 +206,14 @@ def lower_module(
             observed = pytree.tree_leaves(model(*example))
         metas = [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (None, None) for t in observed]
         out = session.apply_module(model, list(inputs), type(model).__name__, metas)
+    elif Tracer(builder.rules).is_leaf_module(model, ""):  # a torch.nn module FX cannot trace
+        from torchlower.frontends.export import lower_submodule
+
+        out = lower_submodule(builder, session, model, tuple(inputs), {}, (tuple(example), {}), "")
     else:
-        gm = trace(model, builder.rules)
+        gm = trace(model, builder.rules, example)
         with torch.no_grad():
-            _ShapePass(gm, builder.rules).propagate(*example)
+            ShapePass(gm, builder.rules).propagate(*example)
         progress.retotal(sum(n.op.startswith("call_") for n in gm.graph.nodes), "lowering")
         out = Interpreter(gm, builder, session).run(*inputs)
     return pytree.tree_leaves(out)
@@ -339,8 +261,6 @@ def _example_tensor(value: Value) -> torch.Tensor:
 
 def _bind_signature(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """Positional arguments in the signature's order, defaults filled (for user rules)."""
-    import inspect
-
     try:
         bound = inspect.signature(fn).bind(*args, **kwargs)
     except (TypeError, ValueError) as exc:
@@ -359,32 +279,9 @@ def _bind_signature(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
     return out
 
 
-def _fold(target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    """Folding runs the call exactly as recorded, on the constants' tensors."""
-
-    def call(*_: Any) -> Any:
-        unwrap = lambda a: a.const if isinstance(a, Value) else a  # noqa: E731
-        return target(*pytree.tree_map(unwrap, tuple(args)), **pytree.tree_map(unwrap, dict(kwargs)))
-
-    return call
-
-
-def _overload(op: str) -> Any:
-    name, overload = ([*op.split("::", 1)[1].split("."), "default"])[:2]
-    return getattr(getattr(torch.ops.aten, name), overload)
-
-
-def _meta_arg(arg: Any) -> Any:
-    if isinstance(arg, Value):
-        return torch.empty(_static(arg), dtype=arg.dtype, device="meta")
-    if isinstance(arg, list):
-        return [_meta_arg(a) for a in arg]
-    return arg
-
-
 def _value_attr(x: Value, name: str) -> Any:
     if name == "shape":
-        return torch.Size(_static(x))
+        return torch.Size(static(x))
     if name == "ndim":
         return x.rank
     if name == "dtype":
@@ -394,13 +291,6 @@ def _value_attr(x: Value, name: str) -> Any:
     if name in ("is_cuda", "is_quantized"):
         return False
     raise LoweringError(f"attribute {name!r} of a traced tensor cannot be lowered")
-
-
-def _static(x: Value) -> tuple[int, ...]:
-    try:
-        return x.static_shape()
-    except ValueError as exc:
-        raise LoweringError(str(exc)) from exc
 
 
 def _has_missing(item: Any) -> bool:
@@ -417,3 +307,16 @@ def _describe_args(args: Any, kwargs: dict[str, Any]) -> str:
 
     parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
     return "(" + ", ".join(parts) + ")"
+
+
+def _return_field(producer: Any, name: str) -> int:
+    """Position of ``name`` in the named tuple of ``torch.return_types`` that ``producer`` returns."""
+    target = producer.target if isinstance(producer, fx.Node) else None
+    op = target if isinstance(target, str) else getattr(target, "__name__", "")
+    kind = getattr(torch.return_types, op.strip("_"), None)
+    try:
+        return getattr(kind(range(kind.n_fields)), name)  # type: ignore[union-attr]
+    except (AttributeError, TypeError):
+        raise LoweringError(
+            f"attribute {name!r} of the result of {op or producer} cannot be lowered"
+        ) from None

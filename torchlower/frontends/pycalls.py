@@ -24,7 +24,7 @@ from torchlower.rules.registry import describe
 from torchlower.values import Value, constant
 
 # operator → (ATen op, in place); reflected forms (2 - x) are handled in ``_operator``
-_OPERATORS: dict[Callable[..., Any], tuple[str, bool]] = {
+OPERATORS: dict[Callable[..., Any], tuple[str, bool]] = {
     operator.add: ("add", False), operator.sub: ("sub", False), operator.mul: ("mul", False),
     operator.truediv: ("div", False), operator.floordiv: ("floor_divide", False),
     operator.mod: ("remainder", False), operator.pow: ("pow", False), operator.matmul: ("matmul", False),
@@ -63,17 +63,18 @@ class Call:
     op: object  # "aten::relu", or the Python target itself when it has no ATen op
     bound: Bound | None
     inplace: bool = False
+    first_only: bool = False  # Python returns only the first ATen result (return_indices=False)
 
 
 def resolve_function(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     """Resolve an FX ``call_function`` target."""
     if isinstance(target, torch._ops.OpOverload):
-        bound = bind_schema(target._schema, args, kwargs)
+        bound = bind_schema(target._schema, args, kwargs, wrapped_numbers=True)
         name = key_of(target._schema)
         return Call(name, Bound(name, bound, target._schema) if bound is not None else None)
     if isinstance(target, torch._ops.OpOverloadPacket):
         return _bind(target._qualified_op_name, args, kwargs)
-    if target in _OPERATORS:
+    if target in OPERATORS:
         return _operator(target, args)
     builtin = _find_builtin(target)
     if builtin is not None and builtin.startswith("aten::"):
@@ -98,7 +99,7 @@ def resolve_method(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 
 def resolvable(target: Any) -> bool:
     """Whether a ``call_function`` target maps onto an ATen op at all (used to pick FX leaves)."""
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) or target in _OPERATORS:
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) or target in OPERATORS:
         return True
     if target in (operator.getitem, getattr, len):
         return True
@@ -114,7 +115,7 @@ def _bind(op: str, args: Any, kwargs: dict[str, Any], inplace: bool = False) -> 
 
 
 def _operator(target: Any, args: tuple[Any, ...]) -> Call:
-    name, inplace = _OPERATORS[target]
+    name, inplace = OPERATORS[target]
     if len(args) == 2 and _is_number(args[0]) and isinstance(args[1], Value):
         scalar, x = args
         if name in _COMMUTATIVE:
@@ -145,7 +146,8 @@ def _wrapper(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     defaults = {p.name: p.default for p in params.parameters.values()}
     given = {**_FILLS.get(name, {}), **bound.arguments}
     inplace = bool(given.pop("inplace", False))
-    if given.pop("return_indices", False):
+    indices = given.pop("return_indices", None)
+    if indices:
         name += "_with_indices"
     renames = _RENAMES.get(name, {})
     given = {renames.get(k, k): v for k, v in given.items() if k not in _IGNORED}
@@ -164,7 +166,10 @@ def _wrapper(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
             )
     if "tensor" in given and "self" not in given:
         given["self"] = given.pop("tensor")
-    return _bind(op, (), given, inplace)
+    call = _bind(op, (), given, inplace)
+    if indices is False and call.bound is not None and len(call.bound.schema.returns) > 1:
+        return Call(call.op, call.bound, inplace, first_only=True)  # adaptive_max_pool2d → (values, idx)
+    return call
 
 
 def _signature(target: Callable[..., Any]) -> inspect.Signature | None:

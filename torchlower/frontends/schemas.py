@@ -59,9 +59,17 @@ def bind_op(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Bound | N
 
 
 def bind_schema(
-    schema: torch._C.FunctionSchema, args: Sequence[Any], kwargs: dict[str, Any]
+    schema: torch._C.FunctionSchema,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    wrapped_numbers: bool = False,
 ) -> list[Any] | None:
-    """Arguments in schema order (defaults filled, ints widened to int lists), or None."""
+    """Arguments in schema order (defaults filled, ints widened to int lists), or None.
+
+    ``wrapped_numbers`` accepts a Python number for a ``Tensor`` parameter: ``torch.export``
+    graphs call the exact overload ``aten.add.Tensor(x, 1)`` with such "wrapped numbers", and
+    rules accept Python scalars as tensor operands. Overload *choice* never relies on it.
+    """
     params = list(schema.arguments)
     positional = [p for p in params if not p.kwarg_only]
     args = list(args)
@@ -74,6 +82,8 @@ def bind_schema(
     names = {p.name for p in params}
     for name, value in kwargs.items():
         name = "self" if name == "input" and "input" not in names else name
+        if name not in names and value is None:
+            continue  # Python's "None means absent" (torch.norm(..., dtype=None) → norm.ScalarOpt_dim)
         if name not in names or name in given:
             return None
         given[name] = value
@@ -88,7 +98,7 @@ def bind_schema(
         if value is None and p.has_default_value() and not _optional(p.real_type):
             out.append(p.default_value)  # Python's "None means default" (max_pool's stride)
             continue
-        value = coerce(p.real_type, p.N, value)
+        value = coerce(p.real_type, p.N, value, wrapped_numbers)
         if value is _NO:
             return None
         out.append(value)
@@ -109,12 +119,12 @@ def overload_callable(schema: torch._C.FunctionSchema) -> Callable[..., Any]:
     return call
 
 
-def coerce(ty: Any, n: int | None, value: Any) -> Any:
+def coerce(ty: Any, n: int | None, value: Any, wrapped_numbers: bool = False) -> Any:
     """``value`` as the schema type ``ty`` wants it, or ``_NO`` when it does not fit."""
     if isinstance(ty, torch._C.OptionalType):
-        return None if value is None else coerce(ty.getElementType(), n, value)
+        return None if value is None else coerce(ty.getElementType(), n, value, wrapped_numbers)
     if isinstance(ty, torch._C.TensorType):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):  # export: add.Tensor(x, 0)
+        if wrapped_numbers and isinstance(value, (int, float, bool)):
             return value
         return value if isinstance(value, (Value, Missing)) else _NO  # Missing: still name the op
     if isinstance(ty, torch._C.ListType):

@@ -16,6 +16,8 @@ _IDENT = re.compile(r"[^A-Za-z0-9_]")
 def identifier(hint: str) -> str:
     """A valid NNEF identifier derived from ``hint`` (torch names contain dots and colons)."""
     name = _IDENT.sub("_", hint).strip("_") or "v"
+    if name.startswith(("true", "false")):  # tract's parser reads `truediv_2` as `true` + garbage
+        return f"v_{name}"
     return name if not name[0].isdigit() else f"v{name}"
 
 

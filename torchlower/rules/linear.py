@@ -65,6 +65,15 @@ def addmm(b: Builder, bias: Value, x: Value, w: Value, beta: Scalar, alpha: Scal
     return b.call("add", [out, unsqueeze_to(b, bias, out_rank)], dtype=x.dtype, shape=out.shape)
 
 
+@rule("aten::baddbmm")
+def baddbmm(b: Builder, bias: Value, x: Value, w: Value, beta: Scalar, alpha: Scalar) -> Value:
+    """baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor
+
+    ``nn.MultiheadAttention``'s slow path (need_weights=True) scales q·kᵀ this way.
+    """
+    return addmm(b, bias, x, w, beta, alpha)
+
+
 def _unsqueeze(b: Builder, x: Value, axis: int) -> Value:
     shape = list(shape_of(x))
     shape.insert(axis, 1)

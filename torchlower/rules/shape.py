@@ -220,6 +220,15 @@ def size(b: Builder, x: Value, dim: int | None = None) -> Any:
     return list(shape) if dim is None else shape[normalize_dim(dim, x.rank)]
 
 
+@rule("aten::numel")
+def numel(b: Builder, x: Value) -> Dim:
+    """numel(Tensor self) -> int: the product of the observed (possibly symbolic) sizes."""
+    count: Dim = 1
+    for d in shape_of(x):
+        count = count * d
+    return count
+
+
 def _dim(d: Any) -> Dim:
     if isinstance(d, Value) and d.is_const:
         return int(d.const.item())

@@ -1,0 +1,139 @@
+"""Python indexing in FX graphs: ``x[...]`` and ``x[...] = v`` as ATen calls in schema order.
+
+FX records ``operator.getitem(x, index)`` / ``operator.setitem(x, index, v)`` with the Python
+index; TorchScript would have emitted ``select`` / ``slice`` / ``unsqueeze`` / ``index`` /
+``index_put_``. The same ops are emitted here, so rules see what every front end sends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from torchlower.errors import LoweringError
+from torchlower.frontends.session import Meta, Session
+from torchlower.values import Value, constant
+
+Step = tuple[str, list[Any]]
+
+
+def lower_getitem(session: Session, x: Value, index: Any, where: str, metas: list[Meta] | None) -> Any:
+    """``x[index]``; every step but the last gets its shape from a meta-tensor probe."""
+    steps = _basic_steps(x, _items(x, index, where), where) or [("aten::slice.Tensor", [0, None, None, 1])]
+    result: Any = x
+    probe = torch.empty(static(x), dtype=x.dtype, device="meta")
+    for n, (op, rest) in enumerate(steps):
+        aten = overload(op)
+        last = n == len(steps) - 1
+        if not last:
+            probe = aten(probe, *[_meta_arg(r) for r in rest])
+        meta = metas if last else [(probe.dtype, tuple(probe.shape))]
+        result = session.apply(op, [result, *rest], where, meta, fold(aten, (result, *rest), {}))
+    return result
+
+
+def lower_setitem(session: Session, x: Value, index: Any, value: Any, where: str) -> Any:
+    """``x[index] = value`` with tensor indices: ``index_put`` (the new value of ``x``)."""
+    items = _items(x, index, where)
+    if not any(isinstance(i, Value) for i in items):
+        raise LoweringError(
+            f"{where}: assignment through basic indexing {index!r} is not supported; "
+            "use an index tensor or torch.where"
+        )
+    steps = _basic_steps(x, items, where)
+    if len(steps) != 1 or steps[0][0] != "aten::index.Tensor":
+        raise LoweringError(f"{where}: assignment x[{index!r}] mixes slices and index tensors")
+    indices = steps[0][1][0]
+    if not isinstance(value, Value):
+        value = constant(torch.tensor(value, dtype=x.dtype))
+    args = [x, indices, value, False]
+    metas: list[Meta] = [(x.dtype, x.shape)]
+    return session.apply("aten::index_put", args, where, metas, fold(torch.ops.aten.index_put, args, {}))
+
+
+def _items(x: Value, index: Any, where: str) -> list[Any]:
+    """The index as a list with its Ellipsis expanded to full slices."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    if sum(i is Ellipsis for i in items) > 1:
+        raise LoweringError(f"{where}: an index may hold one Ellipsis, got {index!r}")
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        used = sum(_dims_used(i) for i in items if i is not Ellipsis)
+        items[at : at + 1] = [slice(None)] * (x.rank - used)
+    return items
+
+
+def _dims_used(item: Any) -> int:
+    if item is None:
+        return 0
+    if isinstance(item, Value) and item.dtype == torch.bool:
+        return item.rank
+    return 1
+
+
+def _basic_steps(x: Value, items: list[Any], where: str) -> list[Step]:
+    """Slices first (they keep every dim), then one ``index.Tensor`` holding all index tensors.
+
+    With index tensors, integers are index tensors too (NumPy's rule), so dims never shift.
+    """
+    tensors = any(isinstance(i, Value) for i in items)
+    steps: list[Step] = []
+    indices: list[Any] = []
+    dim = 0
+    for item in items:
+        if item is None and not tensors:
+            steps.append(("aten::unsqueeze", [dim]))
+            dim += 1
+        elif isinstance(item, int) and not isinstance(item, bool):
+            if tensors:
+                indices.append(constant(torch.tensor(item)))
+                dim += 1
+            else:
+                steps.append(("aten::select.int", [dim, item]))
+        elif isinstance(item, slice):
+            if item != slice(None):
+                steps.append(("aten::slice.Tensor", [dim, item.start, item.stop, item.step or 1]))
+            indices.append(None)
+            dim += 1
+        elif isinstance(item, Value):
+            indices.append(item)
+            dim += _dims_used(item)
+        else:
+            raise LoweringError(f"{where}: indexing with {items!r} is not supported")
+    while indices and indices[-1] is None:
+        indices.pop()
+    if tensors:
+        steps.append(("aten::index.Tensor", [indices]))
+    return steps
+
+
+def fold(target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """Folding runs the call exactly as recorded, on the constants' tensors."""
+
+    def call(*_: Any) -> Any:
+        unwrap = lambda a: a.const if isinstance(a, Value) else a  # noqa: E731
+        return target(*pytree.tree_map(unwrap, tuple(args)), **pytree.tree_map(unwrap, dict(kwargs)))
+
+    return call
+
+
+def overload(op: str) -> Any:
+    name, overload_name = ([*op.split("::", 1)[1].split("."), "default"])[:2]
+    return getattr(getattr(torch.ops.aten, name), overload_name)
+
+
+def static(x: Value) -> tuple[int, ...]:
+    try:
+        return x.static_shape()
+    except ValueError as exc:
+        raise LoweringError(str(exc)) from exc
+
+
+def _meta_arg(arg: Any) -> Any:
+    if isinstance(arg, Value):
+        return torch.empty(static(arg), dtype=arg.dtype, device="meta")
+    if isinstance(arg, list):
+        return [_meta_arg(a) for a in arg]
+    return arg

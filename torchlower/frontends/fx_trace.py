@@ -1,0 +1,206 @@
+"""FX tracing for the FX front end: ``Tracer``, ``trace`` and the shape pass.
+
+``Tracer`` keeps what has a rule whole, expands ``forward(self, *xs)`` when the number of inputs
+is known, and leaves ``torch.nn`` modules that FX cannot trace as leaves; ``ShapePass`` records
+shapes and, for calls the interpreter will hand to ``torch.export``, their real inputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import operator
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+from torch.utils import _pytree as pytree
+
+from torchlower.errors import TorchlowerError, TraceError
+from torchlower.frontends import pycalls
+from torchlower.rules.registry import Registry
+from torchlower.values import Value
+
+EXAMPLE = "torchlower_example"  # node.meta key: real inputs of a call lowered through torch.export
+
+
+class Tracer(fx.Tracer):
+    """Keeps modules with a module rule (by MRO) as leaves and wraps functions that have rules.
+
+    Other modules are traced through; a ``torch.nn`` module whose ``forward`` cannot be traced
+    symbolically (control flow on shapes, Python-only functionals) stays a leaf and is lowered
+    through ``torch.export`` of that module alone.
+    """
+
+    def __init__(
+        self,
+        rules: Registry | None = None,
+        autowrap_functions: Sequence[Any] = (),
+        example: Sequence[Any] | None = None,
+    ) -> None:
+        from torchlower.rules import NNEF_RULES
+
+        self.rules = rules if rules is not None else NNEF_RULES
+        self.rules.ensure_loaded()
+        wrapped = [k for k in self.rules.functions if isinstance(k, types.FunctionType)]
+        super().__init__((math,), tuple(autowrap_functions) + tuple(wrapped))
+        self._traceable: dict[int, bool] = {}
+        self.example = example  # real inputs, when known: ``forward(self, *xs)``, ``a, b = f(x)``
+        self._values: dict[fx.Node, Any] = {}
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _Proxy(node, self)
+
+    def iter(self, obj: fx.Proxy) -> Any:
+        """``a, b = torch.var_mean(x)``, ``for t in x.split(2)``: as many items as the real run has."""
+        value = self._evaluate(obj.node) if self.example is not None else None
+        if not isinstance(value, (tuple, list, torch.Tensor)) or isinstance(value, torch.Size):
+            return super().iter(obj)
+        return iter([obj[i] for i in range(len(value))])
+
+    def _evaluate(self, node: fx.Node) -> Any:
+        """The node's value in a real run on ``example`` (only what ``iter`` asks for is computed)."""
+        if node not in self._values:
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs), self._evaluate)
+            if node.op == "placeholder":
+                index = [n for n in node.graph.nodes if n.op == "placeholder"].index(node)
+                value = self.example[index]  # type: ignore[index]
+                value = value.clone() if isinstance(value, torch.Tensor) else value  # setitem mutates
+            elif node.op == "get_attr":
+                value = fx.graph_module._get_attr(self.root, node.target)  # type: ignore[arg-type]
+            elif node.op == "call_module":
+                value = self.root.get_submodule(node.target)(*args, **kwargs)  # type: ignore[arg-type]
+            elif node.op == "call_method":
+                value = getattr(args[0], node.target)(*args[1:], **kwargs)  # type: ignore[arg-type]
+            else:
+                value = node.target(*args, **kwargs)  # type: ignore[operator]
+            self._values[node] = value
+        return self._values[node]
+
+    def create_args_for_root(self, root_fn: Any, is_module: bool, concrete_args: Any = None) -> Any:
+        """One placeholder per input for ``forward(self, *xs)`` (FX alone gives one for ``xs``)."""
+        n_inputs = len(self.example) if self.example is not None else None
+        placeholders = _vararg_placeholders(root_fn, is_module, n_inputs) if not concrete_args else None
+        if placeholders is None:
+            return super().create_args_for_root(root_fn, is_module, concrete_args)
+        proxies = [self.create_proxy("placeholder", name, (), {}) for name in placeholders]
+        return root_fn, ([self.root] if is_module else []) + proxies
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if self.rules.lookup_module(type(m)) is not None:
+            return True
+        if not super().is_leaf_module(m, module_qualified_name):
+            return False
+        if id(m) not in self._traceable:
+            self._traceable[id(m)] = _traces_into_known_calls(m)
+        return not self._traceable[id(m)]
+
+
+def _vararg_placeholders(root_fn: Any, is_module: bool, n_inputs: int | None) -> list[str] | None:
+    """Placeholder names ``a, b, xs_0, xs_1`` when ``root_fn`` takes ``*xs`` and ``n_inputs`` is known."""
+    if n_inputs is None:
+        return None
+    params = list(inspect.signature(inspect.unwrap(root_fn)).parameters.values())[int(is_module) :]
+    if not any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    fixed = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required_kw = [p for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if n_inputs < len(fixed) or required_kw:
+        return None  # defaults or keyword-only inputs: FX's own handling (it fails with a clear message)
+    star = next(p.name for p in params if p.kind is p.VAR_POSITIONAL)
+    return fixed + [f"{star}_{i}" for i in range(n_inputs - len(fixed))]
+
+
+def _defaulted(model: nn.Module, example: Sequence[Any] | None) -> dict[str, Any] | None:
+    """Parameters after the given inputs keep their defaults (``forward(x, y=None)`` on one input)."""
+    if example is None:
+        return None
+    params = list(inspect.signature(model.forward).parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    rest = [p for p in params[len(example) :] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    found = {p.name: p.default for p in rest if p.default is not p.empty}
+    return found or None
+
+
+def _traces_into_known_calls(module: nn.Module) -> bool:
+    try:
+        graph = fx.Tracer().trace(module)
+    except Exception:  # any failure means: keep it whole
+        return False
+    return all(pycalls.resolvable(n.target) for n in graph.nodes if n.op == "call_function")
+
+
+def trace(
+    model: nn.Module, rules: Registry | None = None, example: Sequence[Any] | None = None
+) -> fx.GraphModule:
+    """``model`` as a ``GraphModule`` traced with ``Tracer`` (``example``: the real inputs, if known)."""
+    tracer = Tracer(rules, example=example)
+    try:
+        with torch.no_grad():
+            graph = tracer.trace(model, concrete_args=_defaulted(model, example))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise TraceError(f"FX tracing failed on {type(model).__qualname__}: {first}") from exc
+    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+class _Proxy(fx.Proxy):
+    """Records ``x[index] = value`` as an ``operator.setitem`` call (FX proxies refuse it)."""
+
+    def __len__(self) -> int:
+        """``tuple(x.split(2))``: the length of the real run's value, when inputs are known."""
+        tracer = self.tracer
+        if isinstance(tracer, Tracer) and tracer.example is not None:
+            value = tracer._evaluate(self.node)
+            if isinstance(value, (tuple, list, torch.Tensor)):
+                return len(value)
+        return super().__len__()
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
+
+
+class ShapePass(ShapeProp):
+    """One real forward pass: shapes for every node, real inputs where ``torch.export`` may lower.
+
+    That is leaf modules without a rule and torch Python functions without an ATen rule.
+    """
+
+    def __init__(self, module: fx.GraphModule, rules: Registry) -> None:
+        super().__init__(module)
+        self.rules = rules
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op in ("call_module", "call_function"):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+        if n.op == "call_module":
+            export = self.rules.lookup_module(type(self.fetch_attr(n.target))) is None
+        else:
+            export = n.op == "call_function" and lowered_by_export(n.target, args, kwargs, self.rules)
+        if export:
+            n.meta[EXAMPLE] = pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
+        return super().run_node(n)
+
+
+def lowered_by_export(target: Any, args: Any, kwargs: dict[str, Any], rules: Registry) -> bool:
+    """A torch Python function call (``F.interpolate``, ``torch.norm(p="fro")``) that reaches no rule.
+
+    FX records such calls whole; the interpreter lowers them through ``torch.export`` of the call
+    alone, which yields the ATen ops the Python code dispatches to. Decided on the real call,
+    with the tensors standing in as values, exactly as the interpreter will resolve it.
+    """
+    if not isinstance(target, types.FunctionType) or target in pycalls.OPERATORS:
+        return False
+    if not getattr(target, "__module__", "").startswith("torch.") or rules.lookup_function(target):
+        return False
+    probe = lambda t: Value("probe", t.dtype, tuple(t.shape))  # noqa: E731
+    args, kwargs = pytree.tree_map_only(torch.Tensor, probe, (tuple(args), dict(kwargs)))
+    try:
+        call = pycalls.resolve_function(target, args, kwargs)
+    except TorchlowerError:
+        return True
+    return call.bound is None or rules.lookup_function(call.bound.key) is None
