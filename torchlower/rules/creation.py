@@ -16,12 +16,10 @@ from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, cast
 from torchlower.rules.layout import broadcast_to, dims_of, scalar_of
-from torchlower.values import Dim, SymDim, Value, constant
+from torchlower.values import Dim, SymDim, Value
 
 
 def filled(b: Builder, value: float | int | bool, shape: Sequence[Dim], dtype: torch.dtype) -> Value:
-    if all(isinstance(d, int) for d in shape) and torch.Size(shape).numel() <= 16:  # tiny: a constant
-        return constant(torch.full(list(shape), value, dtype=dtype))
     return broadcast_to(b, scalar_of(value, dtype, len(shape)), list(shape), dtype)
 
 
