@@ -56,3 +56,34 @@ def test_malformed_headers_are_artifact_errors(mutate, match):
     blob = dat.encode(np.zeros((2, 3), np.float32))
     with pytest.raises(ArtifactError, match=match):
         dat.decode(mutate(blob), "w.dat")
+
+
+def test_parts_stream_the_array_buffer_without_copying():
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    head, data = dat.parts(array)
+    assert np.shares_memory(np.frombuffer(data, np.uint8), array)
+    assert head + bytes(data) == dat.encode(array)
+    np.testing.assert_array_equal(dat.decode(dat.encode(array)), array)
+
+
+def test_archive_streams_every_kind_of_weight(tmp_path):
+    import tarfile
+
+    import torch
+
+    from torchlower.nnef import archive, quant
+
+    weights = {
+        "b": torch.tensor([True, False, True]),
+        "h": torch.arange(6, dtype=torch.float16).reshape(2, 3),
+        "s": torch.tensor(3.5),
+        "t": torch.arange(12.0).reshape(3, 4).t(),  # not contiguous
+        "q": quant.quantize(quant.Q4_0, np.ones((2, 32), np.float32)),
+    }
+    for name in ("w.nnef.tar", "w.nnef.tgz"):
+        path = archive.write(tmp_path / name, "graph\n", weights)
+        with tarfile.open(path) as tar:
+            blobs = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+        assert blobs["q.dat"] == weights["q"].encode()
+        for key in "bhst":
+            np.testing.assert_array_equal(dat.decode(blobs[f"{key}.dat"]), weights[key].numpy())

@@ -8,10 +8,12 @@ import torch
 from torch import nn
 
 from tests.conftest import export_and_check
+from torchlower import coverage
 from torchlower.api import verify
 from torchlower.nnef import archive
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.rules import NNEF_RULES
+from torchlower.rules.registry import describe
 
 
 def check_module_rule(tmp_path: Path, module: nn.Module, args: Sequence[object]) -> None:
@@ -37,6 +39,7 @@ def check_module_rule(tmp_path: Path, module: nn.Module, args: Sequence[object])
     path = archive.write(tmp_path / "m.nnef.tgz", b.graph_text(), b.live_weights())
     errors = verify(path, tensors, expected, names)
     assert len(errors) == len(expected) and all(e.ok for e in errors)
+    coverage.verified([describe(rule.key)])
 
 
 def check_function_rule(
@@ -57,6 +60,7 @@ def check_function_rule(
     path = archive.write(tmp_path / "m.nnef.tgz", b.graph_text(), b.live_weights())
     errors = verify(path, list(inputs), list(expected), names)
     assert errors and all(e.ok for e in errors)
+    coverage.verified([describe(rule.key)])
 
 
 class WithStates(nn.Module):

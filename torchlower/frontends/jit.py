@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower import progress
+from torchlower import dynamic, progress
+from torchlower.dynamic import Spec
 from torchlower.errors import InvalidArgumentError, LoweringError, TraceError
 from torchlower.frontends.session import MISSING, Meta, Session
-from torchlower.values import Value, constant
+from torchlower.values import SymDim, Value, constant
 
 _SCALAR_TYPES = {
     "Float": torch.float32, "Double": torch.float64, "Half": torch.float16,
@@ -90,6 +91,18 @@ class ModuleTracer:
                 ) from exc
         return self._traced_module
 
+    def fast_trace(self) -> FastTrace | None:
+        """The graph of ``forward`` traced without building a TracedModule, or None when that
+        route would not lower to the same artifact (then the front end uses ``torch_graph``).
+
+        ``torch.jit.trace`` spends most of its time turning the module tree into a
+        ``TracedModule``; ``torch.jit._get_trace_graph`` records the same ops with the
+        parameters and buffers as extra graph inputs, in ``state_dict`` order.
+        """
+        if self._traced_module is not None or self.fn_name != "forward" or self.args is None:
+            return None
+        return _fast_trace(self.mod, self.args)
+
     @property
     def torch_graph(self) -> torch.Graph:
         if self.fn_name == "forward":
@@ -111,27 +124,98 @@ def _trace(module: nn.Module, fn_name: str, args: tuple[Any, ...] | None) -> Any
 
 
 @dataclass
+class FastTrace:
+    graph: torch.Graph
+    state: list[tuple[str, torch.Tensor]]  # (state_dict key, tensor) of the trailing graph inputs
+
+
+def _fast_trace(module: nn.Module, args: tuple[Any, ...]) -> FastTrace | None:
+    """Trace with ``_get_trace_graph`` where it is equivalent to ``torch.jit.trace``; else None.
+
+    Equivalent means: plain (not scripted, not quantized) module and tensor inputs, every
+    parameter and buffer in the state dict exactly once (tied or non-persistent tensors would
+    get other labels), and outputs that are tensors in (nested) tuples or lists.
+    """
+    if isinstance(module, torch.jit.ScriptModule) or not all(
+        isinstance(a, torch.Tensor) and not a.is_quantized for a in args
+    ):
+        return None
+    state = torch.jit._unique_state_dict(module, keep_vars=True)
+    held = [t for _, t in module.named_parameters(remove_duplicate=False)]
+    held += [t for _, t in module.named_buffers(remove_duplicate=False)]
+    if len(state) != len(held) or {id(t) for t in state.values()} != {id(t) for t in held}:
+        return None
+    if any(t.is_quantized for t in held):
+        return None
+    scopes: dict[Any, str] = {"__module": module}
+    for name, child in module.named_modules(remove_duplicate=False):
+        if name:
+            scopes[child] = f"__module.{name}"  # last name wins, as in torch.jit.trace_module
+    old = torch.jit._trace._trace_module_map
+    torch.jit._trace._trace_module_map = scopes  # scope names, as torch.jit.trace records them
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            graph, out = torch.jit._get_trace_graph(module, args, strict=False)
+    except (RuntimeError, TypeError, ValueError):
+        return None  # the full route reports the failure with its own message
+    finally:
+        torch.jit._trace._trace_module_map = old
+    if not _tensor_tree(out) or len(list(graph.inputs())) != len(args) + len(state):
+        return None
+    return FastTrace(graph, list(state.items()))
+
+
+def _tensor_tree(item: Any) -> bool:
+    if isinstance(item, (tuple, list)):
+        return all(_tensor_tree(i) for i in item)
+    return isinstance(item, torch.Tensor)
+
+
+@dataclass
 class _ModuleRef:
     path: str
     module: Any
 
 
-def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], session: Session) -> list[Any]:
-    """Walk the inlined graph, lowering every node; returns the flattened outputs."""
-    graph = tracer.torch_graph.copy()
-    torch._C._jit_pass_inline(graph)
+def lower_jit(
+    builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], session: Session, spec: Spec | None = None
+) -> list[Any]:
+    """Walk the inlined graph, lowering every node; returns the flattened outputs.
+
+    With dynamic axes (``spec``) the module is traced again at other sizes and node shapes and
+    size constants become expressions in the symbols (``torchlower.dynamic``); those traces
+    are compared node by node, so they all take the full ``torch.jit.trace`` route.
+    """
+    fast = tracer.fast_trace() if spec is None else None
+    env: dict[Any, Any] = {}
+    dyn = None
+    if fast is not None:  # parameters and buffers arrive as trailing graph inputs
+        graph = fast.graph
+        graph_inputs = list(graph.inputs())
+        tensor_inputs = graph_inputs[: len(graph_inputs) - len(fast.state)]
+        for value, (key, tensor) in zip(graph_inputs[len(tensor_inputs) :], fast.state, strict=True):
+            env[value] = constant(tensor, label=key)
+    else:
+        graph = tracer.torch_graph.copy()
+        torch._C._jit_pass_inline(graph)
+        graph_inputs = list(graph.inputs())
+        env[graph_inputs[0]] = _ModuleRef("", tracer.mod)
+        tensor_inputs = graph_inputs[1:]
+        dyn = _dynamic_overrides(tracer, graph, spec) if spec is not None else None
     progress.retotal(sum(n.kind().startswith("aten::") for n in graph.nodes()), "lowering")
-    graph_inputs = list(graph.inputs())
-    env: dict[Any, Any] = {graph_inputs[0]: _ModuleRef("", tracer.mod)}
-    tensor_inputs = graph_inputs[1:]
     if len(tensor_inputs) != len(inputs):
         raise InvalidArgumentError(
             f"the traced graph takes {len(tensor_inputs)} tensor inputs, {len(inputs)} were given"
         )
     env.update(zip(tensor_inputs, inputs, strict=True))
-    for node in graph.nodes():
+    for index, node in enumerate(graph.nodes()):
         outputs = list(node.outputs())
-        results = _lower_node(node, [env[i] for i in node.inputs()], session)
+        if dyn is not None and index in dyn.constants:
+            env[outputs[0]] = dyn.constants[index]
+            continue
+        shapes = dyn.shapes.get(index) if dyn is not None else None
+        results = _lower_node(node, [env[i] for i in node.inputs()], session, shapes)
         if len(outputs) == 1 and node.kind() in _UNPACK and results is not MISSING:
             results = results[0]  # unpacking a one-element list (split into one chunk)
         if len(outputs) == 1:
@@ -146,10 +230,31 @@ def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], sessi
     return _flatten(returned[0] if len(returned) == 1 else returned)
 
 
+def _dynamic_overrides(tracer: ModuleTracer, graph: torch.Graph, spec: Spec) -> dynamic.JitOverrides:
+    """Trace at every other point of ``spec``; the graphs' differences become symbols."""
+    graphs = [graph]
+    for point in spec.points[1:]:
+        args = maybe_quantize_args(tracer.mod, spec.example_at(tracer.args or (), point))
+        try:
+            traced = _trace(tracer.mod, tracer.fn_name, args)
+        except RuntimeError as exc:
+            raise dynamic.not_dynamic(
+                spec, [s for s in spec.base if point[s] != spec.base[s]], f"tracing at sizes {point} failed"
+                f" ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})"
+            ) from exc
+        fn = traced if tracer.fn_name == "forward" else getattr(traced, tracer.fn_name)
+        other = fn.graph.copy()
+        torch._C._jit_pass_inline(other)
+        graphs.append(other)
+    return dynamic.jit_overrides(spec, graphs)
+
+
 _UNPACK = ("prim::ListUnpack", "prim::TupleUnpack")
 
 
-def _lower_node(node: torch._C.Node, args: list[Any], session: Session) -> Any:
+def _lower_node(
+    node: torch._C.Node, args: list[Any], session: Session, shapes: list[Any] | None = None
+) -> Any:
     kind = node.kind()
     where = _scope(node)
     if kind == "prim::Constant":
@@ -175,10 +280,19 @@ def _lower_node(node: torch._C.Node, args: list[Any], session: Session) -> Any:
     if kind.startswith("prim::") and kind not in ("prim::device", "prim::dtype"):
         session.record_missing(kind, where)
         return MISSING
+    sized = dynamic.scalar_op(kind.split("::")[-1], args)
+    if sized is not NotImplemented:  # integer math on symbolic sizes stays symbolic
+        return sized
+    args = [
+        dynamic.materialize(session.builder, a) if isinstance(a, SymDim) and _is_tensor(v) else a
+        for a, v in zip(args, node.inputs(), strict=True)
+    ]
     schema = node.schema() if kind.startswith("aten::") else ""
     key = schema.split("(", 1)[0] if schema and schema != "(no schema)" else kind
     args = _normalize_args(schema, args)
     metas = [_meta(o) for o in node.outputs()]
+    if shapes is not None:
+        metas = [(m[0], s if s is not None else m[1]) for m, s in zip(metas, shapes, strict=True)]
     fold = _folder(kind, schema)
     return session.apply(key, args, where, metas, fold)
 
@@ -268,6 +382,10 @@ def _get_attr(owner: Any, name: str) -> Any:
     if isinstance(item, nn.Module):
         return _ModuleRef(path, item)
     return item
+
+
+def _is_tensor(value: torch._C.Value) -> bool:
+    return isinstance(value.type(), torch._C.TensorType)
 
 
 def _meta(output: torch._C.Value) -> Meta:

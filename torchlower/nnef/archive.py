@@ -43,10 +43,13 @@ def archive_kind(path: Path) -> str:
     )
 
 
+Chunks = tuple[bytes | memoryview, ...]
+
+
 def members(
     graph: str, weights: Mapping[str, Weight], quant_text: str | None = None
-) -> Iterator[tuple[str, bytes]]:
-    """(path, bytes) of every file, sorted by path; tensors are encoded one at a time."""
+) -> Iterator[tuple[str, Chunks]]:
+    """(path, chunks) of every file, sorted by path; a tensor's data chunk is a view of its buffer."""
     files: dict[str, object] = {"graph.nnef": graph}
     if quant_text is not None:
         files["graph.quant"] = quant_text
@@ -54,11 +57,12 @@ def members(
     for name in sorted(files):
         item = files[name]
         if isinstance(item, (str, quant.BlockQuantized)):
-            blob = item.encode()
+            chunks: Chunks = (item.encode(),)  # text, or packed blocks (an eighth of f32 size)
         else:
-            blob = dat.encode(_to_numpy(item))  # type: ignore[arg-type]
-        yield name, blob
-        progress.advance(len(blob))
+            chunks = dat.parts(_to_numpy(item))  # type: ignore[arg-type]
+        yield name, chunks
+        progress.advance(sum(len(c) if isinstance(c, bytes) else c.nbytes for c in chunks))
+        del chunks, item  # the next tensor's chunks must not share the peak with this one
 
 
 def weight_bytes(weight: Weight) -> int:
@@ -92,7 +96,41 @@ def write(
     return target
 
 
-def _write_tar(target: Path, files: Iterator[tuple[str, bytes]], compress: bool) -> None:
+_COPY_BUFFER = 1 << 20
+
+
+class _ChunkReader(io.RawIOBase):
+    """A read-only file over chunks, handing out slices (views, not copies) to ``tarfile``."""
+
+    def __init__(self, chunks: Chunks) -> None:
+        self._views = [memoryview(c).cast("B") for c in chunks]
+        self._index = 0
+        self._offset = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> memoryview | bytes:  # type: ignore[override]
+        """Up to ``size`` bytes: a view inside one chunk, a small join across a chunk boundary."""
+        pieces: list[memoryview] = []
+        want = size if size >= 0 else sum(len(v) for v in self._views)
+        while want > 0 and self._index < len(self._views):
+            view = self._views[self._index]
+            end = min(len(view), self._offset + want)
+            if end > self._offset:
+                pieces.append(view[self._offset : end])
+                want -= end - self._offset
+            self._offset = end
+            if end == len(view):
+                self._index, self._offset = self._index + 1, 0
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def _size(chunks: Chunks) -> int:
+    return sum(memoryview(c).nbytes for c in chunks)
+
+
+def _write_tar(target: Path, files: Iterator[tuple[str, Chunks]], compress: bool) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
@@ -101,13 +139,15 @@ def _write_tar(target: Path, files: Iterator[tuple[str, bytes]], compress: bool)
                 if compress
                 else raw
             )
-            with tarfile.open(fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-                for name, blob in files:
+            with tarfile.open(
+                fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT, copybufsize=_COPY_BUFFER
+            ) as tar:
+                for name, chunks in files:
                     info = tarfile.TarInfo(name)
-                    info.size, info.mtime, info.mode = len(blob), 0, 0o644
+                    info.size, info.mtime, info.mode = _size(chunks), 0, 0o644
                     info.uid = info.gid = 0
                     info.uname = info.gname = ""
-                    tar.addfile(info, io.BytesIO(blob))
+                    tar.addfile(info, _ChunkReader(chunks))
             if compress:
                 stream.close()
         os.replace(tmp, target)
@@ -116,13 +156,15 @@ def _write_tar(target: Path, files: Iterator[tuple[str, bytes]], compress: bool)
         raise
 
 
-def _write_directory(target: Path, files: Iterator[tuple[str, bytes]]) -> None:
+def _write_directory(target: Path, files: Iterator[tuple[str, Chunks]]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        for name, blob in files:
+        for name, chunks in files:
             file = tmp / name
             file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_bytes(blob)
+            with file.open("wb") as out:
+                for chunk in chunks:
+                    out.write(chunk)
         old = None
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")

@@ -52,6 +52,15 @@ def header(
 
 def encode(array: np.ndarray) -> bytes:
     """Encode a numpy array (float16/32/64, int8..64, uint8..64, bool) as ``.dat`` bytes."""
+    return b"".join(parts(array))
+
+
+def parts(array: np.ndarray) -> tuple[bytes, memoryview]:
+    """The ``.dat`` file as (header, data): the data is a view of ``array``'s own buffer.
+
+    Writers stream both pieces, so a weight is never copied on its way to disk (a C-contiguous
+    little-endian array is used in place; only bool packing and byte swapping allocate).
+    """
     array = np.asarray(array)
     if not array.flags.c_contiguous:  # (ascontiguousarray would turn rank 0 into rank 1)
         array = array.copy(order="C")
@@ -59,12 +68,13 @@ def encode(array: np.ndarray) -> bytes:
     if kind not in _CODE_OF_KIND:
         raise ArtifactError(f"cannot store dtype {array.dtype} in a .dat file")
     if kind == "b":
-        data = np.packbits(array.reshape(-1), bitorder="big").tobytes()
+        data = np.packbits(array.reshape(-1), bitorder="big")
         bits = 1
     else:
-        data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        data = array.astype(array.dtype.newbyteorder("<"), copy=False).reshape(-1)
         bits = array.dtype.itemsize * 8
-    return header(array.shape, bits, _CODE_OF_KIND[kind], len(data)) + data
+    view = memoryview(data.view(np.uint8))
+    return header(array.shape, bits, _CODE_OF_KIND[kind], view.nbytes), view
 
 
 def decode(blob: bytes, name: str = "<tensor>") -> np.ndarray:

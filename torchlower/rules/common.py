@@ -28,14 +28,17 @@ def shape_of(x: Operand) -> Shape:
 
 def unsqueeze_to(b: Builder, x: Operand, rank: int) -> Operand:
     """Prepend unit dims so ``x`` has ``rank`` (tract broadcasts only equal ranks safely)."""
-    if not isinstance(x, Value) or x.rank >= rank or (x.is_const and x.const.dim() == 0):
+    if not isinstance(x, Value) or x.rank >= rank:
+        return x
+    if x.is_const and x.const.dim() == 0 and x.const.is_floating_point():  # printed as a literal
         return x
     extra = rank - x.rank
     if x.is_const:
         return constant(x.const.reshape((1,) * extra + tuple(x.const.shape)), label=x.label)
-    return b.call(
-        "unsqueeze", [x], {"axes": list(range(extra))}, dtype=x.dtype, shape=(1,) * extra + shape_of(x)
-    )
+    shape = (1,) * extra + shape_of(x)
+    if any(not isinstance(d, int) for d in shape):  # tract 0.23 mis-broadcasts unsqueezed symbolic ranges
+        return b.call("reshape", [x], {"shape": list(shape)}, dtype=x.dtype, shape=shape)
+    return b.call("unsqueeze", [x], {"axes": list(range(extra))}, dtype=x.dtype, shape=shape)
 
 
 def align_ranks(b: Builder, *xs: Operand) -> list[Operand]:
@@ -73,6 +76,18 @@ def cast(b: Builder, x: Value, dtype: torch.dtype) -> Value:
     if x.is_const:
         return constant(x.const.to(dtype))
     return b.call("tract_core_cast", [x], {"to": b.dtype_name(dtype)}, dtype=dtype, shape=x.shape)
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """``torch.broadcast_shapes`` that keeps symbolic dims (a size-1 dim takes the other's)."""
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim] = []
+    for i in range(rank):
+        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
+        big = [d for d in dims if not (isinstance(d, int) and d == 1)]
+        static = [d for d in big if isinstance(d, int)]
+        out.append(static[0] if static else big[0] if big else 1)
+    return tuple(out)
 
 
 def _is_zero(x: Operand) -> bool:

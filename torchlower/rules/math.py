@@ -92,7 +92,19 @@ def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | Non
     if op in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "tract_core_xor"):
         out = torch.bool
     op, px, py = ieee_zero(b, op, px, py)
-    return rank0(b, b.call(op, [px, py], dtype=out, shape=shape), rank)
+    result = b.call(op, [px, py], dtype=out, shape=shape)
+    if out == torch.bool and _symbolic_broadcast(px, py):
+        # tract 0.23.9 derives wrong shapes for select/and over a comparison broadcast on symbolic
+        # dims (a causal mask from two ranges); a round trip through f32 hides the pattern
+        as_float = b.call("tract_core_cast", [result], {"to": "f32"}, dtype=torch.float32, shape=shape)
+        result = b.call("gt", [as_float, 0.5], dtype=torch.bool, shape=shape)
+    return rank0(b, result, rank)
+
+
+def _symbolic_broadcast(*xs: Operand) -> bool:
+    shapes = [x.shape for x in xs if isinstance(x, Value) and x.shape is not None]
+    symbolic = any(not isinstance(d, int) for s in shapes for d in s)
+    return symbolic and any(tuple(s) != tuple(shapes[0]) for s in shapes)
 
 
 def unary(b: Builder, op: str, x: Value) -> Value:

@@ -96,6 +96,8 @@ def unsqueeze(b: Builder, x: Value, dim: int) -> Value:
     axis = normalize_dim(dim, x.rank + 1)
     shape = list(shape_of(x))
     shape.insert(axis, 1)
+    if any(isinstance(d, SymDim) for d in shape):  # tract 0.23 mis-broadcasts unsqueezed symbolic ranges
+        return b.call("reshape", [x], {"shape": shape}, dtype=x.dtype, shape=tuple(shape))
     return b.call("unsqueeze", [x], {"axes": [axis]}, dtype=x.dtype, shape=tuple(shape))
 
 
