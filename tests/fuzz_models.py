@@ -164,9 +164,7 @@ def cases(draw: Draw, max_ops: int = 4) -> Case:
         fits = [
             op
             for op in OPS
-            if x.kind in op.kinds
-            and x.rank >= op.min_rank
-            and (x.exact or not op.discontinuous)
+            if x.kind in op.kinds and x.rank >= op.min_rank and (x.exact or not op.discontinuous)
         ]
         op = draw(st.sampled_from(fits))
         args = op.args(draw, x)
