@@ -23,6 +23,8 @@ def reshape(b: Builder, x: Value, shape: Sequence[Any]) -> Value:
     target = _target_shape(shape_of(x), [_dim(d) for d in shape])
     if tuple(target) == tuple(shape_of(x)):
         return x
+    if not target:  # tract cannot read `shape = []`; every dim is 1, so squeeze them all
+        return b.call("squeeze", [x], {"axes": list(range(x.rank))}, dtype=x.dtype, shape=())
     return b.call("reshape", [x], {"shape": target}, dtype=x.dtype, shape=None)
 
 
@@ -109,6 +111,8 @@ def unsqueeze(b: Builder, x: Value, dim: int) -> Value:
     axis = normalize_dim(dim, x.rank + 1)
     shape = list(shape_of(x))
     shape.insert(axis, 1)
+    if any(isinstance(d, SymDim) for d in shape):  # tract 0.23 mis-broadcasts unsqueezed symbolic ranges
+        return b.call("reshape", [x], {"shape": shape}, dtype=x.dtype, shape=tuple(shape))
     return b.call("unsqueeze", [x], {"axes": [axis]}, dtype=x.dtype, shape=tuple(shape))
 
 
