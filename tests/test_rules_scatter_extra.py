@@ -33,6 +33,14 @@ def _index_add_(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def _index_copy_fill_(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    y = x * 1
+    y.index_copy_(0, torch.tensor([2, 0]), s)
+    y.index_fill_(1, torch.tensor([1]), -3.0)
+    y.index_fill_(1, torch.tensor([3]), torch.tensor(5.0))
+    return y
+
+
 CASES: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
     "index_copy": (lambda x, s: x.index_copy(1, IDX, s), (_r(2, 5, 3), _r(2, 3, 3))),
     "index_copy_dim0": (lambda x, s: torch.index_copy(x, 0, torch.tensor([1, 3]), s), (_r(4, 3), _r(2, 3))),
@@ -41,6 +49,7 @@ CASES: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
         (_r(2, 5), _r(2, 3)),
     ),
     "index_add_": (_index_add_, (_r(2, 5, 3), _r(2, 3, 3))),
+    "index_copy_fill_": (_index_copy_fill_, (_r(3, 4), _r(2, 4))),
     "index_fill": (lambda x: x.index_fill(1, IDX, -2.0), (_r(2, 5, 3),)),
     "index_fill_tensor": (lambda x: x.index_fill(0, torch.tensor([1]), torch.tensor(4.0)), (_r(3, 4),)),
     "index_fill_graph_index": (
