@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchlower import coverage, progress, validate
+from torchlower import coverage, dynamic, progress, validate
 from torchlower.errors import (
     CheckError,
     InvalidArgumentError,
@@ -86,6 +86,8 @@ def export(
     tolerance: float | None = None,
     precision: str = "f32",
     compress: str | None = None,
+    dynamic_axes: dict[str, dict[int, str]] | None = None,
+    dynamic_shapes: Any = None,
 ) -> ExportReport:
     """Export ``model`` called on ``args`` to an NNEF artifact at ``path`` and verify it in tract.
 
@@ -94,6 +96,9 @@ def export(
 
     ``frontend="auto"`` tries ``export``, then ``jit``, then ``fx``; the report names the one
     that produced the artifact and notes why the earlier ones were skipped.
+    ``dynamic_axes={"x": {0: "B", 1: "S"}}`` (keyed by input name) makes those sizes symbolic
+    for every front end; ``dynamic_shapes`` (``torch.export.Dim``) is the ``export`` front
+    end's spelling (docs/dynamic-axes.md). The check then also runs at other sizes.
     The user's model is never modified: lowering reads parameters, it never replaces them.
     """
     validate.export_arguments(
@@ -111,6 +116,12 @@ def export(
     example = _as_tuple(args)
     target = Path(path)
     names_in = _input_names(model, example, input_names)
+    if dynamic_shapes is not None:
+        if dynamic_axes is not None:
+            raise InvalidArgumentError("give dynamic_axes or dynamic_shapes, not both")
+        dynamic_axes = dynamic.axes_from_dynamic_shapes(dynamic_shapes, names_in, example)
+    axes = validate.dynamic_axes(dynamic_axes, names_in, [t.dim() for t in example])
+    spec = dynamic.Spec.build(axes, names_in, example)
 
     module = _eval_view(model)
     with torch.no_grad():
@@ -122,7 +133,9 @@ def export(
     for candidate in AUTO_ORDER if frontend == "auto" else (frontend,):
         try:
             with progress.stage(f"tracing ({candidate})", unit="ops"):  # front end retotals: lowering
-                builder = _build(candidate, module, example, names_in, names_out, len(expected), precision)
+                builder = _build(
+                    candidate, module, example, names_in, names_out, len(expected), precision, spec
+                )
         except (TraceError, LoweringError, UnsupportedOpsError) as exc:
             if frontend != "auto":
                 raise
@@ -145,8 +158,8 @@ def export(
         path=final,
         frontend=frontend,
         inputs=[
-            TensorInfo(n, tuple(t.shape), str(t.dtype).removeprefix("torch."))
-            for n, t in zip(names_in, example, strict=True)
+            TensorInfo(n, _shape_text(v.shape), str(t.dtype).removeprefix("torch."))
+            for n, t, v in zip(names_in, example, builder.inputs, strict=True)
         ],
         outputs=[
             TensorInfo(n, tuple(t.shape), str(t.dtype).removeprefix("torch."))
@@ -165,10 +178,35 @@ def export(
             tolerance = f16_tolerance([t.detach().numpy() for t in reference])
         with progress.stage("checking in tract"):
             report.errors = verify(final, example, reference, names_out, tolerance)
+            if spec is not None and compress is None:
+                report.errors += _verify_sizes(final, module, example, spec, names_out, tolerance)
         coverage.verified(report.rules_used)
         if reference is not expected:
             report.original_errors = _original_errors(final, example, expected, names_out)
     return report
+
+
+def _shape_text(shape: Any) -> tuple[int | str, ...]:
+    return tuple(d if isinstance(d, int) else str(d) for d in shape)
+
+
+def _verify_sizes(
+    artifact: Path,
+    module: nn.Module,
+    example: tuple[torch.Tensor, ...],
+    spec: dynamic.Spec,
+    names: Sequence[str],
+    tolerance: float | None,
+) -> list[OutputError]:
+    """The dynamic artifact checked at two other sizes (every symbol smaller and larger)."""
+    errors: list[OutputError] = []
+    for point in spec.check_points():
+        inputs = spec.example_at(example, point)
+        with torch.no_grad():
+            expected = _flatten_outputs(module(*inputs))
+        label = ", ".join(f"{k}={v}" for k, v in point.items())
+        errors += verify(artifact, inputs, expected, [f"{n} ({label})" for n in names], tolerance)
+    return errors
 
 
 def _check_compression_options(precision: str, compress: str | None) -> None:
@@ -227,13 +265,17 @@ def _build(
     names_out: Sequence[str],
     n_expected: int,
     precision: str = "f32",
+    spec: dynamic.Spec | None = None,
 ) -> NNEFBuilder:
     """A fresh builder holding ``module`` lowered by one front end, outputs set."""
     builder = NNEFBuilder(precision=precision)
     builder.reserve(list(names_in) + list(names_out))
-    inputs = [builder.add_input(n, t.dtype, tuple(t.shape)) for n, t in zip(names_in, example, strict=True)]
+    inputs = [
+        builder.add_input(n, t.dtype, spec.input_shape(i, t) if spec else tuple(t.shape))
+        for i, (n, t) in enumerate(zip(names_in, example, strict=True))
+    ]
     session = Session(builder, frontend)
-    outputs = _lower(frontend, builder, module, example, inputs, session)
+    outputs = _lower(frontend, builder, module, example, inputs, session, spec)
     session.finish()
     if len(outputs) != n_expected or any(o is MISSING for o in outputs):
         raise LoweringError(f"the graph has {len(outputs)} outputs, the model returns {n_expected}")
@@ -272,7 +314,8 @@ def verify(
 
 def default_tolerance(expected: Sequence[np.ndarray]) -> float:
     """1e-4 relative to the largest magnitude (at least absolute 1e-4) for float outputs."""
-    scale = max((float(np.abs(e).max()) for e in expected if e.size and e.dtype.kind == "f"), default=1.0)
+    finite = [e[np.isfinite(e)] for e in expected if e.dtype.kind == "f"]  # an inf must not make it inf
+    scale = max((float(np.abs(f).max()) for f in finite if f.size), default=1.0)
     return 1e-4 * max(1.0, scale)
 
 
@@ -283,18 +326,19 @@ def _lower(
     example: tuple[torch.Tensor, ...],
     inputs: list[Value],
     session: Session,
+    spec: dynamic.Spec | None = None,
 ) -> list[Any]:
     if frontend == "fx":
         from torchlower.frontends.fx import lower_module
 
-        return lower_module(builder, module, inputs, example, session)
+        return lower_module(builder, module, inputs, example, session, spec)
     if frontend == "export":
         from torchlower.frontends.export import lower_export
 
-        return lower_export(builder, module, example, inputs, session)
+        return lower_export(builder, module, example, inputs, session, spec)
     from torchlower.frontends.jit import ModuleTracer, lower_jit
 
-    return lower_jit(builder, ModuleTracer(module, args=example), inputs, session)
+    return lower_jit(builder, ModuleTracer(module, args=example), inputs, session, spec)
 
 
 def _eval_view(model: nn.Module) -> nn.Module:

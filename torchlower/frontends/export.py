@@ -36,12 +36,17 @@ def export_program(
     kwargs: dict[str, Any] | None,
     rules: Registry,
     key: Any = None,
+    dynamic_shapes: Any = None,
 ) -> ExportedProgram:
     """``torch.export`` the module, reusing the program of a structurally equal ``torch.nn`` module.
+
+    With ``dynamic_shapes`` (dynamic axes) the program is symbolic and never shared.
 
     Exporting costs 0.05–0.3 s; a network repeats the same few layer configurations, and
     ``interpret_program`` reads weights from the module itself, so the graph can be shared.
     """
+    if dynamic_shapes is not None:
+        return _export(module, args, kwargs, rules, dynamic_shapes)
     key = _program_key(module, args, kwargs, rules) if key is None else key
     program = _PROGRAMS.get(key) if key is not None else None
     if program is None:
@@ -101,15 +106,26 @@ def _simple(value: Any) -> bool:
 
 
 def _export(
-    module: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None, rules: Registry
+    module: nn.Module,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None,
+    rules: Registry,
+    dynamic_shapes: Any = None,
 ) -> ExportedProgram:
     """``torch.export`` the module; decompose (keeping ops with rules) only when that completes it."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            program = torch.export.export(module, tuple(args), kwargs or None, strict=False)
+            program = torch.export.export(
+                module, tuple(args), kwargs or None, strict=False, dynamic_shapes=dynamic_shapes
+            )
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        if dynamic_shapes is not None and "onstraint" in str(exc):  # a dynamic dim got specialized
+            raise LoweringError(
+                f"a dynamic axis cannot be dynamic: torch.export found that the model fixes it — {first}"
+                f" {' '.join(str(exc).split())[:600]}"
+            ) from exc
         raise TraceError(f"torch.export failed on {type(module).__qualname__}: {first}") from exc
     if all(_lowerable(n.target, rules) for n in program.graph.nodes if n.op == "call_function"):
         return program
@@ -142,6 +158,7 @@ def interpret_program(
     inputs: Sequence[Any],
     prefix: str = "",
     module: nn.Module | None = None,
+    symbols: dict[str, str] | None = None,
 ) -> list[Any]:
     """Run the program's graph on symbolic ``inputs`` (flat user inputs); flat user outputs.
 
@@ -166,7 +183,9 @@ def interpret_program(
             values.append(constant(tensor.detach(), label=label) if is_tensor else tensor)
         else:
             values.append(None)  # tokens / custom objects: no data flows through them
-    outputs = Interpreter(program.graph_module, builder, session, prefix=prefix).run(*values)
+    interpreter = Interpreter(program.graph_module, builder, session, prefix=prefix)
+    interpreter.symbols = symbols or {}
+    outputs = interpreter.run(*values)
     specs = program.graph_signature.output_specs
     return [o for o, s in zip(outputs, specs, strict=True) if s.kind == OutputKind.USER_OUTPUT]
 
@@ -177,11 +196,28 @@ def lower_export(
     example: Sequence[torch.Tensor],
     inputs: Sequence[Value],
     session: Session,
+    spec: Any = None,
 ) -> list[Any]:
     """The ``export`` front end: flat outputs of ``module`` called on ``inputs``."""
-    program = export_program(module, example, None, builder.rules)
+    dims = spec.export_dims(example) if spec is not None else None
+    program = export_program(module, example, None, builder.rules, dynamic_shapes=dims)
     progress.retotal(sum(n.op.startswith("call_") for n in program.graph_module.graph.nodes), "lowering")
-    return interpret_program(program, builder, session, inputs, module=module)
+    symbols = _user_symbols(program, spec) if spec is not None else None
+    return interpret_program(program, builder, session, inputs, module=module, symbols=symbols)
+
+
+def _user_symbols(program: ExportedProgram, spec: Any) -> dict[str, str]:
+    """torch.export's ``s0``, ``s1``… → the user's symbol names, read off the input placeholders."""
+    names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    out: dict[str, str] = {}
+    for i, by_axis in spec.axes.items():
+        shape = nodes[names[i]].meta["val"].shape
+        for axis, symbol in by_axis.items():
+            dim = shape[axis]
+            if isinstance(dim, torch.SymInt):
+                out[str(dim.node.expr)] = symbol
+    return out
 
 
 def lower_submodule(

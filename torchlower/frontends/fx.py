@@ -27,7 +27,7 @@ from torchlower.frontends.fx_index import lower_getitem, lower_setitem, static
 from torchlower.frontends.fx_trace import EXAMPLE, ShapePass, Tracer, trace
 from torchlower.frontends.session import MISSING, Meta, Missing, Session, stamp
 from torchlower.rules.registry import describe
-from torchlower.values import Value, constant
+from torchlower.values import SymDim, Value, constant
 
 _SHAPE_METHODS = {"size", "dim", "ndimension", "numel", "nelement"}
 
@@ -46,6 +46,7 @@ class Interpreter(fx.Interpreter):
         self.extra_traceback = False
         self._node: fx.Node | None = None
         self._inplace = False
+        self.symbols: dict[str, str] = {}  # torch.export's symbol names → the user's (dynamic axes)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         """Interpret; when this interpreter owns the session, raise every missing op at once."""
@@ -99,7 +100,7 @@ class Interpreter(fx.Interpreter):
             if not target._schema.returns:  # _assert_* checks of export: nothing to lower
                 return None
             if target._schema.name in ("aten::sym_size", "aten::sym_numel") and isinstance(args[0], Value):
-                shape = static(args[0])
+                shape = args[0].shape or static(args[0])
                 return shape[args[1]] if len(args) > 1 else math.prod(shape)
         rule = self.builder.rules.lookup_function(target)
         if rule is not None and rule.key is target:  # a user rule keyed by the Python callable
@@ -151,11 +152,27 @@ class Interpreter(fx.Interpreter):
     def _where(self) -> str:
         return self.prefix + (self._node.name if self._node is not None else "")
 
+
     def _metas(self) -> list[Meta] | None:
-        return node_metas(self._node) if self._node is not None else None
+        return node_metas(self._node, self.symbols) if self._node is not None else None
 
 
-def node_metas(node: fx.Node) -> list[Meta] | None:
+def _dim(d: Any, symbols: dict[str, str]) -> Any:
+    """An int, or a torch SymInt as a SymDim over the user's symbol names."""
+    if isinstance(d, int):
+        return int(d)
+    if isinstance(d, torch.SymInt) and symbols:
+        import sympy
+
+        expr = d.node.expr
+        subs = {s: sympy.Symbol(symbols[str(s)], integer=True, positive=True) for s in expr.free_symbols}
+        if all(str(s) in symbols for s in expr.free_symbols):
+            return SymDim.wrap(expr.subs(subs))
+        raise LoweringError(f"size {expr} uses symbols torch.export made up ({sorted(map(str, subs))})")
+    return str(d)
+
+
+def node_metas(node: fx.Node, symbols: dict[str, str] | None = None) -> list[Meta] | None:
     """dtype/shape of a node's tensor results, from export's ``val`` or FX's ``tensor_meta``."""
     found = node.meta.get("val", node.meta.get("tensor_meta"))
     if found is None:
@@ -167,16 +184,23 @@ def node_metas(node: fx.Node) -> list[Meta] | None:
             if free_unbacked_symbols(tuple(leaf.shape)):  # data-dependent (index with a mask): the
                 metas.append((leaf.dtype, None))  # rule's own shape stands (static when the mask is)
                 continue
-            metas.append((leaf.dtype, tuple(int(d) if isinstance(d, int) else str(d) for d in leaf.shape)))
+            metas.append((leaf.dtype, tuple(_dim(d, symbols or {}) for d in leaf.shape)))
         else:
             metas.append((None, None))
     return metas
 
 
 def lower_module(
-    builder: Any, model: nn.Module, inputs: Sequence[Value], example: Sequence[Any], session: Session
+    builder: Any,
+    model: nn.Module,
+    inputs: Sequence[Value],
+    example: Sequence[Any],
+    session: Session,
+    spec: Any = None,
 ) -> list[Any]:
     """Lower ``model`` called on ``inputs`` (``example`` holds matching real tensors); flat outputs."""
+    if spec is not None:
+        raise LoweringError("dynamic axes are not supported by the fx front end yet; use jit or export")
     if builder.rules.lookup_module(type(model)) is not None:
         with torch.no_grad():
             observed = pytree.tree_leaves(model(*example))

@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower import progress
+from torchlower import dynamic, progress
+from torchlower.dynamic import Spec
 from torchlower.errors import InvalidArgumentError, LoweringError, TraceError
 from torchlower.frontends.session import MISSING, Meta, Session
-from torchlower.values import Value, constant
+from torchlower.values import SymDim, Value, constant
 
 _SCALAR_TYPES = {
     "Float": torch.float32, "Double": torch.float64, "Half": torch.float16,
@@ -177,10 +178,18 @@ class _ModuleRef:
     module: Any
 
 
-def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], session: Session) -> list[Any]:
-    """Walk the inlined graph, lowering every node; returns the flattened outputs."""
-    fast = tracer.fast_trace()
+def lower_jit(
+    builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], session: Session, spec: Spec | None = None
+) -> list[Any]:
+    """Walk the inlined graph, lowering every node; returns the flattened outputs.
+
+    With dynamic axes (``spec``) the module is traced again at other sizes and node shapes and
+    size constants become expressions in the symbols (``torchlower.dynamic``); those traces
+    are compared node by node, so they all take the full ``torch.jit.trace`` route.
+    """
+    fast = tracer.fast_trace() if spec is None else None
     env: dict[Any, Any] = {}
+    dyn = None
     if fast is not None:  # parameters and buffers arrive as trailing graph inputs
         graph = fast.graph
         graph_inputs = list(graph.inputs())
@@ -193,15 +202,22 @@ def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], sessi
         graph_inputs = list(graph.inputs())
         env[graph_inputs[0]] = _ModuleRef("", tracer.mod)
         tensor_inputs = graph_inputs[1:]
+        dyn = _dynamic_overrides(tracer, graph, spec) if spec is not None else None
     progress.retotal(sum(n.kind().startswith("aten::") for n in graph.nodes()), "lowering")
     if len(tensor_inputs) != len(inputs):
         raise InvalidArgumentError(
             f"the traced graph takes {len(tensor_inputs)} tensor inputs, {len(inputs)} were given"
         )
     env.update(zip(tensor_inputs, inputs, strict=True))
-    for node in graph.nodes():
+    for index, node in enumerate(graph.nodes()):
         outputs = list(node.outputs())
-        results = _lower_node(node, [env[i] for i in node.inputs()], session)
+        if dyn is not None and index in dyn.constants:
+            env[outputs[0]] = dyn.constants[index]
+            continue
+        shapes = dyn.shapes.get(index) if dyn is not None else None
+        results = _lower_node(node, [env[i] for i in node.inputs()], session, shapes)
+        if len(outputs) == 1 and node.kind() in _UNPACK and results is not MISSING:
+            results = results[0]  # unpacking a one-element list (split into one chunk)
         if len(outputs) == 1:
             env[outputs[0]] = results
             if _is_inplace(node.kind()):
@@ -214,7 +230,31 @@ def lower_jit(builder: Any, tracer: ModuleTracer, inputs: Sequence[Value], sessi
     return _flatten(returned[0] if len(returned) == 1 else returned)
 
 
-def _lower_node(node: torch._C.Node, args: list[Any], session: Session) -> Any:
+def _dynamic_overrides(tracer: ModuleTracer, graph: torch.Graph, spec: Spec) -> dynamic.JitOverrides:
+    """Trace at every other point of ``spec``; the graphs' differences become symbols."""
+    graphs = [graph]
+    for point in spec.points[1:]:
+        args = maybe_quantize_args(tracer.mod, spec.example_at(tracer.args or (), point))
+        try:
+            traced = _trace(tracer.mod, tracer.fn_name, args)
+        except RuntimeError as exc:
+            raise dynamic.not_dynamic(
+                spec, [s for s in spec.base if point[s] != spec.base[s]], f"tracing at sizes {point} failed"
+                f" ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})"
+            ) from exc
+        fn = traced if tracer.fn_name == "forward" else getattr(traced, tracer.fn_name)
+        other = fn.graph.copy()
+        torch._C._jit_pass_inline(other)
+        graphs.append(other)
+    return dynamic.jit_overrides(spec, graphs)
+
+
+_UNPACK = ("prim::ListUnpack", "prim::TupleUnpack")
+
+
+def _lower_node(
+    node: torch._C.Node, args: list[Any], session: Session, shapes: list[Any] | None = None
+) -> Any:
     kind = node.kind()
     where = _scope(node)
     if kind == "prim::Constant":
@@ -226,7 +266,7 @@ def _lower_node(node: torch._C.Node, args: list[Any], session: Session) -> Any:
         return list(args)
     if kind == "prim::TupleConstruct":
         return tuple(args)
-    if kind in ("prim::ListUnpack", "prim::TupleUnpack"):
+    if kind in _UNPACK:
         return list(args[0]) if args[0] is not MISSING else MISSING
     if kind == "prim::TupleIndex":
         return args[0][args[1]]
@@ -240,10 +280,19 @@ def _lower_node(node: torch._C.Node, args: list[Any], session: Session) -> Any:
     if kind.startswith("prim::") and kind not in ("prim::device", "prim::dtype"):
         session.record_missing(kind, where)
         return MISSING
+    sized = dynamic.scalar_op(kind.split("::")[-1], args)
+    if sized is not NotImplemented:  # integer math on symbolic sizes stays symbolic
+        return sized
+    args = [
+        dynamic.materialize(session.builder, a) if isinstance(a, SymDim) and _is_tensor(v) else a
+        for a, v in zip(args, node.inputs(), strict=True)
+    ]
     schema = node.schema() if kind.startswith("aten::") else ""
     key = schema.split("(", 1)[0] if schema and schema != "(no schema)" else kind
     args = _normalize_args(schema, args)
     metas = [_meta(o) for o in node.outputs()]
+    if shapes is not None:
+        metas = [(m[0], s if s is not None else m[1]) for m, s in zip(metas, shapes, strict=True)]
     fold = _folder(kind, schema)
     return session.apply(key, args, where, metas, fold)
 
@@ -333,6 +382,10 @@ def _get_attr(owner: Any, name: str) -> Any:
     if isinstance(item, nn.Module):
         return _ModuleRef(path, item)
     return item
+
+
+def _is_tensor(value: torch._C.Value) -> bool:
+    return isinstance(value.type(), torch._C.TensorType)
 
 
 def _meta(output: torch._C.Value) -> Meta:

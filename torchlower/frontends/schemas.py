@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from torchlower.frontends.session import Missing
-from torchlower.values import Value
+from torchlower.values import SymDim, Value
 
 _NO = object()  # "does not fit this schema type"
 
@@ -139,13 +139,14 @@ def coerce(ty: Any, n: int | None, value: Any, wrapped_numbers: bool = False) ->
         return _NO if any(i is _NO for i in items) else items
     kind = str(ty)
     if kind in ("int", "SymInt"):
-        return value if isinstance(value, int) and not isinstance(value, bool) else _NO
+        sized = isinstance(value, int) and not isinstance(value, bool)
+        return value if sized or isinstance(value, SymDim) else _NO
     if kind == "float":
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else _NO
     if kind == "bool":
         return value if isinstance(value, bool) else _NO
     if kind in ("Scalar", "number"):
-        return value if isinstance(value, (int, float, bool)) else _NO
+        return value if isinstance(value, (int, float, bool, SymDim)) else _NO
     if kind == "str":
         return value if isinstance(value, str) else _NO
     if kind == "ScalarType":

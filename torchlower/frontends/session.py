@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from torchlower import progress
+from torchlower.dynamic import scalar_op
 from torchlower.errors import LoweringError, TorchlowerError, UnsupportedOp, UnsupportedOpsError
 from torchlower.rules.registry import describe, normalize_key
 from torchlower.values import Shape, Value, constant
@@ -68,6 +69,9 @@ class Session:
     ) -> Any:
         """Lower one call; returns Value(s), Python objects (folded scalars) or MISSING."""
         progress.advance()
+        sized = scalar_op(str(normalize_key(key)).split("::")[-1].split(".")[0], args)
+        if sized is not NotImplemented:  # integer math on symbolic sizes (dynamic axes) stays symbolic
+            return sized
         rule = self.builder.rules.lookup_function(key)
         if _contains(args, Missing):  # downstream of a missing op: only note our own absence
             if rule is None:

@@ -28,14 +28,17 @@ def shape_of(x: Operand) -> Shape:
 
 def unsqueeze_to(b: Builder, x: Operand, rank: int) -> Operand:
     """Prepend unit dims so ``x`` has ``rank`` (tract broadcasts only equal ranks safely)."""
-    if not isinstance(x, Value) or x.rank >= rank or (x.is_const and x.const.dim() == 0):
+    if not isinstance(x, Value) or x.rank >= rank:
+        return x
+    if x.is_const and x.const.dim() == 0 and x.const.is_floating_point():  # printed as a literal
         return x
     extra = rank - x.rank
     if x.is_const:
         return constant(x.const.reshape((1,) * extra + tuple(x.const.shape)), label=x.label)
-    return b.call(
-        "unsqueeze", [x], {"axes": list(range(extra))}, dtype=x.dtype, shape=(1,) * extra + shape_of(x)
-    )
+    shape = (1,) * extra + shape_of(x)
+    if any(not isinstance(d, int) for d in shape):  # tract 0.23 mis-broadcasts unsqueezed symbolic ranges
+        return b.call("reshape", [x], {"shape": list(shape)}, dtype=x.dtype, shape=shape)
+    return b.call("unsqueeze", [x], {"axes": list(range(extra))}, dtype=x.dtype, shape=shape)
 
 
 def align_ranks(b: Builder, *xs: Operand) -> list[Operand]:
@@ -50,6 +53,8 @@ def as_const(x: Operand, dtype: torch.dtype) -> Value:
 def reshape(b: Builder, x: Value, shape: Sequence[Dim]) -> Value:
     if x.is_const:
         return constant(x.const.reshape([int(d) for d in shape]))
+    if not shape:  # tract cannot read `shape = []`; every dim is 1, so squeeze them all
+        return b.call("squeeze", [x], {"axes": list(range(x.rank))}, dtype=x.dtype, shape=())
     return b.call("reshape", [x], {"shape": list(shape)}, dtype=x.dtype, shape=tuple(shape))
 
 
@@ -71,3 +76,59 @@ def cast(b: Builder, x: Value, dtype: torch.dtype) -> Value:
     if x.is_const:
         return constant(x.const.to(dtype))
     return b.call("tract_core_cast", [x], {"to": b.dtype_name(dtype)}, dtype=dtype, shape=x.shape)
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """``torch.broadcast_shapes`` that keeps symbolic dims (a size-1 dim takes the other's)."""
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim] = []
+    for i in range(rank):
+        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
+        big = [d for d in dims if not (isinstance(d, int) and d == 1)]
+        static = [d for d in big if isinstance(d, int)]
+        out.append(static[0] if static else big[0] if big else 1)
+    return tuple(out)
+
+
+def _is_zero(x: Operand) -> bool:
+    if isinstance(x, Value):
+        return x.is_const and x.const.numel() == 1 and bool(x.const.reshape(()) == 0)
+    return not isinstance(x, bool) and x == 0
+
+
+def ieee_zero(b: Builder, op: str, x: Operand, y: Operand) -> tuple[str, Operand, Operand]:
+    """A float ``x * 0`` or ``0 / y`` rewritten so tract keeps IEEE NaN.
+
+    tract folds a product with a constant 0 (and ``0 / y``) to 0, but ``inf * 0``, ``NaN * 0``
+    and ``0 / 0`` are NaN in torch. ``x - x`` is 0 where x is finite and NaN elsewhere, and is
+    not folded: ``x * 0`` becomes ``x * (x - x)`` (sign of zero kept), ``0 / y`` becomes ``r * (r - r)``
+    with ``r = 1 / y``. Operands are already promoted and rank-aligned.
+    """
+    if op not in ("mul", "div"):
+        return op, x, y
+    if op == "mul" and _is_zero(x):
+        x, y = y, x
+    live = x if op == "mul" else y
+    if not isinstance(live, Value) or live.is_const or live.dtype is None or not live.dtype.is_floating_point:
+        return op, x, y
+    if op == "div" and _is_zero(x):
+        op, x, y = "mul", b.call("recip", [live], dtype=live.dtype, shape=live.shape), 0.0
+    if op == "mul" and _is_zero(y):
+        zero = b.call("sub", [x, x], dtype=x.dtype, shape=x.shape)
+        if _negative_zero(y):  # x * -0.0 flips the sign of the zero
+            zero = b.call("neg", [zero], dtype=x.dtype, shape=x.shape)
+        return "mul", x, zero
+    return op, x, y
+
+
+def _negative_zero(z: Operand) -> bool:
+    v = z.const.reshape(()) if isinstance(z, Value) else torch.tensor(float(z))
+    return bool(torch.signbit(v.float()))
+
+
+def rank0(b: Builder, y: Value, rank: int) -> Value:
+    """``y`` back to rank 0 when every operand was: integer scalars are written as ``[1]``-shaped
+    typed constants (an int literal is a TDim in tract), which would make the result rank 1."""
+    if rank == 0 and y.rank == 1:
+        return b.call("squeeze", [y], {"axes": [0]}, dtype=y.dtype, shape=())
+    return y

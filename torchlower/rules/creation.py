@@ -1,8 +1,9 @@
 """Creation: ``*_like`` / ``new_*`` of graph tensors, triu/tril.
 
 Creation ops with static arguments (arange, zeros, ones, full, eye, linspace) never reach
-these rules: the session folds them to constants. What remains are tensors shaped like a
-graph value; they are written as a broadcast scalar, never as a full-size weight.
+these rules: the session folds them to constants (with a symbolic size they do reach them).
+What remains are tensors shaped like a graph value; they are written as a broadcast scalar,
+never as a full-size weight.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder
+from torchlower.rules.common import Builder, cast
 from torchlower.rules.layout import broadcast_to, dims_of, scalar_of
-from torchlower.values import Value
+from torchlower.values import Dim, SymDim, Value
 
 
-def filled(b: Builder, value: float | int | bool, shape: Sequence[int], dtype: torch.dtype) -> Value:
+def filled(b: Builder, value: float | int | bool, shape: Sequence[Dim], dtype: torch.dtype) -> Value:
     return broadcast_to(b, scalar_of(value, dtype, len(shape)), list(shape), dtype)
 
 
@@ -54,7 +56,7 @@ def new_zeros(
     pin_memory: bool | None,
 ) -> Value:  # fmt: skip
     """new_zeros(Tensor self, SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""  # noqa: E501
-    return filled(b, 0, [int(s) for s in size], dtype or x.dtype)
+    return filled(b, 0, list(size), dtype or x.dtype)
 
 
 @rule("aten::new_ones")
@@ -63,7 +65,7 @@ def new_ones(
     pin_memory: bool | None,
 ) -> Value:  # fmt: skip
     """new_ones(Tensor self, SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""  # noqa: E501
-    return filled(b, 1, [int(s) for s in size], dtype or x.dtype)
+    return filled(b, 1, list(size), dtype or x.dtype)
 
 
 @rule("aten::new_full")
@@ -72,7 +74,7 @@ def new_full(
     layout: object, device: object, pin_memory: bool | None,
 ) -> Value:  # fmt: skip
     """new_full(Tensor self, SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""  # noqa: E501
-    return filled(b, fill_value, [int(s) for s in size], dtype or x.dtype)
+    return filled(b, fill_value, list(size), dtype or x.dtype)
 
 
 def _trilu(b: Builder, x: Value, diagonal: int, upper: bool) -> Value:
@@ -89,3 +91,40 @@ def triu(b: Builder, x: Value, diagonal: int) -> Value:
 def tril(b: Builder, x: Value, diagonal: int) -> Value:
     """tril(Tensor self, int diagonal=0) -> Tensor"""
     return _trilu(b, x, diagonal, False)
+
+
+def _arange(b: Builder, start: Dim, end: Dim, step: Dim, dtype: torch.dtype | None) -> Value:
+    """``tract_core_range`` over sizes: static aranges were folded, so a bound is symbolic here."""
+    for name, v in (("start", start), ("end", end), ("step", step)):
+        if not isinstance(v, (int, SymDim)):
+            raise LoweringError(f"arange: {name} must be an integer or a size, got {v!r}")
+    out = b.call("tract_core_range", [start, end, step], dtype=torch.int64, shape=((end - start) // step,))
+    out = b.call("tract_core_cast", [out], {"to": "i64"}, dtype=torch.int64, shape=out.shape)
+    return cast(b, out, dtype or torch.int64)
+
+
+@rule("aten::arange")
+def arange(
+    b: Builder, end: Dim, dtype: torch.dtype | None = None, layout: object = None, device: object = None,
+    pin_memory: bool | None = None,
+) -> Value:  # fmt: skip
+    """arange(Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""  # noqa: E501
+    return _arange(b, 0, end, 1, dtype)
+
+
+@rule("aten::arange.start")
+def arange_start(
+    b: Builder, start: Dim, end: Dim, dtype: torch.dtype | None = None, layout: object = None,
+    device: object = None, pin_memory: bool | None = None,
+) -> Value:  # fmt: skip
+    """arange.start(Scalar start, Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""  # noqa: E501
+    return _arange(b, start, end, 1, dtype)
+
+
+@rule("aten::arange.start_step")
+def arange_start_step(
+    b: Builder, start: Dim, end: Dim, step: Dim, dtype: torch.dtype | None = None, layout: object = None,
+    device: object = None, pin_memory: bool | None = None,
+) -> Value:  # fmt: skip
+    """arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""  # noqa: E501
+    return _arange(b, start, end, step, dtype)

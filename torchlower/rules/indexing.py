@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from torchlower.dynamic import materialize
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, Operand, align_ranks, reshape, unsqueeze_to
+from torchlower.rules.common import Builder, Operand, align_ranks, broadcast_shapes, reshape, unsqueeze_to
 from torchlower.rules.layout import (
     broadcast_to,
     concat,
@@ -27,7 +28,7 @@ from torchlower.rules.layout import (
     transpose,
     unsqueeze,
 )
-from torchlower.values import Value, constant, normalize_dim
+from torchlower.values import Dim, Value, constant, normalize_dim
 
 Scalar = float | int | bool
 
@@ -44,13 +45,16 @@ def _int_like(value: int, dtype: torch.dtype, rank: int) -> Value:
     return constant(torch.full([1] * rank, value, dtype=dtype))
 
 
-def wrap_negative(b: Builder, index: Value, n: int) -> Value:
+def wrap_negative(b: Builder, index: Value, n: Dim) -> Value:
     """Negative indices counted from the end, for tract ops that read them as unsigned."""
-    if index.is_const:
+    if index.is_const and not bool((index.const < 0).any()):
+        return index
+    if index.is_const and isinstance(n, int):
         return constant(torch.where(index.const < 0, index.const + n, index.const))
     r, dt = index.rank, index.dtype
     neg = b.call("lt", [index, _int_like(0, dt, r)], dtype=torch.bool, shape=index.shape)
-    shifted = b.call("add", [index, _int_like(n, dt, r)], dtype=dt, shape=index.shape)
+    size = _int_like(n, dt, r) if isinstance(n, int) else reshape(b, cast(b, materialize(b, n), dt), [1] * r)
+    shifted = b.call("add", [index, size], dtype=dt, shape=index.shape)
     return b.call("select", [neg, shifted, index], dtype=dt, shape=index.shape)
 
 
@@ -72,7 +76,7 @@ def plan(x: Value, indices: Sequence[Value]) -> Plan:
     shape = dims_of(x)
     dims = [d for d, i in enumerate(indices) if i is not None]
     rest = [d for d in range(len(shape)) if d not in dims]
-    bshape = tuple(torch.broadcast_shapes(*[dims_of(indices[d]) for d in dims]))
+    bshape = broadcast_shapes(*[dims_of(indices[d]) for d in dims])
     nb = len(bshape)
     rest_shape = [shape[d] for d in rest]
     adjacent = dims == list(range(dims[0], dims[-1] + 1))
@@ -308,7 +312,7 @@ def masked_select(b: Builder, x: Value, mask: Value) -> Value:
         raise LoweringError(
             "masked_select: the mask must be known at export time (the result size depends on it)"
         )
-    shape = tuple(torch.broadcast_shapes(dims_of(x), dims_of(mask)))
+    shape = broadcast_shapes(dims_of(x), dims_of(mask))
     flat = reshape(b, broadcast_to(b, x, shape, x.dtype), [int(torch.Size(shape).numel())])
     picks = torch.nonzero(mask.const.bool().expand(shape).reshape(-1)).reshape(-1)
     if picks.numel() == 0:

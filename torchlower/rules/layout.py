@@ -14,18 +14,28 @@ import torch
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Operand, reshape, unsqueeze_to
-from torchlower.values import Value, constant, normalize_dim
+from torchlower.values import Dim, SymDim, Value, constant, normalize_dim
 
 
-def dims_of(x: Value) -> tuple[int, ...]:
-    """Static shape of ``x``; rules that bake sizes into attributes need it."""
-    return x.static_shape()
+def dims_of(x: Value) -> tuple[Dim, ...]:
+    """Shape of ``x``: ints, or SymDim expressions for dynamic axes (tract evaluates them)."""
+    if x.shape is None:
+        raise ValueError(f"value {x.name} has no known shape")
+    return tuple(x.shape)
 
 
-def clamp_index(i: int | None, n: int, default: int) -> int:
-    """torch slice bound semantics: None → default, negative counts from the end, then clamp."""
+def clamp_index(i: Dim | None, n: Dim, default: Dim) -> Dim:
+    """torch slice bound semantics: None → default, negative counts from the end, then clamp.
+
+    On a dynamic dim the clamp is symbolic: ``end`` past any size means the size, a negative
+    bound counts from the symbolic end, and other bounds are taken as in range.
+    """
     if i is None:
         return default
+    if isinstance(i, SymDim) or isinstance(n, SymDim):
+        if isinstance(i, int) and i >= 2**31:
+            return n
+        return n + i if isinstance(i, int) and i < 0 else i
     i = int(i)
     if i < 0:
         i += n
@@ -37,7 +47,7 @@ def slice_dim(b: Builder, x: Value, dim: int, start: int, end: int, step: int = 
     shape = list(dims_of(x))
     if start == 0 and end == shape[dim] and step == 1:
         return x
-    if end <= start:
+    if isinstance(start, int) and isinstance(end, int) and end <= start:
         # tract reads end <= 0 as "to the end" and has no empty slice: refuse rather than lie
         raise LoweringError(
             f"slice of {x.name} on dim {dim} is empty ({start}:{end}); tract has no empty tensors"
@@ -67,6 +77,8 @@ def unsqueeze(b: Builder, x: Value, axes: Sequence[int]) -> Value:
     shape = list(dims_of(x))
     for a in sorted(axes):
         shape.insert(a, 1)
+    if any(isinstance(d, SymDim) for d in shape):  # tract 0.23 mis-broadcasts unsqueezed symbolic ranges
+        return b.call("reshape", [x], {"shape": shape}, dtype=x.dtype, shape=tuple(shape))
     return b.call("unsqueeze", [x], {"axes": list(axes)}, dtype=x.dtype, shape=tuple(shape))
 
 
@@ -108,7 +120,12 @@ def slice_(b: Builder, x: Value, dim: int, start: int | None, end: int | None, s
         raise LoweringError(f"slice step must be positive (torch forbids others), got {step}")
     dim = normalize_dim(dim, x.rank)
     n = dims_of(x)[dim]
-    return slice_dim(b, x, dim, clamp_index(start, n, 0), clamp_index(end, n, n), step)
+    lo, hi = clamp_index(start, n, 0), clamp_index(end, n, n)
+    if step > 1 and isinstance(lo, int) and isinstance(hi, int) and hi - lo <= step:
+        # one element at most: a unit step reads the same, and tract's declutter fails on a strided
+        # slice of a length-1 axis added by unsqueeze ("Invalid axis")
+        step, hi = 1, min(hi, lo + 1)
+    return slice_dim(b, x, dim, lo, hi, step)
 
 
 @rule("aten::select.int")
@@ -116,6 +133,9 @@ def select(b: Builder, x: Value, dim: int, index: int) -> Value:
     """select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)"""
     dim = normalize_dim(dim, x.rank)
     n = dims_of(x)[dim]
+    if isinstance(n, SymDim) or isinstance(index, SymDim):
+        index = n + index if isinstance(index, int) and index < 0 else index
+        return squeeze(b, slice_dim(b, x, dim, index, index + 1), [dim])
     if not -n <= index < n:
         raise LoweringError(f"select index {index} out of range for dim {dim} of size {n}")
     index %= n
@@ -131,7 +151,7 @@ def narrow(b: Builder, x: Value, dim: int, start: int | Value, length: int) -> V
         start = int(start.const.item())
     dim = normalize_dim(dim, x.rank)
     n = dims_of(x)[dim]
-    start = start + n if start < 0 else start
+    start = start + n if isinstance(start, int) and start < 0 else start
     return slice_dim(b, x, dim, start, start + length)
 
 
@@ -139,7 +159,7 @@ def narrow(b: Builder, x: Value, dim: int, start: int | Value, length: int) -> V
 def expand(b: Builder, x: Value, size: Sequence[int], implicit: bool) -> Value:
     """expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)"""
     src = (1,) * (len(size) - x.rank) + dims_of(x)
-    target = [s if int(t) == -1 else int(t) for s, t in zip(src, size, strict=True)]
+    target = [s if isinstance(t, int) and t == -1 else t for s, t in zip(src, size, strict=True)]
     return broadcast_to(b, x, target, x.dtype)
 
 
@@ -293,9 +313,11 @@ def unflatten(b: Builder, x: Value, dim: int, sizes: Sequence[int]) -> Value:
     """unflatten.int(Tensor(a) self, int dim, SymInt[] sizes) -> Tensor(a)"""
     shape = list(dims_of(x))
     dim = normalize_dim(dim, len(shape))
-    sizes = [int(s) for s in sizes]
+    sizes = [s if isinstance(s, SymDim) else int(s) for s in sizes]
     if -1 in sizes:
-        known = int(torch.Size([s for s in sizes if s != -1]).numel())
+        known = 1
+        for s in sizes:
+            known = known * s if s != -1 else known
         sizes[sizes.index(-1)] = shape[dim] // known
     return reshape(b, x, shape[:dim] + sizes + shape[dim + 1 :])
 

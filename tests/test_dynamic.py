@@ -1,0 +1,168 @@
+"""Dynamic axes: one artifact, run in tract at several sizes per symbol (including 1), each
+compared with PyTorch at that size."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchlower
+from torchlower.dynamic import resize
+from torchlower.errors import InvalidArgumentError, LoweringError
+from torchlower.nnef.tract import run_in_tract
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SIZES = {"B": (1, 3, 5), "S": (1, 4, 9)}
+DYNAMIC_FRONTENDS = ("jit", "export")
+
+
+def at_sizes(
+    example: Sequence[torch.Tensor], axes: Mapping[int, Mapping[int, str]], sizes: Mapping[str, int]
+) -> tuple[torch.Tensor, ...]:
+    out = []
+    for i, t in enumerate(example):
+        for axis, symbol in axes.get(i, {}).items():
+            t = resize(t, axis, sizes[symbol])
+        out.append(t)
+    return tuple(out)
+
+
+def export_dynamic(
+    model: nn.Module,
+    example: Sequence[torch.Tensor],
+    tmp_path: Path,
+    frontend: str,
+    dynamic_axes: Mapping[str, Mapping[int, str]],
+    tolerance: float = 1e-4,
+) -> dict[tuple[int, ...], float]:
+    """Export once, then run the artifact at every combination of SIZES; max error per point."""
+    model = model.eval()
+    report = torchlower.export(
+        model, tuple(example), tmp_path / "m.nnef.tgz", frontend=frontend, dynamic_axes=dynamic_axes
+    )
+    names = [i.name for i in report.inputs]
+    axes = {names.index(n): dict(a) for n, a in dynamic_axes.items()}
+    symbols = sorted({s for a in dynamic_axes.values() for s in a.values()})
+    for info in report.inputs:  # the artifact's inputs really are symbolic
+        for axis, symbol in dict(dynamic_axes.get(info.name, {})).items():
+            assert info.shape[axis] == symbol
+    errors = {}
+    for combo in itertools.product(*(SIZES[s] for s in symbols)):
+        sizes = dict(zip(symbols, combo, strict=True))
+        inputs = at_sizes(example, axes, sizes)
+        with torch.no_grad():
+            want = model(*inputs)
+        want = [want] if isinstance(want, torch.Tensor) else list(want)
+        got = run_in_tract(report.path, [t.numpy() for t in inputs])
+        assert len(got) == len(want)
+        worst = 0.0
+        for w, g in zip(want, got, strict=True):
+            assert tuple(g.shape) == tuple(w.shape), f"at {sizes}: shape {g.shape} != {tuple(w.shape)}"
+            worst = max(worst, float(np.abs(g.astype(np.float64) - w.numpy()).max()))
+        assert worst <= tolerance, f"at {sizes}: max |torch - tract| = {worst}"
+        errors[combo] = worst
+    assert len(errors) >= 3
+    return errors
+
+
+@pytest.fixture(params=DYNAMIC_FRONTENDS)
+def dyn_frontend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def test_cnn_variable_batch(tmp_path, dyn_frontend):
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(128, 5),
+    )
+    export_dynamic(model, (torch.randn(2, 3, 8, 8),), tmp_path, dyn_frontend, {"input": {0: "B"}})
+
+
+def test_transformer_encoder(tmp_path, dyn_frontend):
+    layer = nn.TransformerEncoderLayer(d_model=16, nhead=4, dim_feedforward=32, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    export_dynamic(model, (torch.randn(2, 7, 16),), tmp_path, dyn_frontend, {"src": {0: "B", 1: "S"}})
+
+
+def _text_model(name: str) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    from tests.test_models_transformers import MODELS
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, (ids, mask) = MODELS[name]()
+    return model, (ids, torch.ones_like(mask))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_decoder_variable_batch_and_sequence(tmp_path, dyn_frontend, name):
+    pytest.importorskip("transformers")
+    model, args = _text_model(name)
+    axes = {"input_ids": {0: "B", 1: "S"}, "attention_mask": {0: "B", 1: "S"}}
+    export_dynamic(model, args, tmp_path, dyn_frontend, axes)
+
+
+def test_unknown_input_and_axis_are_rejected(tmp_path):
+    model = nn.Linear(4, 2)
+    x = torch.randn(2, 4)
+    with pytest.raises(InvalidArgumentError, match="unknown input 'y'"):
+        torchlower.export(model, x, tmp_path / "m.nnef.tgz", dynamic_axes={"y": {0: "B"}})
+    with pytest.raises(InvalidArgumentError, match="axis 2 does not exist"):
+        torchlower.export(model, x, tmp_path / "m.nnef.tgz", dynamic_axes={"input": {2: "B"}})
+
+
+class Branchy(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.shape[1] > 7 else x + 1
+
+
+class PythonSize(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.from_numpy(np.ones(x.shape[1], np.float32))  # built in Python: baked in the trace
+
+
+def test_branching_on_a_dynamic_dim_names_input_axis_and_op(tmp_path):
+    with pytest.raises(LoweringError, match=r"input 'x' axis 1 \(S\) cannot be dynamic.*(branches|aten::)"):
+        torchlower.export(
+            Branchy(),
+            torch.randn(2, 7),
+            tmp_path / "m.nnef.tgz",
+            frontend="jit",
+            dynamic_axes={"x": {1: "S"}},
+        )
+    with pytest.raises(
+        LoweringError, match=r"input 'x' axis 1 \(S\) cannot be dynamic: a constant used by aten::"
+    ):
+        torchlower.export(
+            PythonSize(),
+            torch.randn(2, 7),
+            tmp_path / "m.nnef.tgz",
+            frontend="jit",
+            dynamic_axes={"x": {1: "S"}},
+        )
+
+
+def test_export_dynamic_shapes_with_dim(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 3)).eval()
+    x = torch.randn(2, 5, 8)
+    b, s = torch.export.Dim("B"), torch.export.Dim("S")
+    report = torchlower.export(
+        model, x, tmp_path / "m.nnef.tgz", frontend="export", dynamic_shapes={"input": {0: b, 1: s}}
+    )
+    assert report.inputs[0].shape == ("B", "S", 8)
+    for sizes in ({"B": 1, "S": 1}, {"B": 3, "S": 4}, {"B": 5, "S": 9}):
+        (xi,) = at_sizes((x,), {0: {0: "B", 1: "S"}}, sizes)
+        got = run_in_tract(report.path, [xi.numpy()])[0]
+        assert np.abs(got - model(xi).detach().numpy()).max() <= 1e-4

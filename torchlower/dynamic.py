@@ -1,0 +1,385 @@
+"""Dynamic axes: symbolic sizes for the dims a user declares variable.
+
+Front ends whose graphs carry concrete sizes (jit traces, FX shape propagation) capture the
+model at several size assignments — the example, each symbol moved alone twice, all symbols
+moved together — and ``Spec.fit`` turns the sizes observed at those points into one integer
+expression over the symbols (``B``, ``B*S``, ``S + 1``, ``(S - 1)//2 + 1``…). A size that no
+simple expression explains, or a graph whose structure changes with the sizes, is a dimension
+that cannot be dynamic: the error names the input, the axis and the op.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchlower.errors import InvalidArgumentError, LoweringError
+from torchlower.values import Dim, Shape, SymDim, Value
+
+UNFIT = object()  # fit_value's "no expression" (None is a legitimate constant)
+_MOVES = (1, 3)  # each symbol alone at base + 1 and base + 3; the joint point at base + 2
+_JOINT = 2
+
+
+@dataclass
+class Spec:
+    """Which input axes are symbolic, and the sizes of each symbol in every capture."""
+
+    axes: dict[int, dict[int, str]]  # input index -> axis -> symbol
+    names: list[str]  # input names, for messages
+    base: dict[str, int]
+    points: list[dict[str, int]] = field(default_factory=list)
+
+    @staticmethod
+    def build(
+        dynamic: Mapping[str, Mapping[int, str]], names: Sequence[str], example: Sequence[torch.Tensor]
+    ) -> Spec | None:
+        """A spec from validated ``{input: {axis: symbol}}``; None when nothing is dynamic."""
+        axes: dict[int, dict[int, str]] = {}
+        base: dict[str, int] = {}
+        for name, by_axis in dynamic.items():
+            i = list(names).index(name)
+            for axis, symbol in by_axis.items():
+                size = int(example[i].shape[axis])
+                if base.setdefault(symbol, size) != size:
+                    raise InvalidArgumentError(
+                        f"dynamic symbol {symbol!r} has size {base[symbol]} on one axis and {size} on"
+                        f" {name!r} axis {axis} in the example inputs; one symbol must have one size"
+                    )
+                axes.setdefault(i, {})[axis] = symbol
+        if not axes:
+            return None
+        spec = Spec(axes, list(names), base)
+        spec.points = [dict(base)]
+        for s in base:
+            spec.points += [{**base, s: base[s] + m} for m in _MOVES]
+        if len(base) > 1:
+            spec.points.append({s: v + _JOINT for s, v in base.items()})
+        return spec
+
+    def check_points(self) -> list[dict[str, int]]:
+        """Sizes the export's own check runs at besides the example: smaller and larger."""
+        small = {s: max(1, v // 2) for s, v in self.base.items()}
+        large = {s: v + 4 for s, v in self.base.items()}
+        return [p for p in (small, large) if p != self.base]
+
+    def export_dims(self, example: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+        """``dynamic_shapes`` for ``torch.export`` (by position), one ``Dim`` per symbol."""
+        dims = {s: torch.export.Dim(s, min=1) for s in self.base}
+        return tuple(
+            {a: dims[s] for a, s in self.axes[i].items()} if i in self.axes else None
+            for i in range(len(example))
+        )
+
+    # ---- inputs ---------------------------------------------------------------------------
+    def input_shape(self, index: int, tensor: torch.Tensor) -> Shape:
+        by_axis = self.axes.get(index, {})
+        return tuple(SymDim(by_axis[a]) if a in by_axis else int(d) for a, d in enumerate(tensor.shape))
+
+    def example_at(
+        self, example: Sequence[torch.Tensor], point: Mapping[str, int]
+    ) -> tuple[torch.Tensor, ...]:
+        """The example inputs resized to ``point``, repeating their own values (ids stay valid)."""
+        out = []
+        for i, t in enumerate(example):
+            for axis, symbol in self.axes.get(i, {}).items():
+                t = resize(t, axis, point[symbol])
+            out.append(t)
+        return tuple(out)
+
+    def where(self, symbols: Sequence[str]) -> str:
+        """``input 'x' axis 1 (S)`` for the first axis of each symbol, for messages."""
+        parts = []
+        for s in symbols:
+            for i, by_axis in sorted(self.axes.items()):
+                axis = next((a for a, sym in by_axis.items() if sym == s), None)
+                if axis is not None:
+                    parts.append(f"input {self.names[i]!r} axis {axis} ({s})")
+                    break
+        return ", ".join(parts)
+
+    # ---- fitting ----------------------------------------------------------------------------
+    def depends(self, values: Sequence[int]) -> list[str]:
+        """Symbols whose own moves change ``values`` (one value per point)."""
+        deps = []
+        for k, s in enumerate(self.base):
+            moved = values[1 + 2 * k : 3 + 2 * k]
+            if any(v != values[0] for v in moved):
+                deps.append(s)
+        return deps
+
+    def fit(self, values: Sequence[int]) -> Dim | None:
+        """The simplest integer expression in the symbols taking ``values`` at the points."""
+        if all(v == values[0] for v in values):
+            return int(values[0])
+        deps = self.depends(values) or list(self.base)
+        for features in _feature_sets(deps):
+            expr = _solve(features, self.points, values)
+            if expr is not None:
+                return SymDim.wrap(expr)
+        return None
+
+    def fit_shape(self, shapes: Sequence[Sequence[int]]) -> Shape | None:
+        """A shape from its observations at every point (None when a dim has no expression)."""
+        if any(len(s) != len(shapes[0]) for s in shapes):
+            return None
+        dims = [self.fit([int(s[i]) for s in shapes]) for i in range(len(shapes[0]))]
+        return None if any(d is None for d in dims) else tuple(dims)  # type: ignore[misc]
+
+    def fit_value(self, values: Sequence[Any]) -> Any:
+        """A constant captured at every point: equal → itself; ints / int lists → fitted."""
+        first = values[0]
+        if all(_same(v, first) for v in values):
+            return first
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            fitted = self.fit(values)
+            return UNFIT if fitted is None else fitted
+        if all(isinstance(v, (list, tuple)) and len(v) == len(first) for v in values):
+            items = [self.fit_value([v[i] for v in values]) for i in range(len(first))]
+            return UNFIT if any(x is UNFIT for x in items) else type(first)(items)
+        return UNFIT
+
+    def changed(self, values: Sequence[Any]) -> list[str]:
+        """Symbols whose moves change a value (for messages about values that cannot be fitted)."""
+        out = []
+        for k, s in enumerate(self.base):
+            if any(not _same(values[1 + 2 * k + j], values[0]) for j in range(2)):
+                out.append(s)
+        return out or list(self.base)
+
+
+def axes_from_dynamic_shapes(
+    shapes: Any, names: Sequence[str], example: Sequence[torch.Tensor]
+) -> dict[str, dict[int, str]]:
+    """``torch.export``'s ``dynamic_shapes`` (dict by input name or tuple by position, values
+    ``{axis: Dim}``) as ``dynamic_axes``; a Dim's name becomes the symbol."""
+    if isinstance(shapes, Mapping):
+        unknown = [k for k in shapes if k not in names]
+        if unknown:
+            raise InvalidArgumentError(
+                f"dynamic_shapes names unknown inputs {unknown}; inputs are {list(names)}"
+            )
+        items = [(k, v) for k, v in shapes.items()]
+    elif isinstance(shapes, (list, tuple)):
+        if len(shapes) != len(example):
+            raise InvalidArgumentError(f"dynamic_shapes has {len(shapes)} entries for {len(example)} inputs")
+        items = list(zip(names, shapes, strict=True))
+    else:
+        raise InvalidArgumentError(f"dynamic_shapes must be a dict or a tuple, got {type(shapes).__name__}")
+    out: dict[str, dict[int, str]] = {}
+    for name, by_axis in items:
+        if by_axis is None:
+            continue
+        if isinstance(by_axis, (list, tuple)):
+            by_axis = {a: d for a, d in enumerate(by_axis) if d is not None}
+        if not isinstance(by_axis, Mapping):
+            raise InvalidArgumentError(f"dynamic_shapes[{name!r}] must be {{axis: Dim}}, got {by_axis!r}")
+        out[name] = {}
+        for axis, dim in by_axis.items():
+            symbol = getattr(dim, "__name__", None)
+            if not isinstance(symbol, str) or not symbol.isidentifier():
+                symbol = f"{name}_{axis}"  # Dim.AUTO / Dim.DYNAMIC carry no name
+            out[name][axis] = symbol
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and bool((a == b).all() if a.numel() else True)
+        )
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _feature_sets(deps: list[str]) -> list[list[Any]]:
+    """Candidate bases, simplest first: linear, product, bilinear, floor division by small ints."""
+    import sympy
+
+    sym = {s: sympy.Symbol(s, integer=True, positive=True) for s in deps}
+    one = sympy.Integer(1)
+    lin = [one, *sym.values()]
+    sets = [lin]
+    if len(deps) > 1:
+        prod = sympy.Mul(*sym.values())
+        sets += [[one, prod], [*lin, prod]]
+        sets.append(lin + [sym[a] * sym[b] for a, b in itertools.combinations(deps, 2)])
+    for s in deps:
+        others = [sym[t] for t in deps if t != s]
+        for k in range(2, 9):
+            for c in range(-2 * k, 2 * k):
+                f = sympy.floor((sym[s] + c) / k)
+                sets.append([one, f, *others, *[f * o for o in others]])
+    return sets
+
+
+def _solve(features: list[Any], points: list[dict[str, int]], values: Sequence[int]) -> Any:
+    """Integer coefficients for ``features`` reproducing ``values`` exactly, or None."""
+    import sympy
+
+    subs = [{sympy.Symbol(k, integer=True, positive=True): v for k, v in p.items()} for p in points]
+    rows = np.array([[float(sympy.sympify(f).subs(p)) for f in features] for p in subs])
+    target = np.array(values, dtype=float)
+    coef, *_ = np.linalg.lstsq(rows, target, rcond=None)
+    ints = np.round(coef)
+    if not np.allclose(coef, ints, atol=1e-6) or not np.array_equal(rows @ ints, target):
+        return None
+    return sum(int(c) * f for c, f in zip(ints, features, strict=True) if c)
+
+
+def resize(t: torch.Tensor, axis: int, n: int) -> torch.Tensor:
+    """``t`` with ``n`` entries along ``axis``, cycling through its own values."""
+    return t.index_select(axis, torch.arange(n) % t.shape[axis])
+
+
+def materialize(b: Any, d: SymDim) -> Value:
+    """A size expression as a rank-0 i64 tensor (tract evaluates TDim literals at run time)."""
+    return b.call("tract_core_cast", [d], {"to": "i64"}, dtype=torch.int64, shape=())
+
+
+def not_dynamic(spec: Spec, symbols: Sequence[str], what: str) -> LoweringError:
+    """The error for a size that cannot stay symbolic."""
+    return LoweringError(
+        f"{spec.where(symbols)} cannot be dynamic: {what}. Make that size static (drop it from"
+        " dynamic_axes) or compute it from tensor shapes in the model instead of in Python"
+    )
+
+
+# ---- scalar arithmetic on sizes -----------------------------------------------------------
+def _floordiv(a: Any, b: Any) -> Any:
+    return a // b
+
+
+_SCALAR_OPS = {
+    "add": lambda a, b, alpha=1: a + b * alpha,
+    "sub": lambda a, b, alpha=1: a - b * alpha,
+    "rsub": lambda a, b, alpha=1: b - a * alpha,
+    "mul": lambda a, b: a * b,
+    "floordiv": _floordiv,
+    "floor_divide": _floordiv,
+    "div": lambda a, b, rounding_mode=None: _floordiv(a, b) if rounding_mode == "floor" else _exact_div(a, b),
+    "neg": lambda a: -1 * a,
+    "Int": lambda a: a,
+    "ScalarImplicit": lambda a: a,
+    "sym_int": lambda a: a,
+    "clone": lambda a, memory_format=None: a,
+    "detach": lambda a: a,
+    "remainder": lambda a, b: a - _floordiv(a, b) * b,
+    "__floordiv__": _floordiv,
+}
+
+
+def _exact_div(a: Any, b: Any) -> Any:
+    if isinstance(b, SymDim) or (isinstance(b, int) and b != 0):
+        q = a // b
+        if q * b == a:
+            return q
+    raise TypeError("not an exact division")
+
+
+def scalar_op(name: str, args: Sequence[Any]) -> Any:
+    """Sizes combined by integer ops stay symbolic: ``S * 2``, ``B * S``, ``S // 2``.
+
+    Returns ``NotImplemented`` unless a SymDim takes part and every argument is a size
+    (int, SymDim or a rank-0 integer constant).
+    """
+    fn = _SCALAR_OPS.get(name)
+    if fn is None or not any(isinstance(a, SymDim) for a in args):
+        return NotImplemented
+    plain = []
+    for a in args:
+        if isinstance(a, Value):
+            if a.const is None or a.const.dim() != 0 or a.const.is_floating_point():
+                return NotImplemented
+            a = int(a.const.item())
+        elif isinstance(a, (float, list, tuple)):
+            return NotImplemented
+        plain.append(a)
+    while plain and plain[-1] is None:
+        plain.pop()
+    try:
+        return fn(*plain)
+    except TypeError:
+        return NotImplemented
+
+
+# ---- jit: captures at every point, node by node ------------------------------------------------
+@dataclass
+class JitOverrides:
+    """Symbolic output shapes and fitted constants, by node index in the inlined graph."""
+
+    shapes: dict[int, list[Shape | None]] = field(default_factory=dict)
+    constants: dict[int, Any] = field(default_factory=dict)
+
+
+def jit_overrides(spec: Spec, graphs: Sequence[Any]) -> JitOverrides:
+    """Compare the inlined graphs traced at every point; sizes become expressions."""
+    nodes = [list(g.nodes()) for g in graphs]
+    out = JitOverrides()
+    for i, node in enumerate(nodes[0]):
+        kinds = [ns[i].kind() if i < len(ns) else None for ns in nodes]
+        if any(k != node.kind() for k in kinds):
+            moved = [p for p, k in zip(spec.points, kinds, strict=True) if k != node.kind()]
+            symbols = [s for s in spec.base if any(p[s] != spec.base[s] for p in moved)]
+            raise not_dynamic(
+                spec,
+                symbols or list(spec.base),
+                f"the traced graph changes with it (the model branches on the size; first difference"
+                f" at {_scope(node)}: {node.kind()} vs {next(k for k in kinds if k != node.kind())})",
+            )
+        if node.kind() == "prim::Constant":
+            values = [ns[i].output().toIValue() for ns in nodes]
+            fitted = spec.fit_value(values)
+            if fitted is UNFIT:
+                users = sorted({u.user.kind() for u in node.output().uses()})
+                raise not_dynamic(
+                    spec,
+                    spec.changed(values),
+                    f"a constant used by {', '.join(users)} at {_scope(node)}"
+                    " was computed in Python from the size",
+                )
+            if fitted is not values[0]:
+                out.constants[i] = fitted
+            continue
+        shapes: list[Shape | None] = []
+        for j in range(len(list(node.outputs()))):
+            seen = [_sizes(ns[i].outputsAt(j)) for ns in nodes]
+            if seen[0] is None or any(s is None for s in seen):
+                shapes.append(None)
+                continue
+            shape = spec.fit_shape(seen)
+            if shape is None:
+                raise not_dynamic(
+                    spec,
+                    list(spec.base),
+                    f"the size of the result of {node.kind()} at {_scope(node)} is"
+                    f" not an integer expression of the symbols (seen {seen})",
+                )
+            shapes.append(shape)
+        if any(s is not None and any(isinstance(d, SymDim) for d in s) for s in shapes):
+            out.shapes[i] = shapes
+    return out
+
+
+def _sizes(value: Any) -> list[int] | None:
+    ty = value.type()
+    if not isinstance(ty, torch._C.TensorType):
+        return None
+    sizes = ty.sizes()
+    return list(sizes) if sizes is not None else None
+
+
+def _scope(node: Any) -> str:
+    scope = node.scopeName().split("/")[-1].removeprefix("__module.").removeprefix("__module")
+    return scope or "<top level>"
