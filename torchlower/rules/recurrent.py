@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from torchlower.errors import LoweringError
@@ -165,8 +166,6 @@ def run(
         raise LoweringError(f"expected {num_layers * dirs} weight sets, got {len(cells)}")
     seq = _transpose01(b, x) if batch_first else x
     length = shape_of(seq)[0]
-    if not isinstance(length, int):
-        raise LoweringError("recurrent layers are unrolled: the sequence length must be static")
     finals_h: list[Value] = []
     finals_c: list[Value] = []
     for layer in range(num_layers):
@@ -176,6 +175,13 @@ def run(
             cell = cells[index]
             gates = input_gates(b, cell, seq)
             h, c = _state(b, h0, index), _state(b, c0, index)
+            if not isinstance(length, int):  # symbolic length: a tract scan loop
+                y, h, c = scan(b, cell, gates, h, c, reverse=bool(d))
+                outs.append(y)
+                finals_h.append(h)
+                if c is not None:
+                    finals_c.append(c)
+                continue
             steps: list[Value] = [seq] * length
             for t in reversed(range(length)) if d else range(length):
                 h, c = step(b, cell, _step_of(b, gates, t), h, c)
@@ -187,6 +193,64 @@ def run(
         seq = _concat(b, outs, 2)
     y = _transpose01(b, seq) if batch_first else seq
     return y, _concat(b, finals_h, 0), _concat(b, finals_c, 0) if finals_c else None
+
+
+def _zeros(b: Builder, like: Value, size: int) -> Value:
+    """A zero state (1, B, size) for the batch of ``like`` (T, B, ·), symbolic B included."""
+    batch = shape_of(like)[1]
+    if isinstance(batch, int):
+        return constant(torch.zeros(1, batch, size))
+    shape = [1, batch, size]
+    return b.call(
+        "tract_core_broadcast",
+        [constant(torch.zeros(1, 1, size))],
+        {"shape": shape},
+        dtype=torch.float32,
+        shape=tuple(shape),
+    )
+
+
+def scan(
+    b: Builder, cell: Cell, gates: Value, h: Value | None, c: Value | None, reverse: bool
+) -> tuple[Value, Value, Value | None]:
+    """One direction over a symbolic length as ``tract_core_scan``: the loop body is ``step``
+    on one (1, B, ·) slice of the input gates, with h (and c) as states and the weights as full
+    inputs. Returns the output sequence and the final h (and c)."""
+    size = cell.hidden
+    h_size = size if cell.w_hr is None else int(shape_of(cell.w_hr)[0])
+    h = h if h is not None else _zeros(b, gates, h_size)
+    lstm = cell.kind == "lstm"
+    if lstm:
+        c = c if c is not None else _zeros(b, gates, size)
+    h, c = b.tensor(h), None if c is None else b.tensor(c)  # attributes are not materialised by call
+    g_shape = (1, *shape_of(gates)[1:])
+    params = [("g", gates.dtype, g_shape), ("h", torch.float32, (1, shape_of(gates)[1], h_size))]
+    if lstm:
+        params.append(("c", torch.float32, (1, shape_of(gates)[1], size)))
+
+    def body(sub: Builder, values: list[Value]) -> list[Value]:
+        h_new, c_new = step(sub, cell, values[0], values[1], values[2] if lstm else None)
+        return [h_new, c_new] if lstm else [h_new]  # type: ignore[list-item]
+
+    frag = b.fragment("scan_body", params, body)
+    chunk = -1 if reverse else 1
+    states = [(frag.params[1], h, frag.results[0])]
+    outputs = [(frag.results[0], "full", 0, chunk), (frag.results[0], "last", 0, 1)]
+    if lstm:
+        states.append((frag.params[2], c, frag.results[1]))
+        outputs.append((frag.results[1], "last", 0, 1))
+    attrs = {
+        "body": frag.name,
+        "scan": [(frag.params[0], gates, 0, chunk)],
+        "full": list(frag.captures),
+        "state": states,
+        "output": outputs,
+    }
+    outs = b.call_multi("tract_core_scan", [], attrs, len(outputs))
+    y = outs[0].with_meta(gates.dtype, (shape_of(gates)[0], shape_of(gates)[1], h_size))
+    h_n = outs[1].with_meta(gates.dtype, (1, shape_of(gates)[1], h_size))
+    c_n = outs[2].with_meta(gates.dtype, (1, shape_of(gates)[1], size)) if lstm else None
+    return y, h_n, c_n
 
 
 def cells_from_params(kind: str, params: Sequence[Value], has_biases: bool, count: int) -> list[Cell]:
