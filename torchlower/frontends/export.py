@@ -9,6 +9,7 @@ Parameters, buffers and constants become constant values labelled by their modul
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from torchlower import progress
 from torchlower.errors import LoweringError, TraceError
 from torchlower.frontends.fx import Interpreter
 from torchlower.frontends.session import Session
+from torchlower.rules.recurrent_op import recurrent_as_one_op
 from torchlower.rules.registry import Registry, describe
 from torchlower.values import Value, constant
 
@@ -113,8 +115,10 @@ def _export(
     dynamic_shapes: Any = None,
 ) -> ExportedProgram:
     """``torch.export`` the module; decompose (keeping ops with rules) only when that completes it."""
+    # dynamic shapes: recurrent layers as one op, not their decomposition unrolled over time
+    routing = recurrent_as_one_op() if dynamic_shapes is not None else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), routing:
             warnings.simplefilter("ignore")
             program = torch.export.export(
                 module, tuple(args), kwargs or None, strict=False, dynamic_shapes=dynamic_shapes

@@ -268,7 +268,7 @@ def cells_from_params(kind: str, params: Sequence[Value], has_biases: bool, coun
     return cells
 
 
-def _check_inference(kind: str, dropout: float, train: bool) -> None:
+def check_inference(kind: str, dropout: float, train: bool) -> None:
     if train and dropout:
         raise LoweringError(f"{kind}: train=True with dropout={dropout} is random; export in eval mode")
 
@@ -288,7 +288,7 @@ def lstm(
 ) -> tuple[Value, Value, Value]:
     """lstm.input(Tensor input, Tensor[] hx, Tensor[] params, bool has_biases, int num_layers,
     float dropout, bool train, bool bidirectional, bool batch_first) -> (Tensor, Tensor, Tensor)"""
-    _check_inference("lstm", dropout, train)
+    check_inference("lstm", dropout, train)
     cells = cells_from_params("lstm", params, has_biases, num_layers * (2 if bidirectional else 1))
     y, h, c = run(b, cells, x, hx[0], hx[1], num_layers, bidirectional, batch_first)
     return y, h, c if c is not None else h
@@ -309,7 +309,7 @@ def _rnn(kind: str) -> Callable[..., tuple[Value, Value]]:
         bidirectional: bool,
         batch_first: bool,
     ) -> tuple[Value, Value]:
-        _check_inference(kind, dropout, train)
+        check_inference(kind, dropout, train)
         cells = cells_from_params(kind, params, has_biases, num_layers * (2 if bidirectional else 1))
         y, h, _ = run(b, cells, x, hx, None, num_layers, bidirectional, batch_first)
         return y, h

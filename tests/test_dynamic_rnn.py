@@ -1,0 +1,100 @@
+"""Recurrent layers with a dynamic sequence (and batch) axis: lowered to tract's scan loop, exported
+once, run in tract at several sizes (including 1) and compared with PyTorch at each size."""
+
+from __future__ import annotations
+
+import tarfile
+
+import pytest
+import torch
+from torch import nn
+
+import torchlower
+from tests.test_dynamic import export_dynamic
+
+
+class Seq(nn.Module):
+    """Returns every output of the recurrent layer (output sequence and final states)."""
+
+    def __init__(self, rnn: nn.RNNBase) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y, state = self.rnn(x)
+        return (y, *state) if isinstance(state, tuple) else (y, state)
+
+
+class WithState(nn.Module):
+    """An LSTM fed an initial state (h0, c0) that is an input too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(5, 6, num_layers=2, batch_first=True)
+
+    def forward(self, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y, (h, c) = self.rnn(x, (h0, c0))
+        return y, h, c
+
+
+LSTMS = {
+    "lstm_batch_first": dict(batch_first=True),
+    "lstm_seq_first": dict(batch_first=False),
+    "lstm_2_layers": dict(num_layers=2, batch_first=True),
+    "lstm_bidirectional_2_layers": dict(num_layers=2, bidirectional=True),
+    "lstm_proj": dict(proj_size=3, batch_first=True),
+}
+
+
+@pytest.fixture(params=("jit", "export"))
+def dyn_frontend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _axes(batch_first: bool, batch: bool) -> dict[str, dict[int, str]]:
+    seq = {1 if batch_first else 0: "S"}
+    return {"x": {**seq, 0 if batch_first else 1: "B"} if batch else seq}
+
+
+@pytest.mark.parametrize("name", sorted(LSTMS))
+def test_lstm_variable_sequence(tmp_path, dyn_frontend, name):
+    torch.manual_seed(0)
+    kwargs = LSTMS[name]
+    model = Seq(nn.LSTM(5, 6, **kwargs))
+    first = kwargs.get("batch_first", False)
+    x = torch.randn(2, 7, 5) if first else torch.randn(7, 2, 5)
+    errors = export_dynamic(model, (x,), tmp_path, dyn_frontend, _axes(first, batch=False))
+    assert set(errors) == {(1,), (4,), (9,)}
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
+def test_variable_batch_and_sequence(tmp_path, dyn_frontend, kind):
+    torch.manual_seed(0)
+    layers = {
+        "lstm": lambda: nn.LSTM(5, 6, num_layers=2, bidirectional=True, batch_first=True),
+        "gru": lambda: nn.GRU(5, 6, num_layers=2, bidirectional=True, batch_first=True),
+        "rnn_tanh": lambda: nn.RNN(5, 6, bidirectional=True, batch_first=True),
+        "rnn_relu": lambda: nn.RNN(5, 6, nonlinearity="relu", batch_first=True),
+    }
+    errors = export_dynamic(
+        Seq(layers[kind]()), (torch.randn(2, 7, 5),), tmp_path, dyn_frontend, _axes(True, batch=True)
+    )
+    assert len(errors) == 9  # B in (1, 3, 5) × S in (1, 4, 9)
+
+
+def test_initial_state_inputs(tmp_path, dyn_frontend):
+    torch.manual_seed(0)
+    args = (torch.randn(2, 7, 5), torch.randn(2, 2, 6), torch.randn(2, 2, 6))
+    axes = {"x": {0: "B", 1: "S"}, "h0": {1: "B"}, "c0": {1: "B"}}
+    export_dynamic(WithState(), args, tmp_path, dyn_frontend, axes)
+
+
+def test_static_length_stays_unrolled_and_dynamic_uses_scan(tmp_path):
+    model = Seq(nn.GRU(5, 6)).eval()
+    x = torch.randn(4, 2, 5)
+    static = torchlower.export(model, (x,), tmp_path / "s.nnef.tgz")
+    dynamic = torchlower.export(model, (x,), tmp_path / "d.nnef.tgz", dynamic_axes={"x": {0: "S"}})
+    for report, scans in ((static, 0), (dynamic, 1)):
+        graph = tarfile.open(report.path).extractfile("graph.nnef").read().decode()
+        assert graph.count("tract_core_scan(") == scans
+        assert graph.count("fragment ") == scans
