@@ -95,6 +95,7 @@ def test_static_length_stays_unrolled_and_dynamic_uses_scan(tmp_path):
     static = torchlower.export(model, (x,), tmp_path / "s.nnef.tgz")
     dynamic = torchlower.export(model, (x,), tmp_path / "d.nnef.tgz", dynamic_axes={"x": {0: "S"}})
     for report, scans in ((static, 0), (dynamic, 1)):
-        graph = tarfile.open(report.path).extractfile("graph.nnef").read().decode()
+        with tarfile.open(report.path) as archive:
+            graph = archive.extractfile("graph.nnef").read().decode()
         assert graph.count("tract_core_scan(") == scans
         assert graph.count("fragment ") == scans
