@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import tarfile
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import torchlower
 from tests.test_dynamic import export_dynamic
+from torchlower.nnef.tract import run_in_tract
 
 
 class Seq(nn.Module):
@@ -89,13 +91,37 @@ def test_initial_state_inputs(tmp_path, dyn_frontend):
     export_dynamic(WithState(), args, tmp_path, dyn_frontend, axes)
 
 
-def test_static_length_stays_unrolled_and_dynamic_uses_scan(tmp_path):
-    model = Seq(nn.GRU(5, 6)).eval()
-    x = torch.randn(4, 2, 5)
-    static = torchlower.export(model, (x,), tmp_path / "s.nnef.tgz")
-    dynamic = torchlower.export(model, (x,), tmp_path / "d.nnef.tgz", dynamic_axes={"x": {0: "S"}})
-    for report, scans in ((static, 0), (dynamic, 1)):
-        with tarfile.open(report.path) as archive:
-            graph = archive.extractfile("graph.nnef").read().decode()
-        assert graph.count("tract_core_scan(") == scans
-        assert graph.count("fragment ") == scans
+def _graph(path: object) -> str:
+    with tarfile.open(path) as archive:
+        return archive.extractfile("graph.nnef").read().decode()
+
+
+def test_one_scan_per_layer_and_direction_at_any_length(tmp_path):
+    """Static or symbolic, the length is a loop: the graph does not grow with the sequence."""
+    model = Seq(nn.GRU(5, 6, num_layers=2, bidirectional=True)).eval()
+    graphs = [
+        _graph(torchlower.export(model, (torch.randn(n, 2, 5),), tmp_path / f"s{n}.nnef.tgz").path)
+        for n in (3, 40)
+    ]
+    dynamic = torchlower.export(
+        model, (torch.randn(3, 2, 5),), tmp_path / "d.nnef.tgz", dynamic_axes={"x": {0: "S"}}
+    )
+    graphs.append(_graph(dynamic.path))
+    for graph in graphs:
+        assert graph.count("tract_core_scan(") == 4
+        assert graph.count("fragment ") == 4
+    assert graphs[0].replace("[3, 2, 5]", "[40, 2, 5]") == graphs[1]
+
+
+def test_f16_scan(tmp_path):
+    torch.manual_seed(0)
+    model = Seq(nn.LSTM(5, 6, batch_first=True)).eval()
+    report = torchlower.export(
+        model, (torch.randn(2, 7, 5),), tmp_path / "m.nnef.tgz", precision="f16", dynamic_axes={"x": {1: "S"}}
+    )
+    for n in (1, 4, 9):
+        x = torch.randn(2, n, 5)
+        got = run_in_tract(report.path, [x.numpy()])
+        with torch.no_grad():
+            want = model(x)
+        assert max(float(np.abs(g - w.numpy()).max()) for g, w in zip(got, want, strict=True)) < 1e-2
