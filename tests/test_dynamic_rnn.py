@@ -12,6 +12,7 @@ from torch import nn
 
 import torchlower
 from tests.test_dynamic import export_dynamic
+from torchlower.errors import LoweringError
 from torchlower.nnef.tract import run_in_tract
 
 
@@ -125,3 +126,23 @@ def test_f16_scan(tmp_path):
         with torch.no_grad():
             want = model(x)
         assert max(float(np.abs(g - w.numpy()).max()) for g, w in zip(got, want, strict=True)) < 1e-2
+
+
+class PinsLength(nn.Module):
+    """Branches on the sequence length in Python: no artifact can keep it dynamic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(5, 6, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.rnn(x)[0]
+        return y[:, -1] if x.shape[1] > 3 else y[:, 0]
+
+
+def test_pinned_length_names_input_and_axis(tmp_path):
+    with pytest.raises(LoweringError, match=r"input 'x' axis 1 \(S\) cannot be dynamic"):
+        torchlower.export(
+            PinsLength(), torch.randn(2, 7, 5), tmp_path / "m.nnef.tgz", frontend="export",
+            dynamic_axes={"x": {1: "S"}},
+        )  # fmt: skip

@@ -10,6 +10,7 @@ Parameters, buffers and constants become constant values labelled by their modul
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from torchlower import progress
+from torchlower.dynamic import not_dynamic
 from torchlower.errors import LoweringError, TraceError
 from torchlower.frontends.fx import Interpreter
 from torchlower.frontends.session import Session
@@ -204,7 +206,15 @@ def lower_export(
 ) -> list[Any]:
     """The ``export`` front end: flat outputs of ``module`` called on ``inputs``."""
     dims = spec.export_dims(example) if spec is not None else None
-    program = export_program(module, example, None, builder.rules, dynamic_shapes=dims)
+    try:
+        program = export_program(module, example, None, builder.rules, dynamic_shapes=dims)
+    except LoweringError as exc:  # name the input and axis torch.export pinned
+        pinned = [
+            s for g in re.findall(r"Constraints violated \(([\w, ]+)\)", str(exc)) for s in g.split(", ")
+        ]
+        if spec is None or not pinned:
+            raise
+        raise not_dynamic(spec, sorted(set(pinned)), f"torch.export pinned it ({exc})") from exc
     progress.retotal(sum(n.op.startswith("call_") for n in program.graph_module.graph.nodes), "lowering")
     symbols = _user_symbols(program, spec) if spec is not None else None
     return interpret_program(program, builder, session, inputs, module=module, symbols=symbols)
