@@ -52,3 +52,9 @@ $(BENCH_STAMP): bench/requirements.txt bench/constraints.txt pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/run.py $(BENCH_ARGS)
+
+# A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000
+N ?= 10000
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzz_campaign -n $(N)
+.PHONY: fuzz

@@ -216,6 +216,8 @@ def lower_jit(
             continue
         shapes = dyn.shapes.get(index) if dyn is not None else None
         results = _lower_node(node, [env[i] for i in node.inputs()], session, shapes)
+        if len(outputs) == 1 and node.kind() in _UNPACK and results is not MISSING:
+            results = results[0]  # unpacking a one-element list (split into one chunk)
         if len(outputs) == 1:
             env[outputs[0]] = results
             if _is_inplace(node.kind()):
@@ -247,6 +249,9 @@ def _dynamic_overrides(tracer: ModuleTracer, graph: torch.Graph, spec: Spec) -> 
     return dynamic.jit_overrides(spec, graphs)
 
 
+_UNPACK = ("prim::ListUnpack", "prim::TupleUnpack")
+
+
 def _lower_node(
     node: torch._C.Node, args: list[Any], session: Session, shapes: list[Any] | None = None
 ) -> Any:
@@ -261,7 +266,7 @@ def _lower_node(
         return list(args)
     if kind == "prim::TupleConstruct":
         return tuple(args)
-    if kind in ("prim::ListUnpack", "prim::TupleUnpack"):
+    if kind in _UNPACK:
         return list(args[0]) if args[0] is not MISSING else MISSING
     if kind == "prim::TupleIndex":
         return args[0][args[1]]

@@ -11,7 +11,17 @@ import torch
 
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, Operand, Scalar, align_ranks, cast, shape_of
+from torchlower.rules.common import (
+    Builder,
+    Operand,
+    Scalar,
+    align_ranks,
+    cast,
+    ieee_zero,
+    rank0,
+    rank_of,
+    shape_of,
+)
 from torchlower.values import Shape, Value, constant
 
 
@@ -68,11 +78,13 @@ def broadcast_shape(*xs: Operand) -> Shape | None:
 def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | None = None) -> Value:
     """Emit ``op(x, y)`` after promoting to ``dtype`` (torch's result type by default)."""
     dtype = dtype or result_dtype(x, y)
+    rank = max(rank_of(x), rank_of(y))
     x, y = as_operand(b, x, dtype), as_operand(b, y, dtype)
     shape = broadcast_shape(x, y)
     x, y = align_ranks(b, x, y)
     out_dtype = torch.bool if op in ("lt", "gt", "le", "ge", "eq", "ne") else dtype
-    return b.call(op, [x, y], dtype=out_dtype, shape=shape)
+    op, x, y = ieee_zero(b, op, x, y)
+    return rank0(b, b.call(op, [x, y], dtype=out_dtype, shape=shape), rank)
 
 
 def _scaled(b: Builder, y: Operand, alpha: Scalar) -> Operand:

@@ -53,6 +53,8 @@ def as_const(x: Operand, dtype: torch.dtype) -> Value:
 def reshape(b: Builder, x: Value, shape: Sequence[Dim]) -> Value:
     if x.is_const:
         return constant(x.const.reshape([int(d) for d in shape]))
+    if not shape:  # tract cannot read `shape = []`; every dim is 1, so squeeze them all
+        return b.call("squeeze", [x], {"axes": list(range(x.rank))}, dtype=x.dtype, shape=())
     return b.call("reshape", [x], {"shape": list(shape)}, dtype=x.dtype, shape=tuple(shape))
 
 
@@ -86,3 +88,47 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
         static = [d for d in big if isinstance(d, int)]
         out.append(static[0] if static else big[0] if big else 1)
     return tuple(out)
+
+
+def _is_zero(x: Operand) -> bool:
+    if isinstance(x, Value):
+        return x.is_const and x.const.numel() == 1 and bool(x.const.reshape(()) == 0)
+    return not isinstance(x, bool) and x == 0
+
+
+def ieee_zero(b: Builder, op: str, x: Operand, y: Operand) -> tuple[str, Operand, Operand]:
+    """A float ``x * 0`` or ``0 / y`` rewritten so tract keeps IEEE NaN.
+
+    tract folds a product with a constant 0 (and ``0 / y``) to 0, but ``inf * 0``, ``NaN * 0``
+    and ``0 / 0`` are NaN in torch. ``x - x`` is 0 where x is finite and NaN elsewhere, and is
+    not folded: ``x * 0`` becomes ``x * (x - x)`` (sign of zero kept), ``0 / y`` becomes ``r * (r - r)``
+    with ``r = 1 / y``. Operands are already promoted and rank-aligned.
+    """
+    if op not in ("mul", "div"):
+        return op, x, y
+    if op == "mul" and _is_zero(x):
+        x, y = y, x
+    live = x if op == "mul" else y
+    if not isinstance(live, Value) or live.is_const or live.dtype is None or not live.dtype.is_floating_point:
+        return op, x, y
+    if op == "div" and _is_zero(x):
+        op, x, y = "mul", b.call("recip", [live], dtype=live.dtype, shape=live.shape), 0.0
+    if op == "mul" and _is_zero(y):
+        zero = b.call("sub", [x, x], dtype=x.dtype, shape=x.shape)
+        if _negative_zero(y):  # x * -0.0 flips the sign of the zero
+            zero = b.call("neg", [zero], dtype=x.dtype, shape=x.shape)
+        return "mul", x, zero
+    return op, x, y
+
+
+def _negative_zero(z: Operand) -> bool:
+    v = z.const.reshape(()) if isinstance(z, Value) else torch.tensor(float(z))
+    return bool(torch.signbit(v.float()))
+
+
+def rank0(b: Builder, y: Value, rank: int) -> Value:
+    """``y`` back to rank 0 when every operand was: integer scalars are written as ``[1]``-shaped
+    typed constants (an int literal is a TDim in tract), which would make the result rank 1."""
+    if rank == 0 and y.rank == 1:
+        return b.call("squeeze", [y], {"axes": [0]}, dtype=y.dtype, shape=())
+    return y

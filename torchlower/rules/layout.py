@@ -120,7 +120,12 @@ def slice_(b: Builder, x: Value, dim: int, start: int | None, end: int | None, s
         raise LoweringError(f"slice step must be positive (torch forbids others), got {step}")
     dim = normalize_dim(dim, x.rank)
     n = dims_of(x)[dim]
-    return slice_dim(b, x, dim, clamp_index(start, n, 0), clamp_index(end, n, n), step)
+    lo, hi = clamp_index(start, n, 0), clamp_index(end, n, n)
+    if step > 1 and isinstance(lo, int) and isinstance(hi, int) and hi - lo <= step:
+        # one element at most: a unit step reads the same, and tract's declutter fails on a strided
+        # slice of a length-1 axis added by unsqueeze ("Invalid axis")
+        step, hi = 1, min(hi, lo + 1)
+    return slice_dim(b, x, dim, lo, hi, step)
 
 
 @rule("aten::select.int")

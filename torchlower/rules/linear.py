@@ -10,6 +10,10 @@ from torchlower.values import Value, constant
 @rule("aten::linear")
 def linear(b: Builder, x: Value, w: Value, bias: Value | None) -> Value:
     """linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor"""
+    if x.rank == 1:  # tract's matmul needs equal ranks and the weight is 2-D: go through [1, K]
+        row = b.call("unsqueeze", [x], {"axes": [0]}, dtype=x.dtype, shape=(1, *shape_of(x)))
+        y = linear(b, row, w, bias)
+        return b.call("squeeze", [y], {"axes": [0]}, dtype=x.dtype, shape=shape_of(y)[1:])
     shape = (*shape_of(x)[:-1], shape_of(w)[0])
     w = unsqueeze_to(b, w, x.rank)
     y = b.call("matmul", [x, w], {"transposeA": False, "transposeB": True}, dtype=x.dtype, shape=shape)

@@ -15,7 +15,7 @@ import torch
 
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, Operand, align_ranks, rank_of, shape_of
+from torchlower.rules.common import Builder, Operand, align_ranks, ieee_zero, rank0, rank_of, shape_of
 from torchlower.values import Shape, Value, constant, normalize_dim
 
 # ---- helpers shared by the compare / reduce_extra families ---------------------------------
@@ -81,21 +81,24 @@ def promote(b: Builder, *xs: Operand, dtype: torch.dtype | None = None) -> list[
 
 def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | None = None) -> Value:
     """``op(x, y)`` after promotion; the result has the promoted dtype unless ``op`` compares."""
+    rank = max(rank_of(x), rank_of(y))
     px, py = promote(b, x, y, dtype=dtype)
     out = dtype or result_type(px, py)
     shape = broadcast_shape(px, py)
     if out == torch.bool and op in ("eq", "ne"):  # tract compares numbers only
         differ = b.call("tract_core_xor", [px, py], dtype=torch.bool, shape=shape)
-        return differ if op == "ne" else b.call("not", [differ], dtype=torch.bool, shape=shape)
+        same = differ if op == "ne" else b.call("not", [differ], dtype=torch.bool, shape=shape)
+        return rank0(b, same, rank)
     if op in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "tract_core_xor"):
         out = torch.bool
+    op, px, py = ieee_zero(b, op, px, py)
     result = b.call(op, [px, py], dtype=out, shape=shape)
     if out == torch.bool and _symbolic_broadcast(px, py):
         # tract 0.23.9 derives wrong shapes for select/and over a comparison broadcast on symbolic
         # dims (a causal mask from two ranges); a round trip through f32 hides the pattern
         as_float = b.call("tract_core_cast", [result], {"to": "f32"}, dtype=torch.float32, shape=shape)
         result = b.call("gt", [as_float, 0.5], dtype=torch.bool, shape=shape)
-    return result
+    return rank0(b, result, rank)
 
 
 def _symbolic_broadcast(*xs: Operand) -> bool:
@@ -248,20 +251,47 @@ def _trunc_div(b: Builder, x: Operand, y: Operand, dtype: torch.dtype) -> Value:
 def fmod(b: Builder, x: Operand, y: Operand) -> Value:
     """fmod.Tensor(Tensor self, Tensor other) -> Tensor (C semantics: sign of the dividend)"""
     dtype = result_type(x, y)
-    return binary(b, "sub", x, binary(b, "mul", _trunc_div(b, x, y, dtype), y, dtype=dtype), dtype=dtype)
+    if dtype != torch.float32:
+        r = binary(b, "sub", x, binary(b, "mul", _trunc_div(b, x, y, dtype), y, dtype=dtype), dtype=dtype)
+        return _zero_signed_like(b, r, x) if dtype.is_floating_point else r
+    # torch's fmod is exact; x / y rounded in f32 can land on the next integer (fmod(-0.5, 0.1) gave
+    # ~0 instead of -0.1): in f64 the quotient of two f32 values keeps its fractional part and
+    # q * y is exact, so the remainder is right before rounding back to f32
+    x64, y64 = (cast(b, v, torch.float64) if isinstance(v, Value) else v for v in (x, y))
+    qy = binary(b, "mul", _trunc_div(b, x64, y64, torch.float64), y64, dtype=torch.float64)
+    r = binary(b, "sub", x64, qy, dtype=torch.float64)
+    return _zero_signed_like(b, cast(b, r, torch.float32), x)
+
+
+def _zero_signed_like(b: Builder, r: Value, x: Operand) -> Value:
+    """A zero remainder carries the dividend's sign, as in C and torch (``1 / fmod(-2., 1.)`` is -inf):
+    ``x * 0`` (written ``x * (x - x)`` so tract does not fold it) where ``r`` is 0."""
+    if isinstance(x, Value) and x.is_const and x.const.numel() == 1:
+        x = x.const.item()  # a wrapped scalar: its sign is known now
+    if not isinstance(x, Value) and x >= 0:
+        return r  # x - q * y is +0 when it is zero
+    # tract reads a `-0.0` literal as +0: for a negative scalar dividend flip the (+0) zero of r
+    signed_zero = (
+        binary(b, "mul", x, 0.0, dtype=r.dtype) if isinstance(x, Value) else binary(b, "mul", r, -1.0)
+    )
+    return select(b, binary(b, "eq", r, 0.0, dtype=r.dtype), signed_zero, r)
 
 
 @rule("aten::remainder", "aten::remainder_")
 def remainder(b: Builder, x: Operand, y: Operand) -> Value:
     """remainder.Tensor(Tensor self, Tensor other) -> Tensor (Python semantics: sign of the divisor)"""
     dtype = result_type(x, y)
-    if dtype.is_floating_point:  # x - floor(x / y) * y, torch's own float formula
-        q = unary(b, "floor", binary(b, "div", x, y, dtype=dtype))
-        return binary(b, "sub", x, binary(b, "mul", q, y, dtype=dtype), dtype=dtype)
+    if dtype.is_floating_point:  # x - floor(x / y) * y; a zero result keeps the dividend's sign
+        wide = torch.float64 if dtype == torch.float32 else dtype  # exact quotient, as in fmod
+        xw, yw = (cast(b, v, wide) if isinstance(v, Value) else v for v in (x, y))
+        q = unary(b, "floor", binary(b, "div", xw, yw, dtype=wide))
+        r = binary(b, "sub", xw, binary(b, "mul", q, yw, dtype=wide), dtype=wide)
+        return _zero_signed_like(b, cast(b, r, dtype), x)
     r = fmod(b, x, y)
     wrong_sign = binary(b, "ne", binary(b, "lt", r, 0, dtype=dtype), binary(b, "lt", y, 0, dtype=dtype))
     fix = binary(b, "and", binary(b, "ne", r, 0, dtype=dtype), wrong_sign)
-    return binary(b, "add", r, select(b, fix, y if isinstance(y, Value) else _typed(y, dtype), 0))
+    out = binary(b, "add", r, select(b, fix, y if isinstance(y, Value) else _typed(y, dtype), 0))
+    return rank0(b, out, max(rank_of(x), rank_of(y)))
 
 
 def _typed(v: float | int | bool, dtype: torch.dtype) -> Value:
@@ -277,7 +307,8 @@ def floor_divide(b: Builder, x: Operand, y: Operand) -> Value:
     q = binary(b, "div", x, y, dtype=dtype)  # tract truncates integer division
     inexact = binary(b, "ne", binary(b, "mul", q, y, dtype=dtype), x, dtype=dtype)
     negative = binary(b, "ne", binary(b, "lt", x, 0, dtype=dtype), binary(b, "lt", y, 0, dtype=dtype))
-    return binary(b, "sub", q, select(b, binary(b, "and", inexact, negative), _typed(1, dtype), 0))
+    out = binary(b, "sub", q, select(b, binary(b, "and", inexact, negative), _typed(1, dtype), 0))
+    return rank0(b, out, max(rank_of(x), rank_of(y)))
 
 
 # ---- binary ---------------------------------------------------------------------------------
@@ -329,7 +360,9 @@ def atan2(b: Builder, y: Value, x: Value) -> Value:
     dtype = torch.promote_types(result_type(y, x), torch.float32)
     y, x = promote(b, y, x, dtype=dtype)
     base = unary(b, "atan", binary(b, "div", y, x))  # x = 0 gives ±inf → ±pi/2
-    turn = select(b, binary(b, "ge", y, 0.0), math.pi, -math.pi)
+    # y = -0.0 turns by -pi like y < 0 (torch: atan2(-0., -1.) = -pi); only 1 / y tells -0 from +0
+    below = binary(b, "or", binary(b, "lt", y, 0.0), binary(b, "lt", unary(b, "recip", y), 0.0))
+    turn = select(b, below, -math.pi, math.pi)
     shifted = binary(b, "add", base, select(b, binary(b, "lt", x, 0.0), turn, 0.0))
     origin = binary(b, "and", binary(b, "eq", x, 0.0), binary(b, "eq", y, 0.0))
     return select(b, origin, 0.0, shifted)

@@ -17,13 +17,30 @@ from torchlower.rules.common import Builder, cast, shape_of
 from torchlower.values import Dim, SymDim, Value, normalize_dim
 
 
-@rule("aten::reshape", "aten::view", "aten::_unsafe_view", "aten::_reshape_alias")
+@rule("aten::reshape", "aten::view", "aten::_unsafe_view")
 def reshape(b: Builder, x: Value, shape: Sequence[Any]) -> Value:
     """reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)  (also view, _unsafe_view)"""
     target = _target_shape(shape_of(x), [_dim(d) for d in shape])
     if tuple(target) == tuple(shape_of(x)):
         return x
+    if not target:  # tract cannot read `shape = []`; every dim is 1, so squeeze them all
+        return b.call("squeeze", [x], {"axes": list(range(x.rank))}, dtype=x.dtype, shape=())
     return b.call("reshape", [x], {"shape": target}, dtype=x.dtype, shape=None)
+
+
+@rule("aten::_reshape_alias")
+def reshape_alias(b: Builder, x: Value, size: Sequence[Any], stride: Sequence[int]) -> Value:
+    """_reshape_alias(Tensor(a) self, SymInt[] size, SymInt[] stride) -> Tensor(a)
+
+    Limits: contiguous strides only (a plain reshape); other strides would be an as_strided view.
+    """
+    dims = [int(d) for d in size]
+    contiguous = [1] * len(dims)
+    for i in range(len(dims) - 2, -1, -1):
+        contiguous[i] = contiguous[i + 1] * max(dims[i + 1], 1)
+    if [int(s) for s in stride] != contiguous:
+        raise LoweringError(f"_reshape_alias: stride must be contiguous {contiguous}, got {list(stride)}")
+    return reshape(b, x, size)
 
 
 @rule("aten::flatten.using_ints")

@@ -1,0 +1,82 @@
+"""``make fuzz N=10000``: a long fuzzing campaign; prints cases run, verified, typed errors, mismatches.
+
+Every generated case is run through every front end; a "case run" is one (case, front end).
+Failures (mismatch, tract refusing an exported graph, raw exceptions) are printed with the case's
+program so each can become a regression test. Exit status 1 if there was any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import warnings
+
+from hypothesis import HealthCheck, Phase, given, settings
+
+from tests.fuzz_harness import Runner
+from tests.fuzz_models import batches
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("-n", type=int, default=10000, help="number of generated cases")
+    parser.add_argument("--batch", type=int, default=25, help="cases per exported model")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-ops", type=int, default=5)
+    opts = parser.parse_args(argv)
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    runner = Runner()
+    started = time.monotonic()
+    batches_needed = -(-opts.n // opts.batch)
+
+    @settings(
+        max_examples=batches_needed,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(batches(opts.batch, opts.max_ops))
+    def campaign(cases: list) -> None:
+        runner.run(cases)
+        done = sum(runner.counts.values()) // len(runner.frontends)
+        if done % (opts.batch * 10) == 0:
+            print(f"  {done} cases, {dict(runner.counts)} ({time.monotonic() - started:.0f} s)", flush=True)
+
+    campaign._hypothesis_internal_use_seed = opts.seed  # reproducible campaigns
+    campaign()
+    print(report(runner, time.monotonic() - started))
+    return 1 if runner.failures else 0
+
+
+def report(runner: Runner, seconds: float) -> str:
+    runs = sum(runner.counts.values())
+    lines = [
+        f"cases: {runs // len(runner.frontends)} generated, {runs} case runs over "
+        f"{', '.join(runner.frontends)} in {seconds:.0f} s",
+        f"verified: {runner.counts['verified']}",
+        f"typed errors: {runner.counts['typed']} "
+        + ", ".join(f"{k} {v}" for k, v in runner.typed.most_common()),
+        f"mismatches: {runner.counts['mismatch']}; tract refused an exported graph: "
+        f"{runner.counts['tract']}; raw exceptions: {runner.counts['raw']}",
+        "per front end: "
+        + "; ".join(
+            f"{fe}: "
+            + ", ".join(
+                f"{s} {runner.per_frontend[(fe, s)]}"
+                for s in ("verified", "typed", "mismatch", "tract", "raw")
+                if runner.per_frontend[(fe, s)]
+            )
+            for fe in runner.frontends
+        ),
+    ]
+    for outcome, case in runner.failures:
+        lines += ["", f"--- {outcome.status} ({outcome.frontend}): {outcome.detail[:800]}", case.describe()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,142 @@
+"""Minimal failing examples found by the fuzzer (tests/test_fuzz.py), kept as regular tests.
+
+Each one exported without error and then disagreed with PyTorch in tract (or tract could not run
+it). The property is the fuzzer's: a front end either verifies the model in tract or refuses it
+at export time with a typed error — never a CheckError, never a raw exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import torchlower
+from tests.fuzz_harness import tolerance
+from tests.test_rules_math import Fn
+from torchlower.errors import CheckError, TorchlowerError
+from torchlower.nnef.tract import compare, run_in_tract
+
+INF, NAN = float("inf"), float("nan")
+
+
+def verified_or_refused(
+    fn: Callable[..., object], args: tuple[torch.Tensor, ...], tmp: Path, frontend: str
+) -> None:
+    """Verified in tract per output (tolerance from that output's finite values: the default check
+    takes one tolerance from all outputs, infinite as soon as one holds inf), or, off the jit
+    front end only, a typed error at export time."""
+    model = Fn(fn).eval()
+    try:
+        report = torchlower.export(model, args, tmp / "m.nnef.tgz", frontend=frontend, check=False)
+    except CheckError:
+        raise
+    except TorchlowerError:
+        if frontend == "jit":
+            raise
+        return
+    with torch.no_grad():
+        out = model(*args)
+    want = [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
+    got = run_in_tract(report.path, [a.numpy() for a in args])
+    for k, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert w.shape == g.shape, f"output {k}: tract shape {g.shape}, torch {w.shape}"
+        err = compare([f"output {k}"], [w], [g], tolerance(w))[0]
+        assert err.ok, f"output {k}: max |torch - tract| = {err.max_abs}\ntorch {w}\ntract {g}"
+
+
+def test_zero_factor_keeps_nan_and_inf(tmp_path, frontend):
+    """tract folds ``x * 0`` and ``0 / x`` to 0; torch gives NaN for inf/NaN (and 0 / 0)."""
+    x = torch.tensor([0.0, -0.0, 1.0, NAN, -2.0, INF, -INF])
+    verified_or_refused(
+        lambda t: (0.0 / t, t * 0, 0 * t, torch.mul(t, 0.0), t.int() * 0.0), (x,), tmp_path, frontend
+    )
+
+
+def test_zero_numerator_div(tmp_path, frontend):
+    x = torch.tensor([0.0, 1.0, NAN, -2.0, INF])
+    verified_or_refused(lambda t: torch.div(0.0, t), (x,), tmp_path, frontend)
+
+
+def test_negative_zero_factor(tmp_path, frontend):
+    """``x * -0.0`` is -0 for positive x (rsqrt of it is -inf); the unfolded form lost the sign."""
+    x = torch.tensor([2.0, -3.0, 0.5, INF])
+    verified_or_refused(lambda t: (torch.rsqrt(t * -0.0), 1 / (-0.0 * t)), (x,), tmp_path, frontend)
+
+
+def test_reshape_to_rank_0(tmp_path, frontend):
+    """tract cannot read ``reshape(x, shape = [])``; roll of a 0-d tensor flattens and reshapes back."""
+    args = (torch.tensor(1.5), torch.tensor([[2.0]]))
+    verified_or_refused(
+        lambda x, y: (torch.roll(x, -6), y.reshape(()), torch.roll(x > 0, 2)), args, tmp_path, frontend
+    )
+
+
+def test_split_into_one_chunk(tmp_path, frontend):
+    """jit: ``prim::ListUnpack`` of a one-element list bound the list itself, not its element."""
+    x = torch.randn(1, 1, 3, 5)
+    verified_or_refused(
+        lambda t: torch.any(torch.split(t, 1, 0)[0], dim=[-4, 3], keepdim=True), (x,), tmp_path, frontend
+    )
+
+
+def test_return_type_fields(tmp_path, frontend):
+    """fx: ``torch.min(x, dim).values`` met a plain tuple from the rule (raw AttributeError)."""
+    x = torch.randn(2, 4)
+    fn = lambda t: (torch.min(t, -2).values, torch.max(t, 1).indices, torch.aminmax(t).max)  # noqa: E731
+    verified_or_refused(fn, (x,), tmp_path, frontend)
+
+
+def test_zero_factor_inside_rules(tmp_path, frontend):
+    """fmod/remainder by 0.0 and std of one element multiply by a literal 0 that tract folded."""
+    x, i, e = torch.tensor([1.0, -2.0, 0.0]), torch.tensor([3, -2, 0]), torch.randn(1, 3)
+    fn = lambda t, n, u: (torch.fmod(n, 0.0), torch.remainder(t, 0.0), torch.std(u, 0), u % 0.0)  # noqa: E731
+    verified_or_refused(fn, (x, i, e), tmp_path, frontend)
+
+
+def test_identifier_starting_with_true(tmp_path, frontend):
+    """fx names ``0.0 / x`` ``truediv``; tract's parser reads a leading ``true`` as a literal."""
+    x = torch.tensor([0.5, -2.0, 4.0])
+    verified_or_refused(lambda t: (1.5 / t) / (t + 1), (x,), tmp_path, frontend)
+
+
+def test_int_scalar_ops_keep_rank_0(tmp_path, frontend):
+    """Integer scalars are [1]-shaped constants; on a 0-d tensor the result became [1]."""
+    fn = lambda i: (lambda v: (torch.clamp(torch.fmod(v, 2), min=0), v * 2, v == 3, v % 3, v // 2))(i.max())  # noqa: E731
+    verified_or_refused(fn, (torch.tensor([3, -2, 0]),), tmp_path, frontend)
+
+
+def test_linear_of_a_vector(tmp_path, frontend):
+    """F.linear on a 1-D input: tract's matmul needs equal ranks (export front end)."""
+    w = torch.randn(3, 4)
+    verified_or_refused(lambda x: torch.nn.functional.linear(x, w), (torch.randn(4),), tmp_path, frontend)
+
+
+def test_zero_remainder_keeps_the_dividend_sign(tmp_path, frontend):
+    """fmod/remainder equal to 0 are -0.0 for a negative dividend; 1 / it is -inf in torch."""
+    x, y = torch.tensor([-2.0, 2.0, -0.5, 3.0, 0.0, -4.0]), torch.tensor([1.0, -1.0, 0.25, 1.5, 2.0, -2.0])
+    fn = lambda a, c: (1 / (a % c), 1 / torch.fmod(a, c), 1 / torch.remainder(a, 1.0), 1 / (-2.0 % c))  # noqa: E731
+    verified_or_refused(fn, (x, y), tmp_path, frontend)
+
+
+def test_strided_slice_of_one_element(tmp_path, frontend):
+    """tract's declutter fails ("Invalid axis") on a step-3 slice of an axis added by unsqueeze."""
+    x = torch.rand(3, 1, 4, 3) > 0.5
+    verified_or_refused(
+        lambda t: torch.any(t, dim=[0, 1, 2, 3]).unsqueeze(0)[-3:2:3], (x,), tmp_path, frontend
+    )
+
+
+def test_fmod_remainder_with_an_inexact_divisor(tmp_path, frontend):
+    """x / 0.1 rounded in f32 can reach the next integer: fmod(-0.5, 0.1) came out ~0, not -0.1."""
+    x = torch.arange(-20, 20).float() / 2
+    fn = lambda t: (torch.fmod(t, 0.1), torch.fmod(-t, 0.3), t % 0.1, torch.remainder(t, -0.3))  # noqa: E731
+    verified_or_refused(fn, (x,), tmp_path, frontend)
+
+
+def test_atan2_of_negative_zero(tmp_path, frontend):
+    """atan2(-0.0, x < 0) is -pi in torch; the rule turned by +pi for every y >= 0."""
+    y = torch.tensor([-0.0, 0.0, -0.0, 0.0, -1.0, 1.0])
+    x = torch.tensor([-2.0, -2.0, 3.0, 3.0, -1.0, -1.0])
+    verified_or_refused(lambda a, c: torch.atan2(a, c), (y, x), tmp_path, frontend)
