@@ -26,7 +26,7 @@ from torchlower.dynamic import not_dynamic
 from torchlower.errors import LoweringError, TraceError
 from torchlower.frontends.fx import Interpreter
 from torchlower.frontends.session import Session
-from torchlower.rules.recurrent_op import recurrent_as_one_op
+from torchlower.rules.recurrent_modules import recurrent_as_one_op
 from torchlower.rules.registry import Registry, describe
 from torchlower.values import Value, constant
 

@@ -7,7 +7,7 @@ loads and runs faster than unrolled steps (2-layer LSTM(32, 64), B=1, S=4/16/64:
 1.3 ms vs 0.17/0.55/2.3 ms, load 0.05 s vs 0.05/0.34/3.1 s). Khronos-only NNEF has no loop, so
 there the static sequence is unrolled; a zero initial state (PyTorch's default) is then
 recognised at export time and its products are skipped. ATen rules (jit), the export front end's
-``torchlower::rnn`` (recurrent_op.py) and module rules (FX leaves) share the same step code.
+``torchlower::rnn`` and module rules (FX leaves, both in recurrent_modules.py) share the same step code.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from torchlower.errors import LoweringError
-from torchlower.rules import module_rule, rule
+from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of, unsqueeze_to
-from torchlower.values import Dim, Value, constant
+from torchlower.values import Value, constant
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
@@ -380,68 +379,3 @@ def _cell_rule(kind: str) -> Callable[..., Value]:
 gru_cell = _cell_rule("gru")
 rnn_tanh_cell = _cell_rule("rnn_tanh")
 rnn_relu_cell = _cell_rule("rnn_relu")
-
-
-# ---- module rules (FX leaves) -----------------------------------------------------------------
-def _kind(m: nn.Module) -> str:
-    if isinstance(m, (nn.LSTM, nn.LSTMCell)):
-        return "lstm"
-    if isinstance(m, (nn.GRU, nn.GRUCell)):
-        return "gru"
-    return "rnn_relu" if getattr(m, "nonlinearity", "tanh") == "relu" else "rnn_tanh"
-
-
-def _param(m: nn.Module, name: str) -> Value | None:
-    p = getattr(m, name, None)
-    return None if p is None else constant(p.detach(), label=name)
-
-
-def _batched(b: Builder, x: Value, rank: int, axis: int) -> Value:
-    if x.rank == rank:
-        return x
-    shape = list(shape_of(x))
-    shape.insert(axis, 1)
-    return b.call("unsqueeze", [x], {"axes": [axis]}, dtype=x.dtype, shape=tuple(shape))
-
-
-def _unbatched(b: Builder, x: Value, axis: int) -> Value:
-    shape: tuple[Dim, ...] = tuple(d for i, d in enumerate(shape_of(x)) if i != axis)
-    return b.call("squeeze", [x], {"axes": [axis]}, dtype=x.dtype, shape=shape)
-
-
-@module_rule(nn.LSTM, nn.GRU, nn.RNN)
-def recurrent_module(
-    b: Builder, m: nn.RNNBase, x: Value, hx: Value | Sequence[Value] | None = None
-) -> tuple[Value, object]:
-    """nn.LSTM / nn.GRU / nn.RNN forward: returns (output, h_n) or (output, (h_n, c_n))."""
-    kind = _kind(m)
-    batched = x.rank == 3
-    x = _batched(b, x, 3, 0 if m.batch_first else 1)
-    states = list(hx) if isinstance(hx, (list, tuple)) else [hx, None]
-    if not batched:
-        states = [None if s is None else _batched(b, s, 3, 1) for s in states]
-    names = m._flat_weights_names
-    params = [constant(w.detach(), label=n) for w, n in zip(m._flat_weights, names, strict=True)]
-    dirs = 2 if m.bidirectional else 1
-    cells = cells_from_params(kind, params, m.bias, m.num_layers * dirs)
-    y, h, c = run(b, cells, x, states[0], states[1], m.num_layers, m.bidirectional, m.batch_first)
-    if not batched:
-        y, h = _unbatched(b, y, 0 if m.batch_first else 1), _unbatched(b, h, 1)
-        c = None if c is None else _unbatched(b, c, 1)
-    return (y, (h, c)) if kind == "lstm" else (y, h)
-
-
-@module_rule(nn.LSTMCell, nn.GRUCell, nn.RNNCell)
-def cell_module(b: Builder, m: nn.RNNCellBase, x: Value, hx: Value | Sequence[Value] | None = None) -> object:
-    """nn.LSTMCell / nn.GRUCell / nn.RNNCell forward (1-D inputs are unbatched)."""
-    cell = Cell(_kind(m), *(_param(m, n) for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")))  # type: ignore[arg-type]
-    batched = x.rank == 2
-    states = list(hx) if isinstance(hx, (list, tuple)) else [hx, None]
-    if not batched:
-        x = _batched(b, x, 2, 0)
-        states = [None if s is None else _batched(b, s, 2, 0) for s in states]
-    h, c = run_cell(b, cell, x, states[0], states[1])
-    if not batched:
-        h = _unbatched(b, h, 0)
-        c = None if c is None else _unbatched(b, c, 0)
-    return (h, c) if cell.kind == "lstm" else h
