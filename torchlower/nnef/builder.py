@@ -6,6 +6,7 @@ target knowledge (tract vs Khronos-only, which extensions exist) lives here.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -256,12 +257,14 @@ class NNEFBuilder:
         """
         if isinstance(arg, Value):
             if arg.const is not None and arg.const.dim() == 0 and arg.const.is_floating_point():
-                return arg.const.item()
+                return self._operand(arg.const.item())
             return self.tensor(arg)
         if isinstance(arg, (list, tuple)):
             return type(arg)(self._operand(a) for a in arg)
         if isinstance(arg, torch.Tensor):
             raise LoweringError("rules pass tensors as constant Values, not raw torch.Tensor")
+        if isinstance(arg, float) and not _literal_exact(arg):
+            return self.tensor(Value("const", torch.float32, (), const=torch.tensor(arg)))
         return arg
 
     def dtype_name(self, dtype: torch.dtype) -> str:
@@ -394,6 +397,11 @@ class _FragmentBuilder(NNEFBuilder):
 
 
 _TYPE_NAME = {"f": "scalar", "c": "scalar", "i": "integer", "u": "integer", "b": "logical"}
+
+
+def _literal_exact(value: float) -> bool:
+    """NNEF text cannot carry inf or NaN, and tract reads ``-0.0`` as +0: those need a tensor."""
+    return math.isfinite(value) and not (value == 0.0 and math.copysign(1.0, value) < 0)
 
 
 def _values_in(items: list[Any]) -> list[Value]:

@@ -342,16 +342,39 @@ def _int_power(b: Builder, x: Value, n: int, dtype: torch.dtype) -> Value:
     return cast(b, result, dtype)
 
 
-@rule("aten::minimum", "aten::fmin")
-def minimum(b: Builder, x: Value, y: Value) -> Value:
-    """minimum(Tensor self, Tensor other) -> Tensor"""
+@rule("aten::fmin")
+def fmin(b: Builder, x: Value, y: Value) -> Value:
+    """fmin(Tensor self, Tensor other) -> Tensor (NaN ignored, like tract's min)"""
     return binary(b, "min", x, y)
 
 
-@rule("aten::maximum", "aten::fmax")
-def maximum(b: Builder, x: Value, y: Value) -> Value:
-    """maximum(Tensor self, Tensor other) -> Tensor"""
+@rule("aten::fmax")
+def fmax(b: Builder, x: Value, y: Value) -> Value:
+    """fmax(Tensor self, Tensor other) -> Tensor (NaN ignored, like tract's max)"""
     return binary(b, "max", x, y)
+
+
+def _nan_propagating(b: Builder, op: str, x: Value, y: Value) -> Value:
+    out = binary(b, op, x, y)
+    if not out.dtype.is_floating_point:
+        return out
+    for v in (y, x):  # NaN != NaN: a NaN operand is the result
+        if isinstance(v, Value):
+            v = cast(b, v, out.dtype)
+            out = select(b, binary(b, "ne", v, v), v, out)
+    return out
+
+
+@rule("aten::minimum")
+def minimum(b: Builder, x: Value, y: Value) -> Value:
+    """minimum(Tensor self, Tensor other) -> Tensor (NaN propagates; tract's min drops it)"""
+    return _nan_propagating(b, "min", x, y)
+
+
+@rule("aten::maximum")
+def maximum(b: Builder, x: Value, y: Value) -> Value:
+    """maximum(Tensor self, Tensor other) -> Tensor (NaN propagates; tract's max drops it)"""
+    return _nan_propagating(b, "max", x, y)
 
 
 @rule("aten::atan2", "aten::atan2_", "aten::arctan2")
