@@ -9,6 +9,8 @@ Parameters, buffers and constants become constant values labelled by their modul
 
 from __future__ import annotations
 
+import contextlib
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -20,9 +22,11 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from torchlower import progress
+from torchlower.dynamic import not_dynamic
 from torchlower.errors import LoweringError, TraceError
 from torchlower.frontends.fx import Interpreter
 from torchlower.frontends.session import Session
+from torchlower.rules.recurrent_modules import recurrent_as_one_op
 from torchlower.rules.registry import Registry, describe
 from torchlower.values import Value, constant
 
@@ -113,8 +117,10 @@ def _export(
     dynamic_shapes: Any = None,
 ) -> ExportedProgram:
     """``torch.export`` the module; decompose (keeping ops with rules) only when that completes it."""
+    # dynamic shapes: recurrent layers as one op, not their decomposition unrolled over time
+    routing = recurrent_as_one_op() if dynamic_shapes is not None else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), routing:
             warnings.simplefilter("ignore")
             program = torch.export.export(
                 module, tuple(args), kwargs or None, strict=False, dynamic_shapes=dynamic_shapes
@@ -200,7 +206,15 @@ def lower_export(
 ) -> list[Any]:
     """The ``export`` front end: flat outputs of ``module`` called on ``inputs``."""
     dims = spec.export_dims(example) if spec is not None else None
-    program = export_program(module, example, None, builder.rules, dynamic_shapes=dims)
+    try:
+        program = export_program(module, example, None, builder.rules, dynamic_shapes=dims)
+    except LoweringError as exc:  # name the input and axis torch.export pinned
+        pinned = [
+            s for g in re.findall(r"Constraints violated \(([\w, ]+)\)", str(exc)) for s in g.split(", ")
+        ]
+        if spec is None or not pinned:
+            raise
+        raise not_dynamic(spec, sorted(set(pinned)), f"torch.export pinned it ({exc})") from exc
     progress.retotal(sum(n.op.startswith("call_") for n in program.graph_module.graph.nodes), "lowering")
     symbols = _user_symbols(program, spec) if spec is not None else None
     return interpret_program(program, builder, session, inputs, module=module, symbols=symbols)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,7 @@ class NNEFBuilder:
         self._keep_alive: list[torch.Tensor] = []
         self.quantization: dict[str, QParams] = {}  # graph.quant entries by identifier
         self._qvalues: dict[str, QParams] = {}  # those plus values that inherit their type
+        self.fragments: dict[str, str] = {}  # fragment text by name (bodies of tract_core_scan)
 
     # ---- names --------------------------------------------------------------------------
     def fresh(self, hint: str | None = None) -> str:
@@ -275,6 +276,37 @@ class NNEFBuilder:
         except KeyError:
             raise LoweringError(f"dtype {dtype} has no NNEF/tract equivalent") from None
 
+    # ---- fragments ----------------------------------------------------------------------
+    def fragment(
+        self,
+        hint: str,
+        params: Sequence[tuple[str, torch.dtype, Shape]],
+        body: Callable[[NNEFBuilder, list[Value]], Sequence[Value]],
+    ) -> Fragment:
+        """Define ``fragment name(params) -> (results)`` whose body ``body(sub, params)`` emits.
+
+        ``sub`` is a builder writing into the fragment; constants it uses become parameters too,
+        bound to the outer variables in ``Fragment.captures`` (tract's scan passes them as
+        ``full`` inputs), so the weights stay in the archive once.
+        """
+        sub = _FragmentBuilder(self)
+        values = [sub.param(n, dt, shape) for n, dt, shape in params]
+        results = [sub.result(r, values) for r in body(sub, values)]
+        sub.outputs = [(r.name, r) for r in results]
+        sub.inputs = values + [v for v, _ in sub.captures.values()]
+        decl = [
+            f"    {v.name}: tensor<{_TYPE_NAME[_dtype_kind(v.dtype or torch.float32)]}>" for v in sub.inputs
+        ]
+        outs = ", ".join(
+            f"{r.name}: tensor<{_TYPE_NAME[_dtype_kind(r.dtype or torch.float32)]}>" for r in results
+        )
+        name = self.fresh(hint)
+        lines = [f"fragment {name}(", ",\n".join(decl), f") -> ({outs})", "{"]
+        lines += [a.render({}) for a in sub.live_assignments()] + ["}"]
+        self.fragments[name] = "\n".join(lines)
+        captures = [(v.name, outer) for v, outer in sub.captures.values()]
+        return Fragment(name, [v.name for v in values], [r.name for r in results], captures)
+
     # ---- output -------------------------------------------------------------------------
     def live_assignments(self) -> list[text.Assignment]:
         """Assignments that reach an output (rules may leave dead helpers behind)."""
@@ -293,7 +325,10 @@ class NNEFBuilder:
         body = [a.render(names) for a in live]
         used_inputs = [v.name for v in self.inputs]
         extensions = sorted(self.extensions) + [f"tract_symbol {s}" for s in self.symbols]
-        return text.document(extensions, used_inputs, [n for n, _ in self.outputs], body)
+        # fragments are referenced by name from an op's ``body`` attribute (tract_core_scan)
+        used = {a.attrs.get("body") for a in live}
+        fragments = [t for n, t in self.fragments.items() if n in used]
+        return text.document(extensions, used_inputs, [n for n, _ in self.outputs], body, fragments)
 
     def live_weights(self) -> dict[str, torch.Tensor]:
         labels = {a.attrs["label"] for a in self.live_assignments() if a.op.startswith("variable")}
@@ -312,6 +347,56 @@ class NNEFBuilder:
             else:
                 names[value.name] = name
         return names
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """A defined fragment: its name, parameter and result names, and captured outer values."""
+
+    name: str
+    params: list[str]
+    results: list[str]
+    captures: list[tuple[str, Value]]  # (parameter name, outer value) for constants of the body
+
+
+class _FragmentBuilder(NNEFBuilder):
+    """Writes a fragment body: names come from the parent (no clashes), constants are captured."""
+
+    def __init__(self, parent: NNEFBuilder) -> None:
+        super().__init__(tract=parent.tract, precision=parent.precision)
+        self.parent = parent
+        self.hint = parent.hint
+        self.captures: dict[str, tuple[Value, Value]] = {}  # outer name -> (param, outer value)
+
+    def fresh(self, hint: str | None = None) -> str:
+        return self.parent.fresh(hint or self.hint)
+
+    def use_extension(self, extension: str) -> None:
+        self.parent.use_extension(extension)
+
+    def param(self, hint: str, dtype: torch.dtype, shape: Shape) -> Value:
+        return Value(self.fresh(hint), dtype, tuple(shape))
+
+    def result(self, value: Value, params: list[Value]) -> Value:
+        """A result name of its own: parameters and repeated results are copied."""
+        value = self.tensor(value)
+        taken = {n for n, _ in self.outputs}
+        if value in params or value.name in taken or any(value is v for v, _ in self.captures.values()):
+            return self.call("copy", [value], dtype=value.dtype, shape=value.shape)
+        self.outputs.append((value.name, value))
+        return value
+
+    def tensor(self, value: Value | float | int | bool) -> Value:
+        if isinstance(value, Value) and value.const is None:
+            return value
+        outer = self.parent.tensor(value)
+        if outer.name not in self.captures:
+            inner = Value(self.fresh(f"{outer.name}_in"), outer.dtype, outer.shape)
+            self.captures[outer.name] = (inner, outer)
+        return self.captures[outer.name][0]
+
+
+_TYPE_NAME = {"f": "scalar", "c": "scalar", "i": "integer", "u": "integer", "b": "logical"}
 
 
 def _literal_exact(value: float) -> bool:

@@ -77,6 +77,18 @@ def new_full(
     return filled(b, fill_value, list(size), dtype or x.dtype)
 
 
+@rule("aten::zeros")
+def zeros(
+    b: Builder, size: Sequence[Dim], dtype: torch.dtype | None, layout: object, device: object,
+    pin_memory: bool | None,
+) -> Value:  # fmt: skip
+    """zeros(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+
+    Reached only with a symbolic size (e.g. the zero state nn.LSTM makes for a dynamic batch).
+    """  # noqa: E501
+    return filled(b, 0, list(size), dtype or torch.float32)
+
+
 def _trilu(b: Builder, x: Value, diagonal: int, upper: bool) -> Value:
     return b.call("tract_core_trilu", [x, int(diagonal)], {"upper": upper}, dtype=x.dtype, shape=x.shape)
 

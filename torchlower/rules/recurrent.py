@@ -1,9 +1,13 @@
-"""Recurrent layers (LSTM, GRU, Elman RNN) and their cells, unrolled over the static sequence.
+"""Recurrent layers (LSTM, GRU, Elman RNN) and their cells.
 
 The input projection of a whole layer is one ``matmul`` over all time steps; each step then adds
-the recurrent projection and applies the gates. A zero initial state (PyTorch's default) is
-recognised at export time and its products are skipped. ATen rules (jit) and module rules (FX
-leaves) share the same step code.
+the recurrent projection and applies the gates. For tract each layer direction is one
+``tract_core_scan`` loop whose body fragment is that step: the length may be symbolic, and it
+loads and runs faster than unrolled steps (2-layer LSTM(32, 64), B=1, S=4/16/64: run 0.08/0.42/
+1.3 ms vs 0.17/0.55/2.3 ms, load 0.05 s vs 0.05/0.34/3.1 s). Khronos-only NNEF has no loop, so
+there the static sequence is unrolled; a zero initial state (PyTorch's default) is then
+recognised at export time and its products are skipped. ATen rules (jit), the export front end's
+``torchlower::rnn`` and module rules (FX leaves, both in recurrent_modules.py) share the same step code.
 """
 
 from __future__ import annotations
@@ -11,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from torch import nn
+import torch
 
 from torchlower.errors import LoweringError
-from torchlower.rules import module_rule, rule
+from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of, unsqueeze_to
-from torchlower.values import Dim, Value, constant
+from torchlower.values import Value, constant
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
@@ -165,8 +169,11 @@ def run(
         raise LoweringError(f"expected {num_layers * dirs} weight sets, got {len(cells)}")
     seq = _transpose01(b, x) if batch_first else x
     length = shape_of(seq)[0]
-    if not isinstance(length, int):
-        raise LoweringError("recurrent layers are unrolled: the sequence length must be static")
+    if not b.tract and not isinstance(length, int):
+        raise LoweringError(
+            f"recurrent layers are unrolled in Khronos-only NNEF (no loop op): the sequence length"
+            f" ({length}) must be static; drop it from dynamic_axes or export for tract"
+        )
     finals_h: list[Value] = []
     finals_c: list[Value] = []
     for layer in range(num_layers):
@@ -176,6 +183,13 @@ def run(
             cell = cells[index]
             gates = input_gates(b, cell, seq)
             h, c = _state(b, h0, index), _state(b, c0, index)
+            if b.tract:  # a loop: any length, and faster to load and run than unrolled steps
+                y, h, c = scan(b, cell, gates, h, c, reverse=bool(d))
+                outs.append(y)
+                finals_h.append(h)
+                if c is not None:
+                    finals_c.append(c)
+                continue
             steps: list[Value] = [seq] * length
             for t in reversed(range(length)) if d else range(length):
                 h, c = step(b, cell, _step_of(b, gates, t), h, c)
@@ -187,6 +201,64 @@ def run(
         seq = _concat(b, outs, 2)
     y = _transpose01(b, seq) if batch_first else seq
     return y, _concat(b, finals_h, 0), _concat(b, finals_c, 0) if finals_c else None
+
+
+def _zeros(b: Builder, like: Value, size: int) -> Value:
+    """A zero state (1, B, size) for the batch of ``like`` (T, B, ·), symbolic B included."""
+    batch = shape_of(like)[1]
+    if isinstance(batch, int):
+        return constant(torch.zeros(1, batch, size))
+    shape = [1, batch, size]
+    return b.call(
+        "tract_core_broadcast",
+        [constant(torch.zeros(1, 1, size))],
+        {"shape": shape},
+        dtype=torch.float32,
+        shape=tuple(shape),
+    )
+
+
+def scan(
+    b: Builder, cell: Cell, gates: Value, h: Value | None, c: Value | None, reverse: bool
+) -> tuple[Value, Value, Value | None]:
+    """One direction over a symbolic length as ``tract_core_scan``: the loop body is ``step``
+    on one (1, B, ·) slice of the input gates, with h (and c) as states and the weights as full
+    inputs. Returns the output sequence and the final h (and c)."""
+    size = cell.hidden
+    h_size = size if cell.w_hr is None else int(shape_of(cell.w_hr)[0])
+    h = h if h is not None else _zeros(b, gates, h_size)
+    lstm = cell.kind == "lstm"
+    if lstm:
+        c = c if c is not None else _zeros(b, gates, size)
+    h, c = b.tensor(h), None if c is None else b.tensor(c)  # attributes are not materialised by call
+    g_shape = (1, *shape_of(gates)[1:])
+    params = [("g", gates.dtype, g_shape), ("h", torch.float32, (1, shape_of(gates)[1], h_size))]
+    if lstm:
+        params.append(("c", torch.float32, (1, shape_of(gates)[1], size)))
+
+    def body(sub: Builder, values: list[Value]) -> list[Value]:
+        h_new, c_new = step(sub, cell, values[0], values[1], values[2] if lstm else None)
+        return [h_new, c_new] if lstm else [h_new]  # type: ignore[list-item]
+
+    frag = b.fragment("scan_body", params, body)
+    chunk = -1 if reverse else 1
+    states = [(frag.params[1], h, frag.results[0])]
+    outputs = [(frag.results[0], "full", 0, chunk), (frag.results[0], "last", 0, 1)]
+    if lstm:
+        states.append((frag.params[2], c, frag.results[1]))
+        outputs.append((frag.results[1], "last", 0, 1))
+    attrs = {
+        "body": frag.name,
+        "scan": [(frag.params[0], gates, 0, chunk)],
+        "full": list(frag.captures),
+        "state": states,
+        "output": outputs,
+    }
+    outs = b.call_multi("tract_core_scan", [], attrs, len(outputs))
+    y = outs[0].with_meta(gates.dtype, (shape_of(gates)[0], shape_of(gates)[1], h_size))
+    h_n = outs[1].with_meta(gates.dtype, (1, shape_of(gates)[1], h_size))
+    c_n = outs[2].with_meta(gates.dtype, (1, shape_of(gates)[1], size)) if lstm else None
+    return y, h_n, c_n
 
 
 def cells_from_params(kind: str, params: Sequence[Value], has_biases: bool, count: int) -> list[Cell]:
@@ -204,7 +276,7 @@ def cells_from_params(kind: str, params: Sequence[Value], has_biases: bool, coun
     return cells
 
 
-def _check_inference(kind: str, dropout: float, train: bool) -> None:
+def check_inference(kind: str, dropout: float, train: bool) -> None:
     if train and dropout:
         raise LoweringError(f"{kind}: train=True with dropout={dropout} is random; export in eval mode")
 
@@ -224,7 +296,7 @@ def lstm(
 ) -> tuple[Value, Value, Value]:
     """lstm.input(Tensor input, Tensor[] hx, Tensor[] params, bool has_biases, int num_layers,
     float dropout, bool train, bool bidirectional, bool batch_first) -> (Tensor, Tensor, Tensor)"""
-    _check_inference("lstm", dropout, train)
+    check_inference("lstm", dropout, train)
     cells = cells_from_params("lstm", params, has_biases, num_layers * (2 if bidirectional else 1))
     y, h, c = run(b, cells, x, hx[0], hx[1], num_layers, bidirectional, batch_first)
     return y, h, c if c is not None else h
@@ -245,7 +317,7 @@ def _rnn(kind: str) -> Callable[..., tuple[Value, Value]]:
         bidirectional: bool,
         batch_first: bool,
     ) -> tuple[Value, Value]:
-        _check_inference(kind, dropout, train)
+        check_inference(kind, dropout, train)
         cells = cells_from_params(kind, params, has_biases, num_layers * (2 if bidirectional else 1))
         y, h, _ = run(b, cells, x, hx, None, num_layers, bidirectional, batch_first)
         return y, h
@@ -307,68 +379,3 @@ def _cell_rule(kind: str) -> Callable[..., Value]:
 gru_cell = _cell_rule("gru")
 rnn_tanh_cell = _cell_rule("rnn_tanh")
 rnn_relu_cell = _cell_rule("rnn_relu")
-
-
-# ---- module rules (FX leaves) -----------------------------------------------------------------
-def _kind(m: nn.Module) -> str:
-    if isinstance(m, (nn.LSTM, nn.LSTMCell)):
-        return "lstm"
-    if isinstance(m, (nn.GRU, nn.GRUCell)):
-        return "gru"
-    return "rnn_relu" if getattr(m, "nonlinearity", "tanh") == "relu" else "rnn_tanh"
-
-
-def _param(m: nn.Module, name: str) -> Value | None:
-    p = getattr(m, name, None)
-    return None if p is None else constant(p.detach(), label=name)
-
-
-def _batched(b: Builder, x: Value, rank: int, axis: int) -> Value:
-    if x.rank == rank:
-        return x
-    shape = list(shape_of(x))
-    shape.insert(axis, 1)
-    return b.call("unsqueeze", [x], {"axes": [axis]}, dtype=x.dtype, shape=tuple(shape))
-
-
-def _unbatched(b: Builder, x: Value, axis: int) -> Value:
-    shape: tuple[Dim, ...] = tuple(d for i, d in enumerate(shape_of(x)) if i != axis)
-    return b.call("squeeze", [x], {"axes": [axis]}, dtype=x.dtype, shape=shape)
-
-
-@module_rule(nn.LSTM, nn.GRU, nn.RNN)
-def recurrent_module(
-    b: Builder, m: nn.RNNBase, x: Value, hx: Value | Sequence[Value] | None = None
-) -> tuple[Value, object]:
-    """nn.LSTM / nn.GRU / nn.RNN forward: returns (output, h_n) or (output, (h_n, c_n))."""
-    kind = _kind(m)
-    batched = x.rank == 3
-    x = _batched(b, x, 3, 0 if m.batch_first else 1)
-    states = list(hx) if isinstance(hx, (list, tuple)) else [hx, None]
-    if not batched:
-        states = [None if s is None else _batched(b, s, 3, 1) for s in states]
-    names = m._flat_weights_names
-    params = [constant(w.detach(), label=n) for w, n in zip(m._flat_weights, names, strict=True)]
-    dirs = 2 if m.bidirectional else 1
-    cells = cells_from_params(kind, params, m.bias, m.num_layers * dirs)
-    y, h, c = run(b, cells, x, states[0], states[1], m.num_layers, m.bidirectional, m.batch_first)
-    if not batched:
-        y, h = _unbatched(b, y, 0 if m.batch_first else 1), _unbatched(b, h, 1)
-        c = None if c is None else _unbatched(b, c, 1)
-    return (y, (h, c)) if kind == "lstm" else (y, h)
-
-
-@module_rule(nn.LSTMCell, nn.GRUCell, nn.RNNCell)
-def cell_module(b: Builder, m: nn.RNNCellBase, x: Value, hx: Value | Sequence[Value] | None = None) -> object:
-    """nn.LSTMCell / nn.GRUCell / nn.RNNCell forward (1-D inputs are unbatched)."""
-    cell = Cell(_kind(m), *(_param(m, n) for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")))  # type: ignore[arg-type]
-    batched = x.rank == 2
-    states = list(hx) if isinstance(hx, (list, tuple)) else [hx, None]
-    if not batched:
-        x = _batched(b, x, 2, 0)
-        states = [None if s is None else _batched(b, s, 2, 0) for s in states]
-    h, c = run_cell(b, cell, x, states[0], states[1])
-    if not batched:
-        h = _unbatched(b, h, 0)
-        c = None if c is None else _unbatched(b, c, 0)
-    return (h, c) if cell.kind == "lstm" else h
