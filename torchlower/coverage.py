@@ -50,7 +50,7 @@ def support_rows() -> list[dict[str, Any]]:
     ]
     entries += [(describe(k), r, "module") for k, r in NNEF_RULES.modules.items()]
     for name, rule, kind in entries:
-        if name not in known:
+        if name not in known or not _builtin(rule):
             continue
         rows.append(
             {
@@ -71,9 +71,15 @@ def unproven() -> list[str]:
     from torchlower.rules.registry import describe
 
     NNEF_RULES.ensure_loaded()
-    names = [describe(k) for k in NNEF_RULES.functions] + [describe(k) for k in NNEF_RULES.modules]
+    rules = list(NNEF_RULES.functions.items()) + list(NNEF_RULES.modules.items())
+    names = [describe(k) for k, r in rules if _builtin(r)]
     known = proofs()
     return sorted(n for n in names if n not in known)
+
+
+def _builtin(rule: Any) -> bool:
+    """torchlower's own rules; rules users (or tests) register are not part of the table."""
+    return str(rule.fn.__module__).startswith("torchlower.")
 
 
 def _limits(doc: str | None) -> str:
