@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -47,3 +47,14 @@ def frontend_limit(
     """Mark only ``failing``'s run of this case a strict expected failure (a front-end limitation)."""
     if frontend == failing:
         request.applymarker(pytest.mark.xfail(raises=raises, strict=True, reason=reason))
+
+
+class Fn(torch.nn.Module):
+    """Wraps a function as a module, so a rule test is one line (``Fn(torch.sin)``)."""
+
+    def __init__(self, fn: Callable[..., object]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs: torch.Tensor) -> object:
+        return self.fn(*xs)

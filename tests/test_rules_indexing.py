@@ -7,19 +7,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from torch import nn
 
-from tests.conftest import export_and_check, frontend_limit
+from tests.conftest import Fn, export_and_check, frontend_limit
 from torchlower.errors import TraceError
-
-
-class Fn(nn.Module):
-    def __init__(self, fn: Callable[..., object]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs: torch.Tensor) -> object:
-        return self.fn(*xs)
 
 
 def check(fn: Callable[..., object], tmp_path, frontend, *args: torch.Tensor):

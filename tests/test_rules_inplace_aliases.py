@@ -14,18 +14,8 @@ from operator import methodcaller
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from tests.conftest import export_and_check
-
-
-class Fn(nn.Module):
-    def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        return self.fn(*xs)
+from tests.conftest import Fn, export_and_check
 
 
 def _any(shape=(2, 3, 5)) -> torch.Tensor:

@@ -8,18 +8,8 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from tests.conftest import export_and_check
-
-
-class Fn(nn.Module):
-    def __init__(self, fn: Callable[..., object]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs: torch.Tensor) -> object:
-        return self.fn(*xs)
+from tests.conftest import Fn, export_and_check
 
 
 def check(fn: Callable[..., object], tmp_path, frontend, *args: torch.Tensor):

@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
-from torch import nn
 
-from tests.conftest import export_and_check
-
-
-class Fn(nn.Module):
-    def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        return self.fn(*xs)
+from tests.conftest import Fn, export_and_check
 
 
 def _any(shape=(2, 3, 5)) -> torch.Tensor:

@@ -16,17 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.ao import quantization as tq
 
-from tests.conftest import export_and_check, frontend_limit
+from tests.conftest import Fn, export_and_check, frontend_limit
 from torchlower.errors import LoweringError
-
-
-class Fn(nn.Module):
-    def __init__(self, fn: Callable[..., object]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs: torch.Tensor) -> object:
-        return self.fn(*xs)
 
 
 def _r(*shape: int) -> torch.Tensor:

@@ -6,19 +6,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from torch import nn
 
-from tests.conftest import export_and_check
-
-
-class Fn(nn.Module):
-    def __init__(self, fn: Callable[..., object]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs: torch.Tensor) -> object:
-        return self.fn(*xs)
-
+from tests.conftest import Fn, export_and_check
 
 TIES = torch.tensor([[1.0, 3.0, 3.0, 2.0, 5.0, 5.0, 0.0], [4.0, 4.0, 1.0, 1.0, 6.0, -1.0, 6.0]])
 
