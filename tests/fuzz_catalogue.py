@@ -16,89 +16,48 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from hypothesis import strategies as st
 
-Draw = Callable[[st.SearchStrategy[Any]], Any]
-KINDS = {torch.float32: "f", torch.int64: "i", torch.bool: "b"}
-MAX_NUMEL = 2048
-
-
-@dataclass(frozen=True)
-class Spec:
-    """What a drawer sees of a value: shape, dtype and whether it is bit-exact."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    exact: bool = True
-    nan: bool = False
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    @property
-    def kind(self) -> str:
-        return KINDS[self.dtype]
-
-
-@dataclass(frozen=True)
-class Args:
-    """Drawn arguments: keyword params, extra operands (shape, dtype) and constant weights."""
-
-    params: dict[str, Any] = field(default_factory=dict)
-    others: tuple[tuple[tuple[int, ...], torch.dtype], ...] = ()
-    weights: tuple[torch.Tensor, ...] = ()
-
-
-@dataclass(frozen=True)
-class Op:
-    """``fn(x, *others, *weights, **params)``; ``args(draw, x)`` gives ``Args`` or None (not here)."""
-
-    name: str
-    fn: Callable[..., torch.Tensor]
-    args: Callable[[Draw, Spec], Args | None] = lambda d, x: Args()
-    kinds: str = "f"
-    exact: bool = False
-    discontinuous: bool = False
-    min_rank: int = 0
-
-
-# ---- argument strategies ---------------------------------------------------------------------
-SCALARS = st.one_of(
-    st.sampled_from([0, 1, -1, 2, -3, 0.0, 0.5, -0.5, 1.5, -2.25, 3.0, 0.1]),
-    st.floats(-4, 4, allow_nan=False).map(lambda v: round(v, 3)),
+from tests.fuzz_nn_ops import (
+    _adaptive_args,
+    _adaptive_avg,
+    _adaptive_max,
+    _avg_pool,
+    _avg_pool_args,
+    _batch_norm,
+    _batch_norm_args,
+    _conv,
+    _conv_args,
+    _conv_t,
+    _conv_t_args,
+    _group_norm,
+    _group_norm_args,
+    _layer_norm,
+    _layer_norm_args,
+    _linear,
+    _linear_args,
+    _matmul_args,
+    _max_pool,
+    _pool_args,
 )
-
-
-def dim(d: Draw, x: Spec) -> int:
-    return d(st.integers(-x.rank, x.rank - 1))
-
-
-def dims(d: Draw, x: Spec, min_size: int = 1) -> list[int]:
-    picked = d(st.lists(st.integers(0, x.rank - 1), min_size=min_size, max_size=x.rank, unique=True))
-    return [p - x.rank if d(st.booleans()) else p for p in picked]
-
-
-def broadcast_shape(d: Draw, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """A shape that broadcasts with ``shape``: some dims set to 1, some leading dims dropped."""
-    out = tuple(1 if d(st.integers(0, 3)) == 0 else n for n in shape)
-    return out[d(st.integers(0, len(out))) :] if d(st.booleans()) else out
-
-
-def weight(d: Draw, *shape: int, scale: float = 1.0, positive: bool = False) -> torch.Tensor:
-    g = torch.Generator().manual_seed(d(st.integers(0, 2**20)))
-    w = torch.randn(*shape, generator=g) * scale
-    return w.abs() + 0.5 if positive else w
-
-
-def int_weight(d: Draw, shape: tuple[int, ...], high: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(d(st.integers(0, 2**20)))
-    return torch.randint(-high, high, shape, generator=g)
+from tests.fuzz_spec import (  # noqa: F401 (re-exported for fuzz_models)
+    KINDS,
+    MAX_NUMEL,
+    SCALARS,
+    Args,
+    Draw,
+    Op,
+    Spec,
+    broadcast_shape,
+    dim,
+    dims,
+    int_weight,
+    weight,
+)
 
 
 # ---- op families -----------------------------------------------------------------------------
@@ -281,145 +240,6 @@ def _flatten_args(d: Draw, x: Spec) -> Args:
 def _squeeze_args(d: Draw, x: Spec) -> Args:
     ones = [i for i, n in enumerate(x.shape) if n == 1]
     return Args({"dim": d(st.sampled_from(ones)) if ones and d(st.booleans()) else dim(d, x)})
-
-
-# ---- linear algebra, conv, pool, norms ---------------------------------------------------------
-def _linear_args(d: Draw, x: Spec) -> Args:
-    n_out = d(st.integers(1, 6))
-    bias = (weight(d, n_out),) if d(st.booleans()) else ()
-    return Args(weights=(weight(d, n_out, x.shape[-1], scale=0.5), *bias))
-
-
-def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x, w, b)
-
-
-def _matmul_args(d: Draw, x: Spec) -> Args:
-    n = d(st.integers(1, 5))
-    batch = x.shape[:-2] if x.rank > 2 and d(st.booleans()) else ()
-    batch = broadcast_shape(d, batch) if batch else ()
-    return Args(others=(((*batch, x.shape[-1], n), torch.float32),))
-
-
-def _spatial(x: Spec) -> int:
-    return x.rank - 2
-
-
-def _conv_args(d: Draw, x: Spec) -> Args | None:
-    if x.rank not in (3, 4):
-        return None
-    cin, size = x.shape[1], x.shape[2:]
-    groups = d(st.sampled_from([g for g in (1, 2, 3) if cin % g == 0]))
-    cout = groups * d(st.integers(1, 3))
-    k = [d(st.integers(1, 3)) for _ in size]
-    dil = [d(st.integers(1, 2)) for _ in size]
-    stride = [d(st.integers(1, 3)) for _ in size]
-    pad = d(st.sampled_from(["int", "same", "valid"]))
-    ints = [d(st.integers(0, (kk - 1) * dd)) for kk, dd in zip(k, dil, strict=True)]
-    padding: Any = ints if pad == "int" else pad
-    if pad == "same":
-        stride = [1] * len(size)
-    bias = (weight(d, cout),) if d(st.booleans()) else ()
-    params = {"stride": stride, "padding": padding, "dilation": dil, "groups": groups}
-    return Args(params, weights=(weight(d, cout, cin // groups, *k, scale=0.5), *bias))
-
-
-def _conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, **p: Any) -> torch.Tensor:
-    return (F.conv1d if x.dim() == 3 else F.conv2d)(x, w, b, **p)
-
-
-def _conv_t_args(d: Draw, x: Spec) -> Args | None:
-    if x.rank not in (3, 4):
-        return None
-    cin, size = x.shape[1], x.shape[2:]
-    groups = d(st.sampled_from([g for g in (1, 2) if cin % g == 0]))
-    cout_g = d(st.integers(1, 3))
-    k = [d(st.integers(1, 3)) for _ in size]
-    stride = [d(st.integers(1, 3)) for _ in size]
-    dil = [d(st.integers(1, 2)) for _ in size]
-    pad = [d(st.integers(0, (kk - 1) * dd)) for kk, dd in zip(k, dil, strict=True)]
-    out_pad = [d(st.integers(0, max(s, dd) - 1)) for s, dd in zip(stride, dil, strict=True)]
-    bias = (weight(d, cout_g * groups),) if d(st.booleans()) else ()
-    params = {"stride": stride, "padding": pad, "output_padding": out_pad, "groups": groups, "dilation": dil}
-    return Args(params, weights=(weight(d, cin, cout_g, *k, scale=0.5), *bias))
-
-
-def _conv_t(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, **p: Any) -> torch.Tensor:
-    return (F.conv_transpose1d if x.dim() == 3 else F.conv_transpose2d)(x, w, b, **p)
-
-
-def _pool_args(d: Draw, x: Spec) -> Args | None:
-    if x.rank not in (3, 4):
-        return None
-    k = [d(st.integers(1, min(3, n))) for n in x.shape[2:]]
-    stride = [d(st.integers(1, 3)) for _ in k]
-    pad = [d(st.integers(0, kk // 2)) for kk in k]
-    return Args({"kernel_size": k, "stride": stride, "padding": pad, "ceil_mode": d(st.booleans())})
-
-
-def _max_pool(x: torch.Tensor, **p: Any) -> torch.Tensor:
-    return (F.max_pool1d if x.dim() == 3 else F.max_pool2d)(x, **p)
-
-
-def _avg_pool_args(d: Draw, x: Spec) -> Args | None:
-    a = _pool_args(d, x)
-    return a and Args({**a.params, "count_include_pad": d(st.booleans())})
-
-
-def _avg_pool(x: torch.Tensor, **p: Any) -> torch.Tensor:
-    return (F.avg_pool1d if x.dim() == 3 else F.avg_pool2d)(x, **p)
-
-
-def _adaptive_args(d: Draw, x: Spec) -> Args | None:
-    return (
-        Args({"output_size": [d(st.integers(1, n + 1)) for n in x.shape[2:]]}) if x.rank in (3, 4) else None
-    )
-
-
-def _adaptive_avg(x: torch.Tensor, output_size: list[int]) -> torch.Tensor:
-    return (F.adaptive_avg_pool1d if x.dim() == 3 else F.adaptive_avg_pool2d)(x, output_size)
-
-
-def _adaptive_max(x: torch.Tensor, output_size: list[int]) -> torch.Tensor:
-    return (F.adaptive_max_pool1d if x.dim() == 3 else F.adaptive_max_pool2d)(x, output_size)
-
-
-def _batch_norm_args(d: Draw, x: Spec) -> Args | None:
-    if x.rank < 2:
-        return None
-    c = x.shape[1]
-    stats = (weight(d, c), weight(d, c, positive=True))
-    affine = (weight(d, c), weight(d, c)) if d(st.booleans()) else ()
-    return Args({"eps": d(st.sampled_from([1e-5, 1e-3, 0.1]))}, weights=stats + affine)
-
-
-def _batch_norm(
-    x: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *wb: torch.Tensor, eps: float
-) -> torch.Tensor:
-    return F.batch_norm(x, m, v, *wb, training=False, eps=eps)
-
-
-def _layer_norm_args(d: Draw, x: Spec) -> Args:
-    shape = list(x.shape[x.rank - d(st.integers(1, x.rank)) :])
-    affine = (weight(d, *shape), weight(d, *shape)) if d(st.booleans()) else ()
-    return Args({"shape": shape, "eps": d(st.sampled_from([1e-5, 0.1]))}, weights=affine)
-
-
-def _layer_norm(x: torch.Tensor, *wb: torch.Tensor, shape: list[int], eps: float) -> torch.Tensor:
-    return F.layer_norm(x, shape, *wb, eps=eps)
-
-
-def _group_norm_args(d: Draw, x: Spec) -> Args | None:
-    if x.rank < 2:
-        return None
-    c = x.shape[1]
-    groups = d(st.sampled_from([g for g in range(1, c + 1) if c % g == 0]))
-    affine = (weight(d, c), weight(d, c)) if d(st.booleans()) else ()
-    return Args({"groups": groups}, weights=affine)
-
-
-def _group_norm(x: torch.Tensor, *wb: torch.Tensor, groups: int) -> torch.Tensor:
-    return F.group_norm(x, groups, *wb)
 
 
 def _pad_args(d: Draw, x: Spec) -> Args | None:
