@@ -99,6 +99,26 @@ def _expected(cases: list[Case]) -> list[np.ndarray]:
         return [t.numpy() for t in BatchModel.of(cases).eval()(*batch_inputs(cases))]
 
 
+def f32_noise(cases: list[Case], want: list[np.ndarray]) -> list[float]:
+    """Per output: how far torch's own float32 result is from float64 (0 where not comparable).
+
+    A program can be ill-conditioned (``sin`` of an ``expm1`` in the millions): then float32
+    rounding alone moves the result, in torch as in tract, by about this much.
+    """
+    inputs = tuple(t.double() if t.is_floating_point() else t for t in batch_inputs(cases))
+    try:
+        with torch.no_grad():
+            exact = BatchModel.of(cases).double().eval()(*inputs)
+    except Exception:  # a program with an explicit float32 step does not run in float64
+        return [0.0] * len(want)
+    noise = []
+    for w, e in zip(want, exact, strict=True):
+        e = e.numpy()
+        both = np.isfinite(w) & np.isfinite(e) if w.dtype.kind == "f" and e.shape == w.shape else None
+        noise.append(float(np.abs(w[both] - e[both]).max(initial=0.0)) if both is not None else 0.0)
+    return noise
+
+
 class Runner:
     """Runs batches; ``counts`` accumulates outcomes, ``failures`` keeps the bad ones with their case."""
 
@@ -165,6 +185,7 @@ class Runner:
                 ]
             return [Outcome(idx[0], fe, "tract", got)]
         want = _expected(cases)
+        noise = f32_noise(cases, want)
         owner = output_owner(cases)
         bad: dict[int, str] = {}
         if len(got) != len(want):
@@ -173,7 +194,7 @@ class Runner:
             if w.shape != g.shape:
                 bad[owner[k]] = f"output {k}: shape {g.shape} != {w.shape}"
                 continue
-            err = compare([f"out{k}"], [w], [g], tolerance(w))[0]
+            err = compare([f"out{k}"], [w], [g], tolerance(w) + 4 * noise[k])[0]
             if not err.ok or (w.dtype != g.dtype and w.dtype.kind != g.dtype.kind):
                 bad.setdefault(
                     owner[k],

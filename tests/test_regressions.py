@@ -140,3 +140,51 @@ def test_atan2_of_negative_zero(tmp_path, frontend):
     y = torch.tensor([-0.0, 0.0, -0.0, 0.0, -1.0, 1.0])
     x = torch.tensor([-2.0, -2.0, 3.0, 3.0, -1.0, -1.0])
     verified_or_refused(lambda a, c: torch.atan2(a, c), (y, x), tmp_path, frontend)
+
+
+def test_division_by_signed_zero_literals(tmp_path, frontend):
+    """tract merges equal constants and ``-0.0 == 0.0``: ``x / -0.0`` next to ``x / 0.0`` took one
+    sign for both. Division by a constant zero is now ``x * ±inf`` (floor_divide too)."""
+    x = torch.tensor([0.0, -0.0, 1.0, -2.0, NAN, INF, -INF])
+    verified_or_refused(
+        lambda t: (t / -0.0, t / 0.0, torch.floor_divide(t, 0.0), torch.floor_divide(t, -0.0)),
+        (x,),
+        tmp_path,
+        frontend,
+    )
+    n = torch.tensor([0, 3, -2])
+    verified_or_refused(
+        lambda t: (t.abs() / -0.0, t / 0.0, torch.floor_divide(t, 0.0)), (n,), tmp_path, frontend
+    )
+
+
+def test_strided_slice_after_softmax(tmp_path, frontend):
+    """tract pulls a strided slice up through softmax as if it were elementwise:
+    ``softmax(x)[::3]`` came out as ``softmax(x[::3])``."""
+    x = torch.randn(2, 7)
+    verified_or_refused(
+        lambda t: (
+            torch.softmax(t, -1)[:, ::3],
+            (torch.log_softmax(t, 1) * 2)[:, 1::2],
+            torch.softmax(t, 0)[::2, 1:6:2],
+        ),
+        (x,),
+        tmp_path,
+        frontend,
+    )
+
+
+def test_three_equal_nodes(tmp_path, frontend):
+    """tract's merging of three equal nodes, the middle one consumed, left a ``Dummy`` op behind."""
+    x = torch.tensor([0.3, -1.0])
+    verified_or_refused(
+        lambda t: (
+            torch.exp(t),
+            torch.exp(torch.log(torch.exp(t))),
+            torch.exp(t),
+            torch.sin(t + 1) + (t + 1),
+        ),
+        (x,),
+        tmp_path,
+        frontend,
+    )

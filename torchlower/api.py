@@ -26,7 +26,7 @@ from torchlower.errors import (
     UnsupportedOpsError,
 )
 from torchlower.frontends.session import MISSING, Session
-from torchlower.nnef import archive, passes
+from torchlower.nnef import archive, guards, passes
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.tract import OutputError, compare, run_in_tract
 from torchlower.values import Value
@@ -152,6 +152,7 @@ def export(
     if compress is not None:
         reference = _compress(builder, module, example, compress)
     passes.optimize(builder)  # leaner graph: folds, merges, shared constants (nnef/passes.py)
+    guards.apply(builder)  # around tract optimizer bugs (nnef/guards.py)
     weights = builder.live_weights()
     final = archive.write(target, builder.graph_text(), weights, builder.quant_text())
     report = ExportReport(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -102,12 +103,17 @@ def ieee_zero(b: Builder, op: str, x: Operand, y: Operand) -> tuple[str, Operand
     tract folds a product with a constant 0 (and ``0 / y``) to 0, but ``inf * 0``, ``NaN * 0``
     and ``0 / 0`` are NaN in torch. ``x - x`` is 0 where x is finite and NaN elsewhere, and is
     not folded: ``x * 0`` becomes ``x * (x - x)`` (sign of zero kept), ``0 / y`` becomes ``r * (r - r)``
-    with ``r = 1 / y``. Operands are already promoted and rank-aligned.
+    with ``r = 1 / y``. ``x / ±0`` becomes ``x * ±inf``: tract merges equal constants, and
+    ``-0.0 == 0.0``, so a divisor's sign of zero is not safe in the graph. Operands are already
+    promoted and rank-aligned.
     """
     if op not in ("mul", "div"):
         return op, x, y
     if op == "mul" and _is_zero(x):
         x, y = y, x
+    floating = isinstance(x, Value) and x.dtype is not None and x.dtype.is_floating_point
+    if op == "div" and _is_zero(y) and floating:
+        return "mul", x, -math.inf if _negative_zero(y) else math.inf
     live = x if op == "mul" else y
     if not isinstance(live, Value) or live.is_const or live.dtype is None or not live.dtype.is_floating_point:
         return op, x, y

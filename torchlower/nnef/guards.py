@@ -1,0 +1,131 @@
+"""Graph rewrites that steer around tract 0.23 optimizer bugs; each keeps the function exact.
+
+These run after ``passes.optimize`` on every graph but quantized ones (graph.quant names values):
+
+- ``merge_duplicates``: identical assignments (same op, operands and attributes) become one.
+  tract's own merging of equal nodes leaves a dangling ``Dummy`` op ("eval() called on a Dummy
+  op") when three equal nodes exist and the middle one has a consumer; merging them first means
+  tract never sees the pattern (and the graph is smaller).
+- ``gather_strided_after_softmax``: tract pulls a strided slice (its ``Downsample``) up through
+  ``softmax`` / ``log_softmax`` as if they were elementwise, so ``softmax(x)[::2]`` becomes
+  ``softmax(x[::2])``. A strided slice that such a pull could reach a softmax from becomes a
+  ``tract_core_gather`` of constant indices, which tract does not move.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchlower.nnef import text
+from torchlower.nnef.builder import NNEFBuilder
+from torchlower.nnef.passes import _producers, _substitute, _uses, _variable
+from torchlower.values import Value
+
+Assignment = text.Assignment
+_SOURCES = ("external", "tract_core_external", "variable")  # distinct even when spelled alike
+_SOFTMAX = ("softmax", "tract_core_log_softmax")
+_PULL_DEPTH = 16  # how far up a chain of single-use producers a pull is followed
+
+
+def apply(b: NNEFBuilder) -> None:
+    """Every guard, in order; the builder's assignments are replaced."""
+    if b.quantization:
+        return
+    merge_duplicates(b)
+    gather_strided_after_softmax(b)
+    b.assignments = b.live_assignments()
+
+
+def _key(item: Any) -> Any:
+    """A hashable spelling of an operand or attribute that tells ``-0.0`` from ``0.0`` and NaN from NaN."""
+    if isinstance(item, Value):
+        return ("value", item.name)
+    if isinstance(item, float):
+        return ("float", repr(item))
+    if isinstance(item, (list, tuple)):
+        return ("list", tuple(_key(i) for i in item))
+    if isinstance(item, dict):
+        return ("dict", tuple((k, _key(v)) for k, v in sorted(item.items())))
+    return (type(item).__name__, repr(item))
+
+
+def merge_duplicates(b: NNEFBuilder) -> bool:
+    """Later copies of an assignment are replaced by the first one's outputs."""
+    first: dict[Any, Assignment] = {}
+    renames: dict[str, Value] = {}
+    for a in b.assignments:
+        if a.op.startswith(_SOURCES) or not a.args:
+            continue
+        args = [renames.get(x.name, x) if isinstance(x, Value) else x for x in a.args]
+        key = (a.op, _key(args), _key(a.attrs), len(a.outputs))
+        kept = first.setdefault(key, a)
+        if kept is not a and all(o.dtype == k.dtype for o, k in zip(a.outputs, kept.outputs, strict=True)):
+            renames.update({o.name: k for o, k in zip(a.outputs, kept.outputs, strict=True)})
+    _substitute(b, renames)
+    return bool(renames)
+
+
+def gather_strided_after_softmax(b: NNEFBuilder) -> bool:
+    """A strided slice that tract could pull into a softmax becomes slice + constant gathers."""
+    producers, uses = _producers(b), _uses(b)
+    out: list[Assignment] = []
+    changed = False
+    for a in b.assignments:
+        if a.op == "slice" and _strided(a) and _reaches_softmax(a.args[0], producers, uses):
+            replaced = _as_gathers(b, a)
+            if replaced is not None:
+                out += replaced
+                changed = True
+                continue
+        out.append(a)
+    b.assignments = out
+    return changed
+
+
+def _strided(a: Assignment) -> bool:
+    return any(s != 1 for s in a.attrs.get("stride", []))
+
+
+def _reaches_softmax(x: Any, producers: dict[str, Assignment], uses: dict[str, int]) -> bool:
+    """Whether a softmax sits above ``x`` on a path of single-use values (tract's pull path)."""
+    frontier, depth = [x], 0
+    while frontier and depth < _PULL_DEPTH:
+        step = []
+        for v in frontier:
+            p = producers.get(v.name) if isinstance(v, Value) else None
+            if p is None or uses[v.name] != 1:
+                continue
+            if p.op in _SOFTMAX:
+                return True
+            step += [arg for arg in p.args if isinstance(arg, Value)]
+        frontier, depth = step, depth + 1
+    return False
+
+
+def _as_gathers(b: NNEFBuilder, a: Assignment) -> list[Assignment] | None:
+    """``slice`` with strides → stride-1 ``slice`` then one ``tract_core_gather`` per strided axis."""
+    x, out = a.args[0], a.outputs[0]
+    axes, begin, end = a.attrs["axes"], a.attrs["begin"], a.attrs["end"]
+    stride = a.attrs["stride"]
+    bounds = [*begin, *end, *stride]
+    if not all(isinstance(i, int) for i in bounds) or any(s < 1 for s in stride) or x.shape is None:
+        return None  # symbolic or reversed bounds: left as they are
+    steps: list[Assignment] = []
+    shape = list(x.shape)
+    for axis, lo, hi in zip(axes, begin, end, strict=True):
+        shape[axis] = hi - lo
+    current = Value(b.fresh(f"{out.name}_range"), x.dtype, tuple(shape))
+    steps.append(Assignment([current], "slice", [x], {"axes": list(axes), "begin": begin, "end": end}))
+    for axis, s in zip(axes, stride, strict=True):
+        if s == 1:
+            continue
+        picks = torch.arange(0, shape[axis], s, dtype=torch.int64)
+        index, define = _variable(b, picks, f"constants/{out.name}")
+        shape[axis] = len(picks)
+        gathered = Value(b.fresh(f"{out.name}_picked"), x.dtype, tuple(shape))
+        steps += [define, Assignment([gathered], "tract_core_gather", [current, index], {"axis": axis})]
+        current = gathered
+    steps[-1].outputs = [out]  # the last gather defines ``out`` itself: consumers keep their operand
+    return steps
