@@ -106,11 +106,15 @@ def f32_noise(cases: list[Case], want: list[np.ndarray]) -> list[float]:
     rounding alone moves the result, in torch as in tract, by about this much.
     """
     inputs = tuple(t.double() if t.is_floating_point() else t for t in batch_inputs(cases))
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # ``int_tensor - 2.968`` is float64 too
     try:
         with torch.no_grad():
             exact = BatchModel.of(cases).double().eval()(*inputs)
     except Exception:  # a program with an explicit float32 step does not run in float64
         return [0.0] * len(want)
+    finally:
+        torch.set_default_dtype(default)
     noise = []
     for w, e in zip(want, exact, strict=True):
         e = e.numpy()

@@ -22,7 +22,7 @@ from torchlower.nnef.tract import run_in_tract
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SIZES = {"B": (1, 3, 5), "S": (1, 4, 9)}
-DYNAMIC_FRONTENDS = ("jit", "export")
+DYNAMIC_FRONTENDS = ("jit", "fx", "export")
 
 
 def at_sizes(
@@ -106,9 +106,56 @@ def _text_model(name: str) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]
     return model, (ids, torch.ones_like(mask))
 
 
+class TinyGPT(nn.Module):
+    """A decoder written the way FX can trace it: positions and the causal mask come from the
+    sequence length at run time (``ids.size(1)``), never from the example."""
+
+    def __init__(self, vocab: int = 50, dim: int = 16, heads: int = 2, context: int = 32) -> None:
+        super().__init__()
+        self.heads = heads
+        self.tokens, self.positions = nn.Embedding(vocab, dim), nn.Embedding(context, dim)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        batch, length = ids.size(0), ids.size(1)
+        pos = torch.arange(length, device=ids.device)
+        x = self.tokens(ids) + self.positions(pos)
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        split = lambda t: t.reshape(batch, length, self.heads, -1).transpose(1, 2)  # noqa: E731
+        scores = split(q) @ split(k).transpose(-1, -2) / (q.size(-1) // self.heads) ** 0.5
+        causal = pos[None, :] > pos[:, None]
+        weights = scores.masked_fill(causal, float("-inf")).softmax(-1)
+        x = x + self.proj((weights @ split(v)).transpose(1, 2).reshape(batch, length, -1))
+        return self.head(x + self.mlp(self.norm2(x)))
+
+
+def test_tiny_gpt_variable_batch_and_sequence(tmp_path, dyn_frontend):
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (2, 7))
+    export_dynamic(TinyGPT(), (ids,), tmp_path, dyn_frontend, {"ids": {0: "B", 1: "S"}})
+
+
+class OnesMask(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.size(1)
+        mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+        return x.unsqueeze(1).expand(-1, n, -1).masked_fill(mask, 0.0) + torch.full((n,), 0.5)
+
+
+def test_creation_ops_with_a_symbolic_size(tmp_path):
+    """``torch.ones(S, S)`` / ``torch.full((S,), v)`` are built in the graph from the input's size."""
+    for frontend in ("jit", "export"):  # FX cannot trace torch.ones(proxy, proxy) itself
+        export_dynamic(OnesMask(), (torch.randn(2, 6),), tmp_path, frontend, {"x": {0: "B", 1: "S"}})
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_decoder_variable_batch_and_sequence(tmp_path, dyn_frontend, name):
     pytest.importorskip("transformers")
+    if dyn_frontend == "fx":
+        pytest.skip("torch.fx cannot trace transformers models (Python control flow on tensors)")
     model, args = _text_model(name)
     axes = {"input_ids": {0: "B", 1: "S"}, "attention_mask": {0: "B", 1: "S"}}
     export_dynamic(model, args, tmp_path, dyn_frontend, axes)
@@ -126,6 +173,13 @@ def test_unknown_input_and_axis_are_rejected(tmp_path):
 class Branchy(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * 2 if x.shape[1] > 7 else x + 1
+
+
+class BranchOutsideTheMoves(nn.Module):
+    """Branches at a size the first captures (7, 8, 10) do not reach: seen at the check's sizes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.shape[1] >= 5 else x * 3
 
 
 class PythonSize(nn.Module):
@@ -152,6 +206,22 @@ def test_branching_on_a_dynamic_dim_names_input_axis_and_op(tmp_path):
             frontend="jit",
             dynamic_axes={"x": {1: "S"}},
         )
+
+
+def test_branch_seen_only_at_other_sizes_names_input_axis_op_and_line(tmp_path):
+    with pytest.raises(LoweringError) as caught:
+        torchlower.export(
+            BranchOutsideTheMoves(),
+            torch.randn(2, 7),
+            tmp_path / "m.nnef.tgz",
+            frontend="jit",
+            dynamic_axes={"x": {1: "S"}},
+        )
+    message = str(caught.value)
+    assert "input 'x' axis 1 (S) cannot be dynamic" in message
+    assert "aten::mul" in message
+    assert f"test_dynamic.py:{BranchOutsideTheMoves.forward.__code__.co_firstlineno + 1}" in message
+    assert not (tmp_path / "m.nnef.tgz").exists()
 
 
 def test_export_dynamic_shapes_with_dim(tmp_path):

@@ -49,7 +49,7 @@ LSTMS = {
 }
 
 
-@pytest.fixture(params=("jit", "export"))
+@pytest.fixture(params=("jit", "fx", "export"))
 def dyn_frontend(request: pytest.FixtureRequest) -> str:
     return request.param
 

@@ -175,8 +175,11 @@ def export(
         rules_used=builder.rules_used,
     )
     if check:
+        want = [t.detach().numpy() for t in reference]
         if tolerance is None and precision == "f16":
-            tolerance = f16_tolerance([t.detach().numpy() for t in reference])
+            tolerance = f16_tolerance(want)
+        if tolerance is None and builder.dequantized_steps:
+            tolerance = quantized_tolerance(want, builder.dequantized_steps)
         with progress.stage("checking in tract"):
             report.errors = verify(final, example, reference, names_out, tolerance)
             if spec is not None and compress is None:
@@ -256,6 +259,12 @@ def f16_tolerance(expected: Sequence[np.ndarray]) -> float:
     """1e-2 relative to the largest magnitude: f16 keeps ~3 decimal digits, layers add up."""
     scale = max((float(np.abs(e).max()) for e in expected if e.size and e.dtype.kind == "f"), default=1.0)
     return 1e-2 * max(1.0, scale)
+
+
+def quantized_tolerance(expected: Sequence[np.ndarray], steps: Sequence[float]) -> float:
+    """One quantization step of the dequantized tensors (the largest): tract and torch may round a
+    code to its neighbour (ties, requantization order), which moves the float result by a step."""
+    return max(default_tolerance(expected), 1.01 * max(steps))
 
 
 def _build(

@@ -24,6 +24,7 @@ from torchlower.values import Dim, Shape, SymDim, Value
 UNFIT = object()  # fit_value's "no expression" (None is a legitimate constant)
 _MOVES = (1, 3)  # each symbol alone at base + 1 and base + 3; the joint point at base + 2
 _JOINT = 2
+_FAR = 7
 
 
 @dataclass
@@ -60,6 +61,10 @@ class Spec:
             spec.points += [{**base, s: base[s] + m} for m in _MOVES]
         if len(base) > 1:
             spec.points.append({s: v + _JOINT for s, v in base.items()})
+        # the check's own sizes too (a branch on the size between them is seen while capturing),
+        # and one far point, so that a floor expression fitted to a branch's few sizes fails
+        far = {s: 2 * v + _FAR for s, v in base.items()}
+        spec.points += [p for p in [*spec.check_points(), far] if p not in spec.points]
         return spec
 
     def check_points(self) -> list[dict[str, int]]:

@@ -184,7 +184,8 @@ def interpret_program(
             tensor = own.get(spec.target) if spec.kind != InputKind.CONSTANT_TENSOR else None
             tensor = program.state_dict.get(spec.target) if tensor is None else tensor
             tensor = program.constants[spec.target] if tensor is None else tensor
-            label = prefix + spec.target if spec.kind != InputKind.CONSTANT_TENSOR else None
+            name = spec.target.removeprefix("fn.") if isinstance(module, _Call) else spec.target
+            label = prefix + name if spec.kind != InputKind.CONSTANT_TENSOR else None
             is_tensor = isinstance(tensor, torch.Tensor)
             values.append(constant(tensor.detach(), label=label) if is_tensor else tensor)
         else:
@@ -244,6 +245,8 @@ def lower_submodule(
     prefix: str,
 ) -> Any:
     """A leaf module without a module rule (FX front end), lowered through its ATen graph."""
+    if _dynamic_values(pytree.tree_leaves((args, kwargs))):
+        return lower_call(builder, session, module, args, kwargs, example, prefix, own=module)
     program = export_program(module, example[0], example[1], builder.rules)
     leaves = pytree.tree_leaves((args, kwargs))
     n_user = sum(s.kind == InputKind.USER_INPUT for s in program.graph_signature.input_specs)
@@ -278,11 +281,14 @@ def lower_call(
     kwargs: dict[str, Any],
     example: tuple[tuple[Any, ...], dict[str, Any]],
     where: str,
+    own: nn.Module | None = None,
 ) -> Any:
     """``fn(*args, **kwargs)`` (FX front end, ``F.interpolate``…) lowered through its ATen graph.
 
     The program depends only on ``fn``, the non-tensor arguments and the tensors' dtypes and
-    shapes, so it is cached by exactly those.
+    shapes, so it is cached by exactly those. Under dynamic axes the tensors' symbolic sizes
+    become ``torch.export`` dims, and the program is symbolic too. ``own``: a module called
+    (weights are read from it under its own names).
     """
     leaves, spec = pytree.tree_flatten(example)
     tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
@@ -290,8 +296,51 @@ def lower_call(
     if len(symbolic) != len(tensors):
         raise LoweringError(f"{where}: the tensor arguments of {describe(fn)} changed between passes")
     template = [_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
-    shown = [("tensor", t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else t for t in leaves]
-    key = (fn, str(spec), repr(shown), id(builder.rules), len(builder.rules.functions))
-    program = export_program(_Call(fn, template, spec), tensors, None, builder.rules, key)
-    flat = interpret_program(program, builder, session, symbolic, where + ".")
+    call = _Call(fn, template, spec)
+    if _dynamic_values(symbolic):
+        program = _export(call, tensors, None, builder.rules, _export_dims(symbolic, where, describe(fn)))
+        symbols = _symbols_of(program, symbolic)
+    else:
+        shown = [("tensor", t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else t for t in leaves]
+        key = (fn, str(spec), repr(shown), id(builder.rules), len(builder.rules.functions))
+        program, symbols = export_program(call, tensors, None, builder.rules, key), None
+    prefix = where + "." if own is None else where
+    module = None if own is None else call
+    flat = interpret_program(program, builder, session, symbolic, prefix, module, symbols)
     return pytree.tree_unflatten(flat, program.call_spec.out_spec)
+
+
+def _dynamic_values(leaves: Sequence[Any]) -> bool:
+    return any(isinstance(v, Value) and any(not isinstance(d, int) for d in v.shape or ()) for v in leaves)
+
+
+def _export_dims(values: Sequence[Value], where: str, what: str) -> tuple[Any, ...]:
+    """``dynamic_shapes`` for ``_Call.forward(*values)``: one ``Dim`` per symbol name."""
+    dims: dict[str, Any] = {}
+    out: list[Any] = []
+    for k, v in enumerate(values):
+        by_axis = {}
+        for axis, d in enumerate(v.shape or ()):
+            if isinstance(d, int):
+                continue
+            name = str(d)
+            if not name.isidentifier():
+                raise LoweringError(
+                    f"{where}: {what} is lowered through torch.export, which takes plain symbols as"
+                    f" sizes; tensor argument {k} has size {name} on axis {axis}"
+                )
+            by_axis[axis] = dims.setdefault(name, torch.export.Dim(name, min=1))
+        out.append(by_axis or None)
+    return (tuple(out),)  # ``*tensors`` is one argument to torch.export
+
+
+def _symbols_of(program: ExportedProgram, values: Sequence[Value]) -> dict[str, str]:
+    """torch.export's ``s0``, ``s1``… → the symbols of the values passed as its user inputs."""
+    names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    out: dict[str, str] = {}
+    for name, v in zip(names, values, strict=True):
+        for dim, ours in zip(nodes[name].meta["val"].shape, v.shape or (), strict=False):
+            if isinstance(dim, torch.SymInt) and not isinstance(ours, int):
+                out[str(dim.node.expr)] = str(ours)
+    return out

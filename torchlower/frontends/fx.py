@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from torchlower import progress
 from torchlower.errors import InvalidArgumentError, LoweringError
-from torchlower.frontends import pycalls
+from torchlower.frontends import fx_dynamic, pycalls
 from torchlower.frontends.fx_index import fold as _fold
 from torchlower.frontends.fx_index import lower_getitem, lower_setitem, static
 from torchlower.frontends.fx_trace import EXAMPLE, ShapePass, Tracer, trace
@@ -92,15 +92,20 @@ class Interpreter(fx.Interpreter):
             return args[0][_return_field(self._node.args[0], args[1])]  # topk(...).values
         if target in (operator.getitem, getattr, len) and not isinstance(args[0], Value):
             return MISSING if isinstance(args[0], Missing) else target(*args, **kwargs)
+        if target in pycalls.OPERATORS and not _has_tensors((args, kwargs)):
+            try:  # Python arithmetic on sizes and scalars (``x.size(-1) // heads``, ``S * 2``)
+                return target(*args, **kwargs)
+            except TypeError:
+                pass  # e.g. ``S / 2``: the rules materialize it
         if target is getattr:
             return _value_attr(args[0], args[1])
         if target is len:
-            return static(args[0])[0]
+            return _dims(args[0])[0]
         if isinstance(target, torch._ops.OpOverload):
             if not target._schema.returns:  # _assert_* checks of export: nothing to lower
                 return None
             if target._schema.name in ("aten::sym_size", "aten::sym_numel") and isinstance(args[0], Value):
-                shape = args[0].shape or static(args[0])
+                shape = _dims(args[0])
                 return shape[args[1]] if len(args) > 1 else math.prod(shape)
         rule = self.builder.rules.lookup_function(target)
         if rule is not None and rule.key is target:  # a user rule keyed by the Python callable
@@ -121,10 +126,10 @@ class Interpreter(fx.Interpreter):
         if target in _SHAPE_METHODS:
             if isinstance(self_arg, Missing):
                 return MISSING
-            shape = static(self_arg)
+            shape = _dims(self_arg)
             if target == "size":
                 dim = args[1] if len(args) > 1 else kwargs.get("dim")
-                return torch.Size(shape) if dim is None else shape[dim]
+                return _size(shape) if dim is None else shape[dim]
             return len(shape) if target in ("dim", "ndimension") else math.prod(shape)
         method = getattr(torch.Tensor, target, None)
         fold = _fold(method, args, kwargs) if method is not None else None
@@ -152,7 +157,6 @@ class Interpreter(fx.Interpreter):
     def _where(self) -> str:
         return self.prefix + (self._node.name if self._node is not None else "")
 
-
     def _metas(self) -> list[Meta] | None:
         return node_metas(self._node, self.symbols) if self._node is not None else None
 
@@ -177,9 +181,13 @@ def node_metas(node: fx.Node, symbols: dict[str, str] | None = None) -> list[Met
     found = node.meta.get("val", node.meta.get("tensor_meta"))
     if found is None:
         return None
-    leaves = found if isinstance(found, (tuple, list)) else [found]
+    leaves = found if isinstance(found, (tuple, list)) and not hasattr(found, "shape") else [found]
+    fitted = fx_dynamic.symbolic_shapes(node) or [None] * len(leaves)
     metas: list[Meta] = []
-    for leaf in leaves:
+    for leaf, shape in zip(leaves, fitted, strict=True):
+        if shape is not None:  # sizes that move with the dynamic axes
+            metas.append((leaf.dtype, shape))
+            continue
         if isinstance(leaf, (torch.Tensor,)) or (hasattr(leaf, "dtype") and hasattr(leaf, "shape")):
             if free_unbacked_symbols(tuple(leaf.shape)):  # data-dependent (index with a mask): the
                 metas.append((leaf.dtype, None))  # rule's own shape stands (static when the mask is)
@@ -198,22 +206,26 @@ def lower_module(
     session: Session,
     spec: Any = None,
 ) -> list[Any]:
-    """Lower ``model`` called on ``inputs`` (``example`` holds matching real tensors); flat outputs."""
-    if spec is not None:
-        raise LoweringError("dynamic axes are not supported by the fx front end yet; use jit or export")
+    """Lower ``model`` called on ``inputs`` (``example`` holds matching real tensors); flat outputs.
+
+    With a dynamic ``spec``, shapes are fitted over runs at every size point (fx_dynamic.py).
+    """
     if builder.rules.lookup_module(type(model)) is not None:
-        with torch.no_grad():
-            observed = pytree.tree_leaves(model(*example))
-        metas = [(t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (None, None) for t in observed]
+        metas = fx_dynamic.output_metas(model, example, spec)
         out = session.apply_module(model, list(inputs), type(model).__name__, metas)
     elif Tracer(builder.rules).is_leaf_module(model, ""):  # a torch.nn module FX cannot trace
-        from torchlower.frontends.export import lower_submodule
+        from torchlower.frontends.export import lower_export, lower_submodule
 
+        if spec is not None:
+            return lower_export(builder, model, example, inputs, session, spec)
         out = lower_submodule(builder, session, model, tuple(inputs), {}, (tuple(example), {}), "")
     else:
         gm = trace(model, builder.rules, example)
-        with torch.no_grad():
-            ShapePass(gm, builder.rules).propagate(*example)
+        if spec is not None:
+            fx_dynamic.fit_shapes(gm, builder.rules, spec, example)
+        else:
+            with torch.no_grad():
+                ShapePass(gm, builder.rules).propagate(*example)
         progress.retotal(sum(n.op.startswith("call_") for n in gm.graph.nodes), "lowering")
         out = Interpreter(gm, builder, session).run(*inputs)
     return pytree.tree_leaves(out)
@@ -246,6 +258,20 @@ def lower_fx(
 
 
 # ---- small helpers -------------------------------------------------------------------------
+def _has_tensors(tree: Any) -> bool:
+    return any(isinstance(leaf, (Value, Missing)) for leaf in pytree.tree_leaves(tree))
+
+
+def _dims(x: Value) -> tuple[Any, ...]:
+    """Sizes of ``x``: ints, or ``SymDim`` on dynamic axes."""
+    return tuple(x.shape) if x.shape is not None else static(x)
+
+
+def _size(shape: tuple[Any, ...]) -> Any:
+    """``x.size()``: a ``torch.Size`` when static (models call its methods), else a tuple."""
+    return torch.Size(shape) if all(isinstance(d, int) for d in shape) else shape
+
+
 def _example_tensor(value: Value) -> torch.Tensor:
     if value.is_const:
         return value.const
@@ -281,7 +307,7 @@ def _bind_signature(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
 
 def _value_attr(x: Value, name: str) -> Any:
     if name == "shape":
-        return torch.Size(static(x))
+        return _size(_dims(x))
     if name == "ndim":
         return x.rank
     if name == "dtype":

@@ -20,16 +20,18 @@ Step = tuple[str, list[Any]]
 
 
 def lower_getitem(session: Session, x: Value, index: Any, where: str, metas: list[Meta] | None) -> Any:
-    """``x[index]``; every step but the last gets its shape from a meta-tensor probe."""
+    """``x[index]``; every step but the last gets its shape from a meta-tensor probe (from the
+    rules themselves when ``x`` has dynamic sizes; the last step's comes from the graph)."""
     steps = _basic_steps(x, _items(x, index, where), where) or [("aten::slice.Tensor", [0, None, None, 1])]
     result: Any = x
-    probe = torch.empty(static(x), dtype=x.dtype, device="meta")
+    dynamic = x.shape is not None and any(not isinstance(d, int) for d in x.shape)
+    probe = None if dynamic else torch.empty(static(x), dtype=x.dtype, device="meta")
     for n, (op, rest) in enumerate(steps):
         aten = overload(op)
         last = n == len(steps) - 1
-        if not last:
+        if not last and probe is not None:
             probe = aten(probe, *[_meta_arg(r) for r in rest])
-        meta = metas if last else [(probe.dtype, tuple(probe.shape))]
+        meta = metas if last else None if probe is None else [(probe.dtype, tuple(probe.shape))]
         result = session.apply(op, [result, *rest], where, meta, fold(aten, (result, *rest), {}))
     return result
 

@@ -10,6 +10,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -110,17 +111,32 @@ class ModuleTracer:
         return getattr(self.traced_module, self.fn_name).graph
 
 
-def _trace(module: nn.Module, fn_name: str, args: tuple[Any, ...] | None) -> Any:
+def _trace(
+    module: nn.Module, fn_name: str, args: tuple[Any, ...] | None, python_values: set[str] | None = None
+) -> Any:
+    """``torch.jit.trace``; ``python_values`` collects where the model turned a tensor (or a
+    size) into a Python value, which the trace then holds as a constant (``file.py:12``)."""
     inputs = () if args is None else args
     options: dict[str, Any] = {"check_trace": False}
     if "strict" in torch.jit.trace.__code__.co_varnames:
         options["strict"] = False
-    with warnings.catch_warnings():  # jit.trace is deprecated upstream; it is this front end's job
+    with warnings.catch_warnings(record=True) as caught:  # jit.trace is deprecated upstream
+        warnings.simplefilter("always", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         if fn_name == "forward":
-            return torch.jit.trace(module, inputs, **options)
-        return torch.jit.trace_module(module, {fn_name: inputs}, **options)
+            traced = torch.jit.trace(module, inputs, **options)
+        else:
+            traced = torch.jit.trace_module(module, {fn_name: inputs}, **options)
+    for w in caught:  # the model's own warnings still reach the user
+        if not issubclass(w.category, torch.jit.TracerWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if python_values is not None:
+        python_values |= {
+            f"{Path(w.filename).name}:{w.lineno}"
+            for w in caught
+            if issubclass(w.category, torch.jit.TracerWarning)
+        }
+    return traced
 
 
 @dataclass
@@ -233,20 +249,31 @@ def lower_jit(
 def _dynamic_overrides(tracer: ModuleTracer, graph: torch.Graph, spec: Spec) -> dynamic.JitOverrides:
     """Trace at every other point of ``spec``; the graphs' differences become symbols."""
     graphs = [graph]
+    python_values: set[str] = set()
     for point in spec.points[1:]:
         args = maybe_quantize_args(tracer.mod, spec.example_at(tracer.args or (), point))
         try:
-            traced = _trace(tracer.mod, tracer.fn_name, args)
+            traced = _trace(tracer.mod, tracer.fn_name, args, python_values)
         except RuntimeError as exc:
             raise dynamic.not_dynamic(
-                spec, [s for s in spec.base if point[s] != spec.base[s]], f"tracing at sizes {point} failed"
-                f" ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})"
+                spec,
+                [s for s in spec.base if point[s] != spec.base[s]],
+                f"tracing at sizes {point} failed"
+                f" ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})",
             ) from exc
         fn = traced if tracer.fn_name == "forward" else getattr(traced, tracer.fn_name)
         other = fn.graph.copy()
         torch._C._jit_pass_inline(other)
         graphs.append(other)
-    return dynamic.jit_overrides(spec, graphs)
+    try:
+        return dynamic.jit_overrides(spec, graphs)
+    except LoweringError as exc:
+        if not python_values:
+            raise
+        where = ", ".join(sorted(python_values))
+        raise LoweringError(
+            f"{exc}. The model turned a tensor or size into a Python value at {where}"
+        ) from exc
 
 
 _UNPACK = ("prim::ListUnpack", "prim::TupleUnpack")

@@ -89,6 +89,7 @@ class NNEFBuilder:
         self._keep_alive: list[torch.Tensor] = []
         self.quantization: dict[str, QParams] = {}  # graph.quant entries by identifier
         self._qvalues: dict[str, QParams] = {}  # those plus values that inherit their type
+        self.dequantized_steps: list[float] = []  # scales of quantized tensors turned back into floats
         self.fragments: dict[str, str] = {}  # fragment text by name (bodies of tract_core_scan)
 
     # ---- names --------------------------------------------------------------------------

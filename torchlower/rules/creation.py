@@ -89,6 +89,31 @@ def zeros(
     return filled(b, 0, list(size), dtype or torch.float32)
 
 
+@rule("aten::ones")
+def ones(
+    b: Builder, size: Sequence[Dim], dtype: torch.dtype | None, layout: object, device: object,
+    pin_memory: bool | None,
+) -> Value:  # fmt: skip
+    """ones(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+
+    Reached only with a symbolic size (e.g. a causal mask ``ones(S, S).triu(1)``).
+    """  # noqa: E501
+    return filled(b, 1, list(size), dtype or torch.get_default_dtype())
+
+
+@rule("aten::full")
+def full(
+    b: Builder, size: Sequence[Dim], fill_value: float | int | bool, dtype: torch.dtype | None,
+    layout: object,
+    device: object, pin_memory: bool | None,
+) -> Value:  # fmt: skip
+    """full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+
+    Reached only with a symbolic size; the dtype follows the fill value, as in torch.
+    """  # noqa: E501
+    return filled(b, fill_value, list(size), dtype or torch.tensor(fill_value).dtype)
+
+
 def _trilu(b: Builder, x: Value, diagonal: int, upper: bool) -> Value:
     return b.call("tract_core_trilu", [x, int(diagonal)], {"upper": upper}, dtype=x.dtype, shape=x.shape)
 

@@ -48,8 +48,10 @@ def quantize_per_tensor(b: Builder, x: Value, scale: float, zero_point: int, dty
 @rule("aten::dequantize.self", "aten::dequantize")
 def dequantize(b: Builder, x: Value) -> Value:
     """dequantize.self(Tensor self) -> Tensor"""
-    if b.quant_params(x) is None:
+    q = b.quant_params(x)
+    if q is None:
         return x
+    b.dequantized_steps.append(q.scale)  # the check's default tolerance (api.quantized_tolerance)
     return _float(b, x)
 
 
