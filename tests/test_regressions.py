@@ -142,6 +142,14 @@ def test_atan2_of_negative_zero(tmp_path, frontend):
     verified_or_refused(lambda a, c: torch.atan2(a, c), (y, x), tmp_path, frontend)
 
 
+def test_atan2_at_the_origin(tmp_path, frontend):
+    """atan2(±0, -0) is ±pi and atan2(±0, +0) is ±0; the rule gave 0 for all four.
+    ``1 / atan2`` makes the sign of a zero result visible to the comparison."""
+    y = torch.tensor([0.0, -0.0, 0.0, -0.0])
+    x = torch.tensor([-0.0, -0.0, 0.0, 0.0])
+    verified_or_refused(lambda a, c: (torch.atan2(a, c), 1 / torch.atan2(a, c)), (y, x), tmp_path, frontend)
+
+
 def test_division_by_signed_zero_literals(tmp_path, frontend):
     """tract merges equal constants and ``-0.0 == 0.0``: ``x / -0.0`` next to ``x / 0.0`` took one
     sign for both. Division by a constant zero is now ``x * ±inf`` (floor_divide too)."""
@@ -183,6 +191,30 @@ def test_three_equal_nodes(tmp_path, frontend):
             torch.exp(torch.log(torch.exp(t))),
             torch.exp(t),
             torch.sin(t + 1) + (t + 1),
+        ),
+        (x,),
+        tmp_path,
+        frontend,
+    )
+
+
+def test_integer_product_of_a_tensor_with_itself(tmp_path, frontend):
+    """tract rewrites ``mul(x, x)`` to ``square``, which has no integer kernel ("Square does not
+    support I64"); integer self-products are written as ``x * (x + 1) - x``."""
+    args = (torch.tensor([[1, -2, 3]]), torch.tensor(-7))
+    verified_or_refused(
+        lambda t, s: (t * t, torch.pow(t, 2), torch.square(t), s * s), args, tmp_path, frontend
+    )
+
+
+def test_strided_conv_over_an_unsqueezed_axis(tmp_path, frontend):
+    """A stride on an axis with one window position: tract split it into a ``Downsample`` that it
+    then failed to move over the ``unsqueeze`` ("Invalid axis" at load). The stride is moot there."""
+    x = torch.randn(1, 2, 5)
+    verified_or_refused(
+        lambda t: (
+            torch.nn.functional.conv2d(t.unsqueeze(2), torch.ones(2, 2, 1, 1), stride=2),
+            torch.nn.functional.conv2d(t.unsqueeze(3), torch.ones(3, 2, 1, 1), stride=(2, 3)),
         ),
         (x,),
         tmp_path,

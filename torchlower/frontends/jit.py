@@ -7,10 +7,8 @@ every ``aten::`` node becomes one rule call through the shared session.
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +17,8 @@ from torch import nn
 from torchlower import dynamic, progress
 from torchlower.dynamic import Spec
 from torchlower.errors import InvalidArgumentError, LoweringError, TraceError
+from torchlower.frontends import jit_trace
+from torchlower.frontends.jit_trace import FastTrace, dynamic_overrides, maybe_quantize_args, trace
 from torchlower.frontends.session import MISSING, Meta, Session
 from torchlower.values import SymDim, Value, constant
 
@@ -32,37 +32,6 @@ _DTYPE_OF_CODE = {
     0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
     5: torch.float16, 6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16,
 }  # fmt: skip
-
-
-def _is_quantized_input_module(module: nn.Module) -> bool:
-    """True when the first compute layer is a quantized conv/linear (expects quantized input)."""
-    for sub in module.modules():
-        if type(sub).__name__ == "Quantize":  # a QuantStub converted: it quantizes the input itself
-            return False
-        kind = type(sub).__module__
-        if kind.startswith("torch.ao.nn.quantized") and type(sub).__name__ in {
-            "Conv1d", "Conv2d", "Conv3d", "Linear", "ConvTranspose1d", "ConvTranspose2d",
-        }:  # fmt: skip
-            return True
-        if isinstance(sub, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
-            return False
-    return False
-
-
-def maybe_quantize_args(module: nn.Module, args: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
-    """Quantize float tensor args when ``module`` expects quantized input.
-
-    Only to make tracing work: the scale (1.0) and zero point (0) are dummies and the
-    quantized values are not representative of real data.
-    """
-    if args is None or not _is_quantized_input_module(module):
-        return args
-    return tuple(
-        torch.quantize_per_tensor(a, 1.0, 0, torch.quint8)
-        if isinstance(a, torch.Tensor) and a.is_floating_point() and not a.is_quantized
-        else a
-        for a in args
-    )
 
 
 class ModuleTracer:
@@ -84,7 +53,7 @@ class ModuleTracer:
     def traced_module(self) -> torch.jit.TracedModule:
         if self._traced_module is None:
             try:
-                self._traced_module = _trace(self.mod, self.fn_name, self.args)
+                self._traced_module = trace(self.mod, self.fn_name, self.args)
             except RuntimeError as exc:
                 raise TraceError(
                     f"torch.jit.trace failed on {type(self.mod).__qualname__}.{self.fn_name}: "
@@ -102,90 +71,13 @@ class ModuleTracer:
         """
         if self._traced_module is not None or self.fn_name != "forward" or self.args is None:
             return None
-        return _fast_trace(self.mod, self.args)
+        return jit_trace.fast_trace(self.mod, self.args)
 
     @property
     def torch_graph(self) -> torch.Graph:
         if self.fn_name == "forward":
             return self.traced_module.graph
         return getattr(self.traced_module, self.fn_name).graph
-
-
-def _trace(
-    module: nn.Module, fn_name: str, args: tuple[Any, ...] | None, python_values: set[str] | None = None
-) -> Any:
-    """``torch.jit.trace``; ``python_values`` collects where the model turned a tensor (or a
-    size) into a Python value, which the trace then holds as a constant (``file.py:12``)."""
-    inputs = () if args is None else args
-    options: dict[str, Any] = {"check_trace": False}
-    if "strict" in torch.jit.trace.__code__.co_varnames:
-        options["strict"] = False
-    with warnings.catch_warnings(record=True) as caught:  # jit.trace is deprecated upstream
-        warnings.simplefilter("always", category=torch.jit.TracerWarning)
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        if fn_name == "forward":
-            traced = torch.jit.trace(module, inputs, **options)
-        else:
-            traced = torch.jit.trace_module(module, {fn_name: inputs}, **options)
-    for w in caught:  # the model's own warnings still reach the user
-        if not issubclass(w.category, torch.jit.TracerWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    if python_values is not None:
-        python_values |= {
-            f"{Path(w.filename).name}:{w.lineno}"
-            for w in caught
-            if issubclass(w.category, torch.jit.TracerWarning)
-        }
-    return traced
-
-
-@dataclass
-class FastTrace:
-    graph: torch.Graph
-    state: list[tuple[str, torch.Tensor]]  # (state_dict key, tensor) of the trailing graph inputs
-
-
-def _fast_trace(module: nn.Module, args: tuple[Any, ...]) -> FastTrace | None:
-    """Trace with ``_get_trace_graph`` where it is equivalent to ``torch.jit.trace``; else None.
-
-    Equivalent means: plain (not scripted, not quantized) module and tensor inputs, every
-    parameter and buffer in the state dict exactly once (tied or non-persistent tensors would
-    get other labels), and outputs that are tensors in (nested) tuples or lists.
-    """
-    if isinstance(module, torch.jit.ScriptModule) or not all(
-        isinstance(a, torch.Tensor) and not a.is_quantized for a in args
-    ):
-        return None
-    state = torch.jit._unique_state_dict(module, keep_vars=True)
-    held = [t for _, t in module.named_parameters(remove_duplicate=False)]
-    held += [t for _, t in module.named_buffers(remove_duplicate=False)]
-    if len(state) != len(held) or {id(t) for t in state.values()} != {id(t) for t in held}:
-        return None
-    if any(t.is_quantized for t in held):
-        return None
-    scopes: dict[Any, str] = {"__module": module}
-    for name, child in module.named_modules(remove_duplicate=False):
-        if name:
-            scopes[child] = f"__module.{name}"  # last name wins, as in torch.jit.trace_module
-    old = torch.jit._trace._trace_module_map
-    torch.jit._trace._trace_module_map = scopes  # scope names, as torch.jit.trace records them
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-            graph, out = torch.jit._get_trace_graph(module, args, strict=False)
-    except (RuntimeError, TypeError, ValueError):
-        return None  # the full route reports the failure with its own message
-    finally:
-        torch.jit._trace._trace_module_map = old
-    if not _tensor_tree(out) or len(list(graph.inputs())) != len(args) + len(state):
-        return None
-    return FastTrace(graph, list(state.items()))
-
-
-def _tensor_tree(item: Any) -> bool:
-    if isinstance(item, (tuple, list)):
-        return all(_tensor_tree(i) for i in item)
-    return isinstance(item, torch.Tensor)
 
 
 @dataclass
@@ -218,7 +110,7 @@ def lower_jit(
         graph_inputs = list(graph.inputs())
         env[graph_inputs[0]] = _ModuleRef("", tracer.mod)
         tensor_inputs = graph_inputs[1:]
-        dyn = _dynamic_overrides(tracer, graph, spec) if spec is not None else None
+        dyn = dynamic_overrides(tracer.mod, tracer.fn_name, tracer.args or (), graph, spec) if spec else None
     progress.retotal(sum(n.kind().startswith("aten::") for n in graph.nodes()), "lowering")
     if len(tensor_inputs) != len(inputs):
         raise InvalidArgumentError(
@@ -244,36 +136,6 @@ def lower_jit(
             env.update(zip(outputs, results, strict=True))
     returned = [env[v] for v in graph.return_node().inputs()]
     return _flatten(returned[0] if len(returned) == 1 else returned)
-
-
-def _dynamic_overrides(tracer: ModuleTracer, graph: torch.Graph, spec: Spec) -> dynamic.JitOverrides:
-    """Trace at every other point of ``spec``; the graphs' differences become symbols."""
-    graphs = [graph]
-    python_values: set[str] = set()
-    for point in spec.points[1:]:
-        args = maybe_quantize_args(tracer.mod, spec.example_at(tracer.args or (), point))
-        try:
-            traced = _trace(tracer.mod, tracer.fn_name, args, python_values)
-        except RuntimeError as exc:
-            raise dynamic.not_dynamic(
-                spec,
-                [s for s in spec.base if point[s] != spec.base[s]],
-                f"tracing at sizes {point} failed"
-                f" ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})",
-            ) from exc
-        fn = traced if tracer.fn_name == "forward" else getattr(traced, tracer.fn_name)
-        other = fn.graph.copy()
-        torch._C._jit_pass_inline(other)
-        graphs.append(other)
-    try:
-        return dynamic.jit_overrides(spec, graphs)
-    except LoweringError as exc:
-        if not python_values:
-            raise
-        where = ", ".join(sorted(python_values))
-        raise LoweringError(
-            f"{exc}. The model turned a tensor or size into a Python value at {where}"
-        ) from exc
 
 
 _UNPACK = ("prim::ListUnpack", "prim::TupleUnpack")

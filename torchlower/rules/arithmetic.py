@@ -17,6 +17,7 @@ from torchlower.rules.common import (
     Scalar,
     align_ranks,
     cast,
+    distinct_factors,
     ieee_zero,
     rank0,
     rank_of,
@@ -83,7 +84,7 @@ def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | Non
     shape = broadcast_shape(x, y)
     x, y = align_ranks(b, x, y)
     out_dtype = torch.bool if op in ("lt", "gt", "le", "ge", "eq", "ne") else dtype
-    op, x, y = ieee_zero(b, op, x, y)
+    op, x, y = distinct_factors(b, *ieee_zero(b, op, x, y))
     return rank0(b, b.call(op, [x, y], dtype=out_dtype, shape=shape), rank)
 
 

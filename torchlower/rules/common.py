@@ -127,6 +127,20 @@ def ieee_zero(b: Builder, op: str, x: Operand, y: Operand) -> tuple[str, Operand
     return op, x, y
 
 
+def distinct_factors(b: Builder, op: str, x: Operand, y: Operand) -> tuple[str, Operand, Operand]:
+    """An integer ``x * x`` as ``x * (x + 1) - x``: tract rewrites a product of one tensor with
+    itself to ``square``, which has no integer kernels ("Square does not support I64"). Exact
+    in wrapping integer arithmetic, like the product itself."""
+    same = isinstance(x, Value) and isinstance(y, Value) and x.name == y.name
+    if op != "mul" or not same or x.dtype is None:
+        return op, x, y
+    if x.dtype.is_floating_point or x.dtype == torch.bool:
+        return op, x, y
+    one = constant(torch.ones((1,) * x.rank, dtype=x.dtype))
+    shifted = b.call("add", [x, one], dtype=x.dtype, shape=x.shape)
+    return "sub", b.call("mul", [x, shifted], dtype=x.dtype, shape=x.shape), x
+
+
 def _negative_zero(z: Operand) -> bool:
     v = z.const.reshape(()) if isinstance(z, Value) else torch.tensor(float(z))
     return bool(torch.signbit(v.float()))

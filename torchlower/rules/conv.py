@@ -62,10 +62,14 @@ def _conv(
             attrs["output_shape"] = out
         op = "deconv"
     else:
-        out = [
-            (i + p0 + p1 - d * (kk - 1) - 1) // s + 1 if isinstance(i, int) else None
-            for i, s, (p0, p1), d, kk in zip(spatial, stride, pairs, dilation, k, strict=True)
+        spans = [
+            i + p0 + p1 - d * (kk - 1) - 1 if isinstance(i, int) else None
+            for i, (p0, p1), d, kk in zip(spatial, pairs, dilation, k, strict=True)
         ]
+        out = [span // s + 1 if span is not None else None for span, s in zip(spans, stride, strict=True)]
+        # one window position: the stride is moot; tract would split it into a Downsample it then
+        # fails to move over an ``unsqueeze`` of that axis ("Invalid axis" at load)
+        attrs["stride"] = [1 if span == 0 else s for span, s in zip(spans, stride, strict=True)]
         op = "conv"
     attrs["groups"] = int(groups)
     shape: Shape | None = None

@@ -15,7 +15,16 @@ import torch
 
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, Operand, align_ranks, ieee_zero, rank0, rank_of, shape_of
+from torchlower.rules.common import (
+    Builder,
+    Operand,
+    align_ranks,
+    distinct_factors,
+    ieee_zero,
+    rank0,
+    rank_of,
+    shape_of,
+)
 from torchlower.values import Shape, Value, constant, normalize_dim
 
 # ---- helpers shared by the compare / reduce_extra families ---------------------------------
@@ -91,7 +100,7 @@ def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | Non
         return rank0(b, same, rank)
     if op in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "tract_core_xor"):
         out = torch.bool
-    op, px, py = ieee_zero(b, op, px, py)
+    op, px, py = distinct_factors(b, *ieee_zero(b, op, px, py))
     result = b.call(op, [px, py], dtype=out, shape=shape)
     if out == torch.bool and _symbolic_broadcast(px, py):
         # tract 0.23.9 derives wrong shapes for select/and over a comparison broadcast on symbolic
@@ -388,7 +397,9 @@ def atan2(b: Builder, y: Value, x: Value) -> Value:
     turn = select(b, below, -math.pi, math.pi)
     shifted = binary(b, "add", base, select(b, binary(b, "lt", x, 0.0), turn, 0.0))
     origin = binary(b, "and", binary(b, "eq", x, 0.0), binary(b, "eq", y, 0.0))
-    return select(b, origin, 0.0, shifted)
+    # at the origin the zeros' signs decide: x = -0 gives ±pi (by y's sign), x = +0 gives y (±0)
+    at_origin = select(b, binary(b, "lt", unary(b, "recip", x), 0.0), turn, y)
+    return select(b, origin, at_origin, shifted)
 
 
 # ---- cumulative -----------------------------------------------------------------------------
