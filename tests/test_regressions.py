@@ -220,3 +220,25 @@ def test_strided_conv_over_an_unsqueezed_axis(tmp_path, frontend):
         tmp_path,
         frontend,
     )
+
+
+def test_log1p_expm1_logsigmoid_keep_small_values(tmp_path, frontend):
+    """``log(1 + x)`` / ``exp(x) - 1`` lose a small x to rounding (log1p(1e-8) was 0, so its
+    reciprocal inf); log_sigmoid's tail went through the same log. Found as ``-2.25 /
+    logsigmoid(2 ** v)`` off by 1.19."""
+    x = torch.tensor(
+        [0.0, -0.0, 1e-8, -1e-8, 1e-4, 0.5, -0.5, -1.0, -2.0, 3.0, 88.0, 100.0, -100.0, INF, -INF, NAN]
+    )
+    verified_or_refused(
+        lambda t: (
+            torch.log1p(t),
+            torch.expm1(t),
+            torch.nn.functional.logsigmoid(t),
+            1 / torch.log1p(t),
+            1 / torch.expm1(t),
+            -2.25 / torch.nn.functional.logsigmoid(t),
+        ),
+        (x,),
+        tmp_path,
+        frontend,
+    )

@@ -21,6 +21,7 @@ from torchlower.rules.math import (
     binary,
     cast,
     floating,
+    log1p,
     log2,
     log10,
     promote,
@@ -106,7 +107,7 @@ def mish(b: Builder, x: Value) -> Value:
 def log_sigmoid(b: Builder, x: Value) -> Value:
     """log_sigmoid(Tensor self) -> Tensor: min(x, 0) - log1p(exp(-|x|)) (no overflow either side)"""
     x = floating(b, x)
-    tail = unary(b, "log", binary(b, "add", unary(b, "exp", unary(b, "neg", unary(b, "abs", x))), 1.0))
+    tail = log1p(b, unary(b, "exp", unary(b, "neg", unary(b, "abs", x))))
     return binary(b, "sub", binary(b, "min", x, 0.0), tail)
 
 

@@ -176,14 +176,34 @@ def sign(b: Builder, x: Value) -> Value:
 
 @rule("aten::log1p", "aten::log1p_")
 def log1p(b: Builder, x: Value) -> Value:
-    """log1p(Tensor self) -> Tensor"""
-    return unary(b, "log", binary(b, "add", floating(b, x), 1.0))
+    """log1p(Tensor self) -> Tensor
+
+    ``log(1 + x)`` loses the digits of a small ``x`` to the rounding of ``1 + x``; with
+    ``u = 1 + x``, ``log(u) · x / (u − 1)`` divides that rounding back out (Goldberg), exact
+    to a few ulp. ``u == 1`` gives ``x``; ``x == inf`` gives inf.
+    """
+    x = floating(b, x)
+    u = binary(b, "add", x, 1.0)
+    gap = binary(b, "sub", u, 1.0)
+    plain = binary(b, "or", binary(b, "eq", gap, 0.0), binary(b, "eq", x, math.inf))
+    ratio = select(b, plain, 1.0, binary(b, "div", x, gap))
+    return select(b, binary(b, "eq", gap, 0.0), x, binary(b, "mul", unary(b, "log", u), ratio))
 
 
 @rule("aten::expm1", "aten::expm1_")
 def expm1(b: Builder, x: Value) -> Value:
-    """expm1(Tensor self) -> Tensor"""
-    return binary(b, "sub", unary(b, "exp", floating(b, x)), 1.0)
+    """expm1(Tensor self) -> Tensor
+
+    ``exp(x) − 1`` cancels for small ``x``; ``(u − 1) · x / log(u)`` with ``u = exp(x)`` does
+    not (Kahan). ``u == 1`` gives ``x``, ``u − 1 == −1`` gives −1 and ``u == inf`` gives inf.
+    """
+    x = floating(b, x)
+    u = unary(b, "exp", x)
+    gap = binary(b, "sub", u, 1.0)
+    plain = binary(b, "or", binary(b, "eq", gap, -1.0), binary(b, "eq", u, math.inf))
+    exact = select(b, plain, 1.0, binary(b, "div", x, unary(b, "log", u)))
+    scaled = binary(b, "mul", gap, exact)
+    return select(b, binary(b, "eq", u, 1.0), x, scaled)
 
 
 @rule("aten::log2")
