@@ -277,7 +277,9 @@ def _example_tensor(value: Value) -> torch.Tensor:
         return value.const
     if value.shape is None or any(not isinstance(d, int) for d in value.shape):
         raise InvalidArgumentError(
-            f"input {value.name} has shape {value.shape}; the fx front end needs static shapes"
+            f"input {value.name} has shape {value.shape}; lower_fx needs static input shapes (for"
+            " symbolic sizes use torchlower.export(..., frontend='fx', dynamic_axes=...), which"
+            " has example inputs to run the model at several sizes)"
         )
     dtype = value.dtype or torch.float32
     if dtype.is_floating_point:
