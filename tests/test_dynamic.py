@@ -235,3 +235,13 @@ def test_export_dynamic_shapes_with_dim(tmp_path):
         (xi,) = at_sizes((x,), {0: {0: "B", 1: "S"}}, sizes)
         got = run_in_tract(report.path, [xi.numpy()])[0]
         assert np.abs(got - model(xi).detach().numpy()).max() <= 1e-4
+
+
+def test_report_shows_symbolic_output_shapes(tmp_path, dyn_frontend):
+    model = nn.Sequential(nn.Linear(8, 3), nn.ReLU()).eval()
+    report = torchlower.export(
+        model, torch.randn(2, 5, 8), tmp_path / "m.nnef.tgz", frontend=dyn_frontend,
+        dynamic_axes={"input": {0: "B", 1: "S"}},
+    )  # fmt: skip
+    assert report.inputs[0].shape == ("B", "S", 8)
+    assert report.outputs[0].shape == ("B", "S", 3)

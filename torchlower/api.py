@@ -163,8 +163,8 @@ def export(
             for n, t, v in zip(names_in, example, builder.inputs, strict=True)
         ],
         outputs=[
-            TensorInfo(n, tuple(t.shape), str(t.dtype).removeprefix("torch."))
-            for n, t in zip(names_out, expected, strict=True)
+            TensorInfo(n, _output_shape(v, t), str(t.dtype).removeprefix("torch."))
+            for n, t, (_, v) in zip(names_out, expected, builder.outputs, strict=True)
         ],
         op_histogram=builder.op_histogram(),
         weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
@@ -188,6 +188,14 @@ def export(
         if reference is not expected:
             report.original_errors = _original_errors(final, example, expected, names_out)
     return report
+
+
+def _output_shape(value: Value, observed: torch.Tensor) -> tuple[int | str, ...]:
+    """The graph's symbolic output shape under dynamic axes, else the observed one."""
+    symbolic = value.shape is not None and any(not isinstance(d, int) for d in value.shape)
+    if symbolic and len(value.shape) == observed.dim():
+        return _shape_text(value.shape)
+    return tuple(observed.shape)
 
 
 def _shape_text(shape: Any) -> tuple[int | str, ...]:
