@@ -23,6 +23,7 @@ from torchlower.rules.common import (
     rank_of,
     shape_of,
 )
+from torchlower.rules.exact_div import rounded_quotient
 from torchlower.values import Shape, Value, constant
 
 
@@ -141,17 +142,12 @@ def div(b: Builder, x: Operand, y: Operand, rounding_mode: str | None = None) ->
     integral = not (dtype.is_floating_point or dtype.is_complex)
     if rounding_mode is None:
         return binary(b, "div", x, y, torch.get_default_dtype() if integral else dtype)
+    if not integral and rounding_mode in ("trunc", "floor"):  # exact, unlike tract's x * recip(y)
+        return rank0(b, rounded_quotient(b, x, y, dtype, rounding_mode), max(rank_of(x), rank_of(y)))
     q = binary(b, "div", x, y, dtype)  # integer division in tract truncates
     if rounding_mode == "trunc":
-        if integral:
-            return q
-        neg = b.call("lt", [q, 0.0], dtype=torch.bool, shape=q.shape)
-        up = b.call("ceil", [q], dtype=dtype, shape=q.shape)
-        down = b.call("floor", [q], dtype=dtype, shape=q.shape)
-        return b.call("select", [neg, up, down], dtype=dtype, shape=q.shape)
+        return q
     if rounding_mode == "floor":
-        if not integral:
-            return b.call("floor", [q], dtype=dtype, shape=q.shape)
         # truncation differs from floor when the remainder is non-zero with the divisor's other sign
         rest = binary(b, "sub", x, binary(b, "mul", q, y, dtype), dtype)
         fix = binary(b, "lt", binary(b, "mul", rest, y, dtype), 0, dtype)

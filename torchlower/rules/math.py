@@ -25,6 +25,7 @@ from torchlower.rules.common import (
     rank_of,
     shape_of,
 )
+from torchlower.rules.exact_div import rounded_quotient
 from torchlower.values import Shape, Value, constant, normalize_dim
 
 # ---- helpers shared by the compare / reduce_extra families ---------------------------------
@@ -332,7 +333,7 @@ def floor_divide(b: Builder, x: Operand, y: Operand) -> Value:
     """floor_divide(Tensor self, Tensor other) -> Tensor"""
     dtype = result_type(x, y)
     if dtype.is_floating_point:
-        return unary(b, "floor", binary(b, "div", x, y, dtype=dtype))
+        return rank0(b, rounded_quotient(b, x, y, dtype, "floor"), max(rank_of(x), rank_of(y)))
     q = binary(b, "div", x, y, dtype=dtype)  # tract truncates integer division
     inexact = binary(b, "ne", binary(b, "mul", q, y, dtype=dtype), x, dtype=dtype)
     negative = binary(b, "ne", binary(b, "lt", x, 0, dtype=dtype), binary(b, "lt", y, 0, dtype=dtype))
@@ -353,6 +354,8 @@ def pow_(b: Builder, x: Operand, exponent: Operand) -> Value:
         raise LoweringError(f"pow: integer tensors need a constant exponent in [0, 64], got {exponent!r}")
     if isinstance(exponent, (int, float)) and float(exponent) == 2.0 and isinstance(x, Value):
         return binary(b, "mul", x, x, dtype=dtype)
+    if isinstance(exponent, (int, float)) and float(exponent) == -0.5 and isinstance(x, Value):
+        return unary(b, "rsqrt", floating(b, x))  # torch's own special case: pow(-0., -0.5) is -inf
     return binary(b, "pow", x, exponent, dtype=dtype)  # powf is exact for integral exponents < 0 bases
 
 

@@ -1,0 +1,68 @@
+"""Exact rounded quotients: ``floor(x / y)`` and ``trunc(x / y)`` as torch computes them.
+
+tract divides floats as ``x * recip(y)``, which is not correctly rounded: ``x / |x|`` can come
+out as 0.99999994 and its floor as 0 (measured in 0.23.9). Rounded divisions therefore work in
+float64 and check the candidate with its remainder ``x - q·y`` (exact in float64 for float32
+operands while ``|q| < 2**24``), moving ``q`` by one where the remainder shows it is off.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torchlower.rules.common import Builder, Operand, align_ranks, broadcast_shapes, cast, ieee_zero
+from torchlower.values import Value, constant
+
+_EXACT_BELOW = float(2**24)  # |q| from here on: float32 quotients are integers already
+
+
+def rounded_quotient(b: Builder, x: Operand, y: Operand, dtype: torch.dtype, mode: str) -> Value:
+    """``floor`` or ``trunc`` of ``x / y`` for float ``dtype``, in ``dtype``."""
+    wide = torch.float64 if dtype in (torch.float32, torch.float16, torch.bfloat16) else dtype
+    xw, yw = (cast(b, v, wide) if isinstance(v, Value) else float(v) for v in (x, y))
+    xw, yw = align_ranks(b, xw, yw)
+    shape = broadcast_shapes(*[v.shape for v in (xw, yw) if isinstance(v, Value) and v.shape is not None])
+
+    def num(op: str, *args: Operand) -> Value:
+        return b.call(op, list(args), dtype=wide, shape=shape)
+
+    def test(op: str, *args: Operand) -> Value:
+        return b.call(op, list(args), dtype=torch.bool, shape=shape)
+
+    def pick(cond: Value, yes: Operand, no: Operand) -> Value:
+        typed = [
+            constant(torch.full((1,) * cond.rank, v, dtype=wide)) if not isinstance(v, Value) else v
+            for v in (yes, no)
+        ]
+        return num("select", cond, *typed)
+
+    op, a, c = ieee_zero(b, "div", xw, yw)
+    q = num("floor", num(op, a, c))
+    r = num("sub", xw, num("mul", q, yw))
+    y_negative = test("lt", yw, 0.0) if isinstance(yw, Value) else bool(yw < 0)
+    checked = test("lt", num("abs", q), _EXACT_BELOW)
+    r_negative = test("lt", r, 0.0)
+    if isinstance(y_negative, Value):  # tract compares numbers only: booleans differ by xor
+        opposite = test("tract_core_xor", r_negative, y_negative)
+    else:
+        opposite = test("not", r_negative) if y_negative else r_negative
+    size = num("abs", yw) if isinstance(yw, Value) else abs(yw)
+    too_big = test("and", test("and", test("ne", r, 0.0), opposite), checked)
+    too_small = test("and", test("ge", num("abs", r), size), checked)
+    q = pick(too_big, num("sub", q, 1.0), pick(too_small, num("add", q, 1.0), q))
+    if mode == "trunc":  # a negative inexact quotient rounds up
+        r = num("sub", xw, num("mul", q, yw))
+        inexact = test("and", test("ne", r, 0.0), test("lt", q, 0.0))
+        q = pick(inexact, num("add", q, 1.0), q)
+    elif isinstance(xw, Value):  # torch's floor division goes through fmod: inf // y is NaN,
+        if isinstance(yw, Value):  # and -1 // inf is -1
+            signs = test("lt", num("mul", xw, yw), 0.0)
+            q = pick(test("and", test("eq", num("abs", yw), math.inf), signs), -1.0, q)
+        infinite = test("eq", num("abs", xw), math.inf)  # (``inf // 0`` is inf: x / y is taken first)
+        if isinstance(yw, Value):
+            q = pick(test("and", infinite, test("ne", yw, 0.0)), math.nan, q)
+        elif yw != 0:
+            q = pick(infinite, math.nan, q)
+    return cast(b, q, dtype)
