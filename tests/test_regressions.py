@@ -265,3 +265,48 @@ def test_rounded_division_is_exact(tmp_path, frontend):
         tmp_path,
         frontend,
     )
+
+
+def test_quotient_read_by_a_discontinuous_op(tmp_path, frontend):
+    """``floor(x / |x|)`` written by hand, ``sign``, ``round`` and casts of quotients: tract's
+    ``x * recip(y)`` is 1 ulp off often enough to flip them; such quotients run in float64."""
+    torch.manual_seed(0)
+    x, y = torch.randn(500) * 3, torch.randn(500) * 3
+    verified_or_refused(
+        lambda a, c: (
+            torch.floor(a / a.abs()),
+            torch.ceil(a / c),
+            torch.round(a / a.abs()),
+            (a / a.abs()).long(),
+            torch.sign(a / a.abs() - 1),
+            torch.round(a, decimals=-1),
+        ),
+        (x, y),
+        tmp_path,
+        frontend,
+    )
+
+
+def test_rounded_division_of_scalars_and_broadcasts(tmp_path, frontend):
+    """The exact floor division on rank-0 and broadcast operands, with infinities: a rank-0 float64
+    constant had been printed as a float32 literal, which tract's ``select`` refused."""
+    cases = [
+        (
+            (torch.tensor(3.0), torch.tensor(0.5)),
+            lambda a, c: (a // c, torch.div(a, c, rounding_mode="trunc")),
+        ),
+        ((torch.tensor(INF), torch.tensor(-1.0)), lambda a, c: (a // c, c // a)),
+        ((torch.tensor([[3, -4, 5]]), torch.tensor([0.5, -0.7, INF])), lambda a, c: (a // c, a // 0.3)),
+        ((torch.tensor([[INF], [-2.0]]), torch.tensor([INF, 3.0, 0.0])), lambda a, c: a // c),
+    ]
+    for args, fn in cases:
+        verified_or_refused(fn, args, tmp_path, frontend)
+
+
+def test_rounded_division_with_a_scalar_dividend(tmp_path, frontend):
+    """``2.442 // x`` and ``-0.0 // x``: FX passes the scalar as a constant, and -0.0 is written as
+    a float32 tensor; both met float64 operands in ``select`` and tract refused the graph."""
+    x = torch.tensor([3.0, -0.5, 0.0, INF, -2.0])
+    verified_or_refused(
+        lambda t: (2.442 // t, -0.0 // t, torch.floor_divide(INF, t)), (x,), tmp_path, frontend
+    )

@@ -6,6 +6,10 @@ These run after ``passes.optimize`` on every graph but quantized ones (graph.qua
   tract's own merging of equal nodes leaves a dangling ``Dummy`` op ("eval() called on a Dummy
   op") when three equal nodes exist and the middle one has a consumer; merging them first means
   tract never sees the pattern (and the graph is smaller).
+- ``exact_quotients``: tract divides floats as ``x * recip(y)``, which is not correctly rounded
+  (``x / |x|`` can be 0.99999994). A float32 quotient that a discontinuous op reads (floor,
+  ceil, round, sign, comparisons, casts to integers) is computed in float64 and rounded once,
+  so ``floor(x / y)`` is torch's; other quotients keep tract's ≤ 1 ulp error and its speed.
 - ``gather_strided_after_softmax``: tract pulls a strided slice (its ``Downsample``) up through
   ``softmax`` / ``log_softmax`` as if they were elementwise, so ``softmax(x)[::2]`` becomes
   ``softmax(x[::2])``. A strided slice that such a pull could reach a softmax from becomes a
@@ -34,6 +38,7 @@ def apply(b: NNEFBuilder) -> None:
     if b.quantization:
         return
     merge_duplicates(b)
+    exact_quotients(b)
     gather_strided_after_softmax(b)
     b.assignments = b.live_assignments()
 
@@ -65,6 +70,59 @@ def merge_duplicates(b: NNEFBuilder) -> bool:
             renames.update({o.name: k for o, k in zip(a.outputs, kept.outputs, strict=True)})
     _substitute(b, renames)
     return bool(renames)
+
+
+_DISCONTINUOUS = {
+    "floor",
+    "ceil",
+    "round",
+    "tract_core_round_even",
+    "sign",
+    "lt",
+    "gt",
+    "le",
+    "ge",
+    "eq",
+    "ne",
+}
+_INTEGER_TYPES = {"i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "bool"}
+
+
+def _discontinuous(a: Assignment) -> bool:
+    return a.op in _DISCONTINUOUS or (a.op == "tract_core_cast" and a.attrs.get("to") in _INTEGER_TYPES)
+
+
+def exact_quotients(b: NNEFBuilder) -> bool:
+    """float32 ``div``s read by a discontinuous op run in float64 (one rounding, like torch)."""
+    producers = _producers(b)
+    chosen: set[int] = set()
+    for a in b.assignments:
+        if not _discontinuous(a):
+            continue
+        for arg in a.args:
+            p = producers.get(arg.name) if isinstance(arg, Value) else None
+            if p is not None and p.op == "div" and p.outputs[0].dtype == torch.float32:
+                chosen.add(id(p))
+    if not chosen:
+        return False
+    out: list[Assignment] = []
+    for a in b.assignments:
+        if id(a) not in chosen:
+            out.append(a)
+            continue
+        wide = []
+        for arg in a.args:
+            if isinstance(arg, Value):
+                v = Value(b.fresh(f"{arg.name}_f64"), torch.float64, arg.shape)
+                out.append(Assignment([v], "tract_core_cast", [arg], {"to": "f64"}))
+                arg = v
+            wide.append(arg)
+        result = a.outputs[0]
+        q = Value(b.fresh(f"{result.name}_f64"), torch.float64, result.shape)
+        out.append(Assignment([q], "div", wide, dict(a.attrs)))
+        out.append(Assignment([result], "tract_core_cast", [q], {"to": "f32"}))
+    b.assignments = out
+    return True
 
 
 def gather_strided_after_softmax(b: NNEFBuilder) -> bool:

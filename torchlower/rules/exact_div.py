@@ -21,7 +21,7 @@ _EXACT_BELOW = float(2**24)  # |q| from here on: float32 quotients are integers 
 def rounded_quotient(b: Builder, x: Operand, y: Operand, dtype: torch.dtype, mode: str) -> Value:
     """``floor`` or ``trunc`` of ``x / y`` for float ``dtype``, in ``dtype``."""
     wide = torch.float64 if dtype in (torch.float32, torch.float16, torch.bfloat16) else dtype
-    xw, yw = (cast(b, v, wide) if isinstance(v, Value) else float(v) for v in (x, y))
+    xw, yw = (_widened(b, v, wide) for v in (x, y))
     xw, yw = align_ranks(b, xw, yw)
     shape = broadcast_shapes(*[v.shape for v in (xw, yw) if isinstance(v, Value) and v.shape is not None])
 
@@ -31,12 +31,19 @@ def rounded_quotient(b: Builder, x: Operand, y: Operand, dtype: torch.dtype, mod
     def test(op: str, *args: Operand) -> Value:
         return b.call(op, list(args), dtype=torch.bool, shape=shape)
 
-    def pick(cond: Value, yes: Operand, no: Operand) -> Value:
-        typed = [
-            constant(torch.full((1,) * cond.rank, v, dtype=wide)) if not isinstance(v, Value) else v
-            for v in (yes, no)
-        ]
-        return num("select", cond, *typed)
+    def pick(cond: Value, yes: Value, no: Value) -> Value:
+        return num("select", cond, yes, no)
+
+    def infinite(v: Operand) -> Value | bool:  # on the float32 operand: an f32 inf constant fits
+        if not isinstance(v, Value):
+            return math.isinf(v)
+        v = cast(b, v, dtype)
+        return b.call(
+            "eq",
+            [b.call("abs", [v], dtype=v.dtype, shape=v.shape), math.inf],
+            dtype=torch.bool,
+            shape=v.shape,
+        )
 
     op, a, c = ieee_zero(b, "div", xw, yw)
     q = num("floor", num(op, a, c))
@@ -57,12 +64,30 @@ def rounded_quotient(b: Builder, x: Operand, y: Operand, dtype: torch.dtype, mod
         inexact = test("and", test("ne", r, 0.0), test("lt", q, 0.0))
         q = pick(inexact, num("add", q, 1.0), q)
     elif isinstance(xw, Value):  # torch's floor division goes through fmod: inf // y is NaN,
-        if isinstance(yw, Value):  # and -1 // inf is -1
+        x_inf, y_inf = infinite(x), infinite(y)
+        if isinstance(y_inf, Value):  # and -1 // inf is -1 (q is ±0 there)
             signs = test("lt", num("mul", xw, yw), 0.0)
-            q = pick(test("and", test("eq", num("abs", yw), math.inf), signs), -1.0, q)
-        infinite = test("eq", num("abs", xw), math.inf)  # (``inf // 0`` is inf: x / y is taken first)
+            minus_one = num("sub", num("mul", q, 0.0), 1.0)
+            q = pick(test("and", _ranked(b, y_inf, q), signs), minus_one, q)
+        nan = num("sub", xw, xw)  # inf - inf (``inf // 0`` is inf: x / y is taken first)
         if isinstance(yw, Value):
-            q = pick(test("and", infinite, test("ne", yw, 0.0)), math.nan, q)
+            q = pick(test("and", _ranked(b, x_inf, q), test("ne", yw, 0.0)), nan, q)
         elif yw != 0:
-            q = pick(infinite, math.nan, q)
+            q = pick(_ranked(b, x_inf, q), nan, q)
     return cast(b, q, dtype)
+
+
+def _widened(b: Builder, v: Operand, wide: torch.dtype) -> Operand:
+    """``v`` in ``wide``: a plain float stays a literal; -0.0, inf and NaN (which the builder
+    writes as float32 tensors) and constants become ``[1]``-shaped ``wide`` constants."""
+    if isinstance(v, Value) and not (v.is_const and v.const.dim() == 0):
+        return cast(b, v, wide)
+    number = float(v.const.item()) if isinstance(v, Value) else float(v)
+    if math.isfinite(number) and not (number == 0 and math.copysign(1.0, number) < 0):
+        return number
+    return constant(torch.tensor([number], dtype=wide))
+
+
+def _ranked(b: Builder, cond: Value, like: Value) -> Value:
+    """``cond`` (from an operand) unsqueezed to the rank of the broadcast result ``like``."""
+    return align_ranks(b, cond, like)[0]
