@@ -245,3 +245,11 @@ def test_report_shows_symbolic_output_shapes(tmp_path, dyn_frontend):
     )  # fmt: skip
     assert report.inputs[0].shape == ("B", "S", 8)
     assert report.outputs[0].shape == ("B", "S", 3)
+
+
+def test_far_capture_point_beyond_the_context_is_skipped(tmp_path, dyn_frontend):
+    """Captures also run at a far size (2·S + 7 = 21 here) to catch branches; a model whose
+    positions stop at 16 cannot run there, which must not fail the export."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (2, 7))
+    export_dynamic(TinyGPT(context=16), (ids,), tmp_path, dyn_frontend, {"ids": {0: "B", 1: "S"}})

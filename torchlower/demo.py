@@ -17,9 +17,7 @@ def image_classifier(num_classes: int = 10) -> nn.Module:
     """A small CNN with every layer family of a classic classifier (conv/bn/relu/pool/linear)."""
 
     def block(cin: int, cout: int) -> nn.Sequential:
-        return nn.Sequential(
-            nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()
-        )
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
 
     return nn.Sequential(
         block(3, 16),

@@ -35,6 +35,13 @@ class Spec:
     names: list[str]  # input names, for messages
     base: dict[str, int]
     points: list[dict[str, int]] = field(default_factory=list)
+    far: int | None = None  # index of the far point: dropped when the model cannot run there
+
+    def drop_far(self) -> None:
+        """Forget the far point (e.g. a sequence longer than the model's context)."""
+        if self.far is not None:
+            del self.points[self.far]
+            self.far = None
 
     @staticmethod
     def build(
@@ -64,7 +71,10 @@ class Spec:
         # the check's own sizes too (a branch on the size between them is seen while capturing),
         # and one far point, so that a floor expression fitted to a branch's few sizes fails
         far = {s: 2 * v + _FAR for s, v in base.items()}
-        spec.points += [p for p in [*spec.check_points(), far] if p not in spec.points]
+        spec.points += [p for p in spec.check_points() if p not in spec.points]
+        if far not in spec.points:
+            spec.points.append(far)
+            spec.far = len(spec.points) - 1
         return spec
 
     def check_points(self) -> list[dict[str, int]]:

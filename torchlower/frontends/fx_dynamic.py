@@ -39,11 +39,17 @@ def fit_shapes(gm: fx.GraphModule, rules: Registry, spec: Spec, example: Sequenc
             with torch.no_grad():
                 ShapePass(gm, rules).propagate(*spec.example_at(example, point))
         except Exception as exc:
+            if k == spec.far:  # an extra witness only (the model's context may be shorter)
+                continue
             moved = [s for s in spec.base if point[s] != spec.base[s]] or list(spec.base)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             raise not_dynamic(spec, moved, f"the model fails when run at sizes {point} ({first})") from exc
         for n in gm.graph.nodes:
             seen[n.name][k] = _leaf_shapes(n)
+    if spec.far is not None and not seen[next(iter(seen))][spec.far]:  # the far point did not run
+        for observed in seen.values():
+            del observed[spec.far]
+        spec.drop_far()
     for n in gm.graph.nodes:
         observed = seen[n.name]
         if all(o == observed[0] for o in observed):
