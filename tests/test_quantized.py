@@ -90,6 +90,8 @@ def test_quantized_mlp_runs_in_tract(per_channel: bool, tmp_path: Path) -> None:
     step = _out_scale(model, "l2")
     scale = max(1.0, float(model(x).abs().max()))
     assert report.errors[0].tolerance == pytest.approx(max(1.01 * step, 1e-4 * scale))
+    later = torchlower.check(report.path, inputs=[x.numpy()], model=model)  # same default from the archive
+    assert later.errors[0].ok and later.errors[0].tolerance >= step
     assert report.weight_bytes_by_format["int8"] == 32 * 64 + 64 * 8
 
 

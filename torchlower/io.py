@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import struct
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -226,7 +227,7 @@ def check(
         want = _arrays(expected, names, "expected")
     else:
         return CheckResult(ins, outs, [])
-    tol = tolerance if tolerance is not None else _default_tolerance(want)
+    tol = tolerance if tolerance is not None else _default_tolerance(want, art.quant)
     errors = compare(names, want, outs, tol)
     bad = [e for e in errors if not e.ok]
     if bad:
@@ -235,10 +236,15 @@ def check(
     return CheckResult(ins, outs, errors)
 
 
-def _default_tolerance(expected: Sequence[np.ndarray]) -> float:
-    """Same rule as ``api.default_tolerance`` (kept numpy-only so ``check`` needs no torch)."""
-    scale = max((float(np.abs(e).max()) for e in expected if e.size and e.dtype.kind == "f"), default=1.0)
-    return 1e-4 * max(1.0, scale)
+def _default_tolerance(expected: Sequence[np.ndarray], quant: str | None = None) -> float:
+    """``api.default_tolerance`` (1e-4 relative to the largest finite magnitude; numpy-only so
+    ``check`` needs no torch), and for a quantized archive at least one quantization step (the
+    largest ``scale`` in graph.quant), as ``api.quantized_tolerance``."""
+    finite = [e[np.isfinite(e)] for e in expected if e.dtype.kind == "f"]  # an inf must not make it inf
+    scale = max((float(np.abs(f).max()) for f in finite if f.size), default=1.0)
+    tolerance = 1e-4 * max(1.0, scale)
+    steps = [float(m) for m in re.findall(r"scale\s*=\s*([-+0-9.eE]+)", quant or "")]
+    return max(tolerance, 1.01 * max(steps)) if steps else tolerance
 
 
 def _inputs(
