@@ -310,3 +310,21 @@ def test_rounded_division_with_a_scalar_dividend(tmp_path, frontend):
     verified_or_refused(
         lambda t: (2.442 // t, -0.0 // t, torch.floor_divide(INF, t)), (x,), tmp_path, frontend
     )
+
+
+def test_matmul_by_a_constant_after_a_reshape(tmp_path, frontend):
+    """tract folded the reshape into the matmul and applied it to the constant's broadcast axis
+    ("Incompatible reshape for shape [1, 1, 3]"); found as ``interpolate(x.reshape(30, 3, 1))``."""
+    w, m = torch.randn(4, 3), torch.randn(3, 5)
+    F = torch.nn.functional
+    verified_or_refused(
+        lambda t: (
+            F.linear(t.reshape(30, 1, 3), w),
+            F.linear(t.reshape(30, 1, 3), w, torch.ones(4)),
+            t.reshape(30, 1, 3) @ m,
+            F.interpolate(t.reshape(30, 3, 1), scale_factor=3.0, mode="linear", align_corners=False),
+        ),
+        (torch.randn(3, 2, 5, 3),),
+        tmp_path,
+        frontend,
+    )

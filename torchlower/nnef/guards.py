@@ -10,6 +10,9 @@ These run after ``passes.optimize`` on every graph but quantized ones (graph.qua
   (``x / |x|`` can be 0.99999994). A float32 quotient that a discontinuous op reads (floor,
   ceil, round, sign, comparisons, casts to integers) is computed in float64 and rounded once,
   so ``floor(x / y)`` is torch's; other quotients keep tract's ≤ 1 ulp error and its speed.
+- ``flat_matmul_after_reshape``: tract folds a ``reshape`` of a matmul's input into its einsum
+  and applies it to the constant operand's broadcast leading axes as well ("Incompatible
+  reshape for shape [1, K, N]"); such a matmul runs on ``[-1, K]`` × ``[K, N]`` instead.
 - ``gather_strided_after_softmax``: tract pulls a strided slice (its ``Downsample``) up through
   ``softmax`` / ``log_softmax`` as if they were elementwise, so ``softmax(x)[::2]`` becomes
   ``softmax(x[::2])``. A strided slice that such a pull could reach a softmax from becomes a
@@ -39,6 +42,7 @@ def apply(b: NNEFBuilder) -> None:
         return
     merge_duplicates(b)
     exact_quotients(b)
+    flat_matmul_after_reshape(b)
     gather_strided_after_softmax(b)
     b.assignments = b.live_assignments()
 
@@ -123,6 +127,52 @@ def exact_quotients(b: NNEFBuilder) -> bool:
         out.append(Assignment([result], "tract_core_cast", [q], {"to": "f32"}))
     b.assignments = out
     return True
+
+
+def flat_matmul_after_reshape(b: NNEFBuilder) -> bool:
+    """``matmul(reshape(..), C)`` with ``C`` a ``[1, …, 1, K, N]`` constant → 2-D matmul + reshapes."""
+    producers = _producers(b)
+    out: list[Assignment] = []
+    changed = False
+    for a in b.assignments:
+        flat = _flattened_matmul(b, a, producers)
+        out += flat if flat is not None else [a]
+        changed |= flat is not None
+    b.assignments = out
+    return changed
+
+
+def _flattened_matmul(
+    b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment]
+) -> list[Assignment] | None:
+    if a.op != "matmul" or len(a.args) != 2 or a.attrs.get("transposeA", False):
+        return None
+    x, w = a.args
+    y = a.outputs[0]
+    if not (isinstance(x, Value) and isinstance(w, Value)) or w.shape is None:
+        return None
+    source, weight = producers.get(x.name), producers.get(w.name)
+    if source is None or source.op != "reshape" or weight is None or not weight.op.startswith("variable"):
+        return None
+    if x.shape is None:  # the reshape's own target, when it spells every size
+        target = source.attrs.get("shape", [])
+        if not target or not all(isinstance(d, int) and d > 0 for d in target):
+            return None
+        x = Value(x.name, x.dtype, tuple(target))
+    if len(w.shape) < 3 or len(x.shape) != len(w.shape) or any(d != 1 for d in w.shape[:-2]):
+        return None
+    k = x.shape[-1]
+    n = w.shape[-2] if a.attrs.get("transposeB", False) else w.shape[-1]
+    shape = [*x.shape[:-1], n]
+    rows = Value(b.fresh(f"{y.name}_rows"), x.dtype, None)
+    matrix = Value(b.fresh(f"{w.name}_2d"), w.dtype, tuple(w.shape[-2:]))
+    product = Value(b.fresh(f"{y.name}_2d"), y.dtype, None)
+    return [
+        Assignment([rows], "reshape", [x], {"shape": [-1, k]}),
+        Assignment([matrix], "reshape", [w], {"shape": list(w.shape[-2:])}),
+        Assignment([product], "matmul", [rows, matrix], dict(a.attrs)),
+        Assignment([y], "reshape", [product], {"shape": shape}),
+    ]
 
 
 def gather_strided_after_softmax(b: NNEFBuilder) -> bool:
