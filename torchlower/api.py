@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from torchlower import coverage, dynamic, progress, validate
+from torchlower import tolerance as tolerances
 from torchlower.errors import (
     CheckError,
     InvalidArgumentError,
@@ -177,9 +177,9 @@ def export(
     if check:
         want = [t.detach().numpy() for t in reference]
         if tolerance is None and precision == "f16":
-            tolerance = f16_tolerance(want)
+            tolerance = tolerances.f16(want)
         if tolerance is None and builder.dequantized_steps:
-            tolerance = quantized_tolerance(want, builder.dequantized_steps)
+            tolerance = tolerances.quantized(want, builder.dequantized_steps)
         with progress.stage("checking in tract"):
             report.errors = verify(final, example, reference, names_out, tolerance)
             if spec is not None and compress is None:
@@ -263,18 +263,6 @@ def _bytes_by_format(weights: dict[str, Any]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def f16_tolerance(expected: Sequence[np.ndarray]) -> float:
-    """1e-2 relative to the largest magnitude: f16 keeps ~3 decimal digits, layers add up."""
-    scale = max((float(np.abs(e).max()) for e in expected if e.size and e.dtype.kind == "f"), default=1.0)
-    return 1e-2 * max(1.0, scale)
-
-
-def quantized_tolerance(expected: Sequence[np.ndarray], steps: Sequence[float]) -> float:
-    """One quantization step of the dequantized tensors (the largest): tract and torch may round a
-    code to its neighbour (ties, requantization order), which moves the float result by a step."""
-    return max(default_tolerance(expected), 1.01 * max(steps))
-
-
 def _build(
     frontend: str,
     module: nn.Module,
@@ -319,7 +307,7 @@ def verify(
     """Run ``artifact`` in tract and compare with ``expected``; raise ``CheckError`` on mismatch."""
     actual = run_in_tract(artifact, [t.detach().numpy() for t in example])
     want = [t.detach().numpy() for t in expected]
-    tol = tolerance if tolerance is not None else default_tolerance(want)
+    tol = tolerance if tolerance is not None else tolerances.default(want)
     errors = compare(names, want, actual, tol)
     for e in errors:
         log.info("output %s: max |torch - tract| = %.3g (rel %.3g)", e.name, e.max_abs, e.max_rel)
@@ -328,13 +316,6 @@ def verify(
         detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
         raise CheckError(f"{artifact}: tract disagrees with PyTorch — {detail}", errors)
     return errors
-
-
-def default_tolerance(expected: Sequence[np.ndarray]) -> float:
-    """1e-4 relative to the largest magnitude (at least absolute 1e-4) for float outputs."""
-    finite = [e[np.isfinite(e)] for e in expected if e.dtype.kind == "f"]  # an inf must not make it inf
-    scale = max((float(np.abs(f).max()) for f in finite if f.size), default=1.0)
-    return 1e-4 * max(1.0, scale)
 
 
 def _lower(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import re
 import struct
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from torchlower import tolerance as tolerances
 from torchlower.errors import ArtifactError, CheckError, InvalidArgumentError
 from torchlower.nnef import dat, reader
 from torchlower.nnef.parse import Expr, Graph, Input, parse
@@ -227,24 +227,15 @@ def check(
         want = _arrays(expected, names, "expected")
     else:
         return CheckResult(ins, outs, [])
-    tol = tolerance if tolerance is not None else _default_tolerance(want, art.quant)
+    tol = (
+        tolerance if tolerance is not None else tolerances.quantized(want, tolerances.quant_steps(art.quant))
+    )
     errors = compare(names, want, outs, tol)
     bad = [e for e in errors if not e.ok]
     if bad:
         detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
         raise CheckError(f"{target}: tract output differs from the reference — {detail}", errors)
     return CheckResult(ins, outs, errors)
-
-
-def _default_tolerance(expected: Sequence[np.ndarray], quant: str | None = None) -> float:
-    """``api.default_tolerance`` (1e-4 relative to the largest finite magnitude; numpy-only so
-    ``check`` needs no torch), and for a quantized archive at least one quantization step (the
-    largest ``scale`` in graph.quant), as ``api.quantized_tolerance``."""
-    finite = [e[np.isfinite(e)] for e in expected if e.dtype.kind == "f"]  # an inf must not make it inf
-    scale = max((float(np.abs(f).max()) for f in finite if f.size), default=1.0)
-    tolerance = 1e-4 * max(1.0, scale)
-    steps = [float(m) for m in re.findall(r"scale\s*=\s*([-+0-9.eE]+)", quant or "")]
-    return max(tolerance, 1.01 * max(steps)) if steps else tolerance
 
 
 def _inputs(

@@ -23,7 +23,7 @@ from torchlower.rules.common import (
     rank_of,
     shape_of,
 )
-from torchlower.rules.exact_div import rounded_quotient
+from torchlower.rules.division import rounded_quotient
 from torchlower.values import Shape, Value, constant
 
 

@@ -25,7 +25,6 @@ from torchlower.rules.common import (
     rank_of,
     shape_of,
 )
-from torchlower.rules.exact_div import rounded_quotient
 from torchlower.values import Shape, Value, constant, normalize_dim
 
 # ---- helpers shared by the compare / reduce_extra families ---------------------------------
@@ -267,78 +266,6 @@ def round_(b: Builder, x: Value, decimals: int = 0) -> Value:
     scaled = binary(b, "mul", x, scale) if decimals > 0 else binary(b, "div", x, 10.0**-decimals)
     rounded = unary(b, "tract_core_round_even", scaled)
     return binary(b, "div", rounded, scale) if decimals > 0 else binary(b, "mul", rounded, 10.0**-decimals)
-
-
-# ---- division family ------------------------------------------------------------------------
-
-
-def _trunc_div(b: Builder, x: Operand, y: Operand, dtype: torch.dtype) -> Value:
-    q = binary(b, "div", x, y, dtype=dtype)
-    return q if not dtype.is_floating_point else trunc(b, q)
-
-
-@rule("aten::fmod", "aten::fmod_")
-def fmod(b: Builder, x: Operand, y: Operand) -> Value:
-    """fmod.Tensor(Tensor self, Tensor other) -> Tensor (C semantics: sign of the dividend)"""
-    dtype = result_type(x, y)
-    if dtype != torch.float32:
-        r = binary(b, "sub", x, binary(b, "mul", _trunc_div(b, x, y, dtype), y, dtype=dtype), dtype=dtype)
-        return _zero_signed_like(b, r, x) if dtype.is_floating_point else r
-    # torch's fmod is exact; x / y rounded in f32 can land on the next integer (fmod(-0.5, 0.1) gave
-    # ~0 instead of -0.1): in f64 the quotient of two f32 values keeps its fractional part and
-    # q * y is exact, so the remainder is right before rounding back to f32
-    x64, y64 = (cast(b, v, torch.float64) if isinstance(v, Value) else v for v in (x, y))
-    qy = binary(b, "mul", _trunc_div(b, x64, y64, torch.float64), y64, dtype=torch.float64)
-    r = binary(b, "sub", x64, qy, dtype=torch.float64)
-    return _zero_signed_like(b, cast(b, r, torch.float32), x)
-
-
-def _zero_signed_like(b: Builder, r: Value, x: Operand) -> Value:
-    """A zero remainder carries the dividend's sign, as in C and torch (``1 / fmod(-2., 1.)`` is -inf):
-    ``x * 0`` (written ``x * (x - x)`` so tract does not fold it) where ``r`` is 0."""
-    if isinstance(x, Value) and x.is_const and x.const.numel() == 1:
-        x = x.const.item()  # a wrapped scalar: its sign is known now
-    if not isinstance(x, Value) and x >= 0:
-        return r  # x - q * y is +0 when it is zero
-    # tract reads a `-0.0` literal as +0: for a negative scalar dividend flip the (+0) zero of r
-    signed_zero = (
-        binary(b, "mul", x, 0.0, dtype=r.dtype) if isinstance(x, Value) else binary(b, "mul", r, -1.0)
-    )
-    return select(b, binary(b, "eq", r, 0.0, dtype=r.dtype), signed_zero, r)
-
-
-@rule("aten::remainder", "aten::remainder_")
-def remainder(b: Builder, x: Operand, y: Operand) -> Value:
-    """remainder.Tensor(Tensor self, Tensor other) -> Tensor (Python semantics: sign of the divisor)"""
-    dtype = result_type(x, y)
-    if dtype.is_floating_point:  # x - floor(x / y) * y; a zero result keeps the dividend's sign
-        wide = torch.float64 if dtype == torch.float32 else dtype  # exact quotient, as in fmod
-        xw, yw = (cast(b, v, wide) if isinstance(v, Value) else v for v in (x, y))
-        q = unary(b, "floor", binary(b, "div", xw, yw, dtype=wide))
-        r = binary(b, "sub", xw, binary(b, "mul", q, yw, dtype=wide), dtype=wide)
-        return _zero_signed_like(b, cast(b, r, dtype), x)
-    r = fmod(b, x, y)
-    wrong_sign = binary(b, "ne", binary(b, "lt", r, 0, dtype=dtype), binary(b, "lt", y, 0, dtype=dtype))
-    fix = binary(b, "and", binary(b, "ne", r, 0, dtype=dtype), wrong_sign)
-    out = binary(b, "add", r, select(b, fix, y if isinstance(y, Value) else _typed(y, dtype), 0))
-    return rank0(b, out, max(rank_of(x), rank_of(y)))
-
-
-def _typed(v: float | int | bool, dtype: torch.dtype) -> Value:
-    return constant(torch.tensor([v], dtype=dtype))
-
-
-@rule("aten::floor_divide", "aten::floor_divide_")
-def floor_divide(b: Builder, x: Operand, y: Operand) -> Value:
-    """floor_divide(Tensor self, Tensor other) -> Tensor"""
-    dtype = result_type(x, y)
-    if dtype.is_floating_point:
-        return rank0(b, rounded_quotient(b, x, y, dtype, "floor"), max(rank_of(x), rank_of(y)))
-    q = binary(b, "div", x, y, dtype=dtype)  # tract truncates integer division
-    inexact = binary(b, "ne", binary(b, "mul", q, y, dtype=dtype), x, dtype=dtype)
-    negative = binary(b, "ne", binary(b, "lt", x, 0, dtype=dtype), binary(b, "lt", y, 0, dtype=dtype))
-    out = binary(b, "sub", q, select(b, binary(b, "and", inexact, negative), _typed(1, dtype), 0))
-    return rank0(b, out, max(rank_of(x), rank_of(y)))
 
 
 # ---- binary ---------------------------------------------------------------------------------

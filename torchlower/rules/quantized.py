@@ -51,7 +51,7 @@ def dequantize(b: Builder, x: Value) -> Value:
     q = b.quant_params(x)
     if q is None:
         return x
-    b.dequantized_steps.append(q.scale)  # the check's default tolerance (api.quantized_tolerance)
+    b.dequantized_steps.append(q.scale)  # the check's default tolerance (tolerance.quantized)
     return _float(b, x)
 
 
