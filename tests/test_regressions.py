@@ -328,3 +328,28 @@ def test_matmul_by_a_constant_after_a_reshape(tmp_path, frontend):
         tmp_path,
         frontend,
     )
+
+
+def test_matmul_by_a_constant_after_an_expand(tmp_path, frontend):
+    """tract's einsum declutter pulled the broadcast of ``expand`` through a matmul by a constant
+    and got the output's leading size wrong ("Trying to substitute a 2,5,4,3,3 by 1,5,4,3,3")."""
+    c = torch.randn(4, 3)
+    verified_or_refused(
+        lambda t: (
+            t.expand(2, -1, -1, -1, -1) @ c,
+            torch.prod(torch.round(t).expand(2, -1, -1, -1, -1) @ c, -4),
+        ),
+        (torch.randn(5, 4, 3, 4),),
+        tmp_path,
+        frontend,
+    )
+
+
+def test_tanh_gelu_in_the_saturated_tail(tmp_path, frontend):
+    """tract's fused tanh-gelu drifts far below zero (-2980 at -1e10; torch: -0.0, since 1 + tanh
+    is exactly 0 there). Found as ``1 / gelu(sinh(x), approximate='tanh')``."""
+    F = torch.nn.functional
+    x = torch.tensor([-1e10, -1e13, -20.0, -10.5, -3.0, -1.0, 0.0, 0.5, 3.0, 1e10, INF, -INF, NAN])
+    verified_or_refused(
+        lambda t: (F.gelu(t, approximate="tanh"), 1 / F.gelu(t, approximate="tanh")), (x,), tmp_path, frontend
+    )

@@ -13,6 +13,9 @@ These run after ``passes.optimize`` on every graph but quantized ones (graph.qua
 - ``flat_matmul_after_reshape``: tract folds a ``reshape`` of a matmul's input into its einsum
   and applies it to the constant operand's broadcast leading axes as well ("Incompatible
   reshape for shape [1, K, N]"); such a matmul runs on ``[-1, K]`` × ``[K, N]`` instead.
+- ``broadcast_after_matmul``: a matmul input broadcast on batch axes (``expand``) makes tract's
+  einsum declutter lose the broadcast size ("Trying to substitute a 2,5,… by 1,5,…"); the
+  matmul runs on the unbroadcast input and its result is broadcast, which is the same tensor.
 - ``gather_strided_after_softmax``: tract pulls a strided slice (its ``Downsample``) up through
   ``softmax`` / ``log_softmax`` as if they were elementwise, so ``softmax(x)[::2]`` becomes
   ``softmax(x[::2])``. A strided slice that such a pull could reach a softmax from becomes a
@@ -42,6 +45,7 @@ def apply(b: NNEFBuilder) -> None:
         return
     merge_duplicates(b)
     exact_quotients(b)
+    broadcast_after_matmul(b)
     flat_matmul_after_reshape(b)
     gather_strided_after_softmax(b)
     b.assignments = b.live_assignments()
@@ -129,6 +133,41 @@ def exact_quotients(b: NNEFBuilder) -> bool:
     return True
 
 
+def broadcast_after_matmul(b: NNEFBuilder) -> bool:
+    """``matmul(broadcast(x), w)`` → ``broadcast(matmul(x, w))`` when only batch axes broadcast."""
+    producers, uses = _producers(b), _uses(b)
+    out: list[Assignment] = []
+    changed = False
+    for a in b.assignments:
+        y = a.outputs[0]
+        if a.op != "matmul" or len(a.args) != 2 or y.shape is None:
+            out.append(a)
+            continue
+        args = list(a.args)
+        for i, v in enumerate(args):
+            p = producers.get(v.name) if isinstance(v, Value) else None
+            if p is None or p.op != "tract_core_broadcast" or uses[v.name] != 1:
+                continue
+            src, target = p.args[0], list(p.attrs.get("shape", []))
+            if not isinstance(src, Value) or src.shape is None or len(src.shape) != len(target):
+                continue
+            if list(src.shape[-2:]) != target[-2:]:
+                continue  # the matrix axes themselves broadcast: leave it
+            args[i] = src
+        if args == list(a.args):
+            out.append(a)
+            continue
+        product = Value(b.fresh(f"{y.name}_unbroadcast"), y.dtype, None)
+        out.append(Assignment([product], "matmul", args, dict(a.attrs)))
+        out.append(Assignment([y], "tract_core_broadcast", [product], {"shape": list(y.shape)}))
+        changed = True
+    b.assignments = out
+    return changed
+
+
+_RESHAPING = ("reshape",)  # producers whose shape tract folds into an einsum
+
+
 def flat_matmul_after_reshape(b: NNEFBuilder) -> bool:
     """``matmul(reshape(..), C)`` with ``C`` a ``[1, …, 1, K, N]`` constant → 2-D matmul + reshapes."""
     producers = _producers(b)
@@ -152,9 +191,14 @@ def _flattened_matmul(
     if not (isinstance(x, Value) and isinstance(w, Value)) or w.shape is None:
         return None
     source, weight = producers.get(x.name), producers.get(w.name)
-    if source is None or source.op != "reshape" or weight is None or not weight.op.startswith("variable"):
+    if (
+        source is None
+        or source.op not in _RESHAPING
+        or weight is None
+        or not weight.op.startswith("variable")
+    ):
         return None
-    if x.shape is None:  # the reshape's own target, when it spells every size
+    if x.shape is None:  # its own target shape, when it spells every size
         target = source.attrs.get("shape", [])
         if not target or not all(isinstance(d, int) and d > 0 for d in target):
             return None

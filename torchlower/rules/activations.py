@@ -65,11 +65,19 @@ def elu(b: Builder, x: Value, alpha: Scalar = 1.0, scale: Scalar = 1.0, input_sc
     return _bin(b, "mul", y, float(scale)) if scale != 1 else y
 
 
+_GELU_TAIL = -10.0  # torch's tanh-gelu is exactly -0.0 from about -5.06 down
+
+
 @rule("aten::gelu", "aten::gelu_")
 def gelu(b: Builder, x: Value, approximate: str = "none") -> Value:
     """gelu(Tensor self, *, str approximate='none') -> Tensor"""
     if approximate == "tanh":
-        return _unary(b, "tract_core_gelu_approx", x, {"fast_impl": False})
+        # tract's fused kernel drifts in the saturated negative tail (-2980 at x = -1e10, where
+        # torch's 1 + tanh(..) is exactly 0 and the result -0.0): below -10 the result is x · 0
+        fused = _unary(b, "tract_core_gelu_approx", x, {"fast_impl": False})
+        tail = b.call("lt", [x, _GELU_TAIL], dtype=torch.bool, shape=x.shape)
+        signed_zero = _bin(b, "mul", x, _bin(b, "sub", x, x))  # x - x is not folded: NaN for inf
+        return b.call("select", [tail, signed_zero, fused], dtype=x.dtype, shape=x.shape)
     if approximate != "none":
         raise LoweringError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     erf = _unary(b, "tract_core_erf", _bin(b, "mul", x, 1.0 / math.sqrt(2.0)))
