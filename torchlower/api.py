@@ -192,8 +192,7 @@ def export(
 
 def _output_shape(value: Value, observed: torch.Tensor) -> tuple[int | str, ...]:
     """The graph's symbolic output shape under dynamic axes, else the observed one."""
-    symbolic = value.shape is not None and any(not isinstance(d, int) for d in value.shape)
-    if symbolic and len(value.shape) == observed.dim():
+    if value.is_symbolic and len(value.shape) == observed.dim():
         return _shape_text(value.shape)
     return tuple(observed.shape)
 

@@ -129,9 +129,14 @@ class Value:
     def is_const(self) -> bool:
         return self.const is not None
 
+    @property
+    def is_symbolic(self) -> bool:
+        """Some size is a symbol (dynamic axes): known, but not an int."""
+        return self.shape is not None and any(not isinstance(d, int) for d in self.shape)
+
     def static_shape(self) -> tuple[int, ...]:
         """The shape as ints; raises when a dim is symbolic (callers that need sizes baked)."""
-        if self.shape is None or any(not isinstance(d, int) for d in self.shape):
+        if self.shape is None or self.is_symbolic:
             raise ValueError(f"value {self.name} has a non-static shape {self.shape}")
         return tuple(int(d) for d in self.shape)  # type: ignore[arg-type]
 

@@ -217,22 +217,8 @@ def lower_export(
             raise
         raise not_dynamic(spec, sorted(set(pinned)), f"torch.export pinned it ({exc})") from exc
     progress.retotal(sum(n.op.startswith("call_") for n in program.graph_module.graph.nodes), "lowering")
-    symbols = _user_symbols(program, spec) if spec is not None else None
+    symbols = _symbols_of(program, inputs) if spec is not None else None
     return interpret_program(program, builder, session, inputs, module=module, symbols=symbols)
-
-
-def _user_symbols(program: ExportedProgram, spec: Any) -> dict[str, str]:
-    """torch.export's ``s0``, ``s1``… → the user's symbol names, read off the input placeholders."""
-    names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    out: dict[str, str] = {}
-    for i, by_axis in spec.axes.items():
-        shape = nodes[names[i]].meta["val"].shape
-        for axis, symbol in by_axis.items():
-            dim = shape[axis]
-            if isinstance(dim, torch.SymInt):
-                out[str(dim.node.expr)] = symbol
-    return out
 
 
 def lower_submodule(
@@ -311,7 +297,7 @@ def lower_call(
 
 
 def _dynamic_values(leaves: Sequence[Any]) -> bool:
-    return any(isinstance(v, Value) and any(not isinstance(d, int) for d in v.shape or ()) for v in leaves)
+    return any(isinstance(v, Value) and v.is_symbolic for v in leaves)
 
 
 def _export_dims(values: Sequence[Value], where: str, what: str) -> tuple[Any, ...]:

@@ -181,7 +181,7 @@ def node_metas(node: fx.Node, symbols: dict[str, str] | None = None) -> list[Met
     found = node.meta.get("val", node.meta.get("tensor_meta"))
     if found is None:
         return None
-    leaves = found if isinstance(found, (tuple, list)) and not hasattr(found, "shape") else [found]
+    leaves = fx_dynamic.meta_leaves(found)
     fitted = fx_dynamic.symbolic_shapes(node) or [None] * len(leaves)
     metas: list[Meta] = []
     for leaf, shape in zip(leaves, fitted, strict=True):
@@ -275,7 +275,7 @@ def _size(shape: tuple[Any, ...]) -> Any:
 def _example_tensor(value: Value) -> torch.Tensor:
     if value.is_const:
         return value.const
-    if value.shape is None or any(not isinstance(d, int) for d in value.shape):
+    if value.shape is None or value.is_symbolic:
         raise InvalidArgumentError(
             f"input {value.name} has shape {value.shape}; lower_fx needs static input shapes (for"
             " symbolic sizes use torchlower.export(..., frontend='fx', dynamic_axes=...), which"

@@ -30,9 +30,7 @@ def fit_shapes(gm: fx.GraphModule, rules: Registry, spec: Spec, example: Sequenc
     inputs of calls lowered through ``torch.export``) is the example's.
     """
     order = [*range(1, len(spec.points)), 0]
-    seen: dict[str, list[list[tuple[int, ...] | None]]] = {
-        n.name: [[] for _ in spec.points] for n in gm.graph.nodes
-    }
+    seen: dict[int, dict[str, list[tuple[int, ...] | None]]] = {}  # point index -> node -> shapes
     for k in order:
         point = spec.points[k]
         try:
@@ -44,22 +42,24 @@ def fit_shapes(gm: fx.GraphModule, rules: Registry, spec: Spec, example: Sequenc
             moved = [s for s in spec.base if point[s] != spec.base[s]] or list(spec.base)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             raise not_dynamic(spec, moved, f"the model fails when run at sizes {point} ({first})") from exc
-        for n in gm.graph.nodes:
-            seen[n.name][k] = _leaf_shapes(n)
-    if spec.far is not None and not seen[next(iter(seen))][spec.far]:  # the far point did not run
-        for observed in seen.values():
-            del observed[spec.far]
+        seen[k] = {n.name: _leaf_shapes(n) for n in gm.graph.nodes}
+    if spec.far is not None and spec.far not in seen:
         spec.drop_far()
+    runs = [seen[k] for k in sorted(seen)]  # in the order of spec.points, the far point gone
     for n in gm.graph.nodes:
-        observed = seen[n.name]
+        observed = [run[n.name] for run in runs]
         if all(o == observed[0] for o in observed):
             continue
         n.meta[SHAPES] = [_fit_leaf(spec, n, [o[i] for o in observed]) for i in range(len(observed[0]))]
 
 
+def meta_leaves(found: Any) -> list[Any]:
+    """A node's recorded result(s) as a list: one ``TensorMetadata`` (a NamedTuple) is one leaf."""
+    return list(found) if isinstance(found, (tuple, list)) and not hasattr(found, "shape") else [found]
+
+
 def _leaf_shapes(n: fx.Node) -> list[tuple[int, ...] | None]:
-    found = n.meta.get("tensor_meta")
-    leaves = found if isinstance(found, (tuple, list)) and not hasattr(found, "shape") else [found]
+    leaves = meta_leaves(n.meta.get("tensor_meta"))
     return [tuple(int(d) for d in leaf.shape) if hasattr(leaf, "shape") else None for leaf in leaves]
 
 

@@ -24,8 +24,7 @@ def lower_getitem(session: Session, x: Value, index: Any, where: str, metas: lis
     rules themselves when ``x`` has dynamic sizes; the last step's comes from the graph)."""
     steps = _basic_steps(x, _items(x, index, where), where) or [("aten::slice.Tensor", [0, None, None, 1])]
     result: Any = x
-    dynamic = x.shape is not None and any(not isinstance(d, int) for d in x.shape)
-    probe = None if dynamic else torch.empty(static(x), dtype=x.dtype, device="meta")
+    probe = None if x.is_symbolic else torch.empty(static(x), dtype=x.dtype, device="meta")
     for n, (op, rest) in enumerate(steps):
         aten = overload(op)
         last = n == len(steps) - 1

@@ -24,13 +24,14 @@ These run after ``passes.optimize`` on every graph but quantized ones (graph.qua
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _producers, _substitute, _uses, _variable
+from torchlower.nnef.passes import _producers, _rewrite, _substitute, _uses, _variable
 from torchlower.values import Value
 
 Assignment = text.Assignment
@@ -103,82 +104,71 @@ def _discontinuous(a: Assignment) -> bool:
 def exact_quotients(b: NNEFBuilder) -> bool:
     """float32 ``div``s read by a discontinuous op run in float64 (one rounding, like torch)."""
     producers = _producers(b)
-    chosen: set[int] = set()
-    for a in b.assignments:
-        if not _discontinuous(a):
-            continue
-        for arg in a.args:
-            p = producers.get(arg.name) if isinstance(arg, Value) else None
-            if p is not None and p.op == "div" and p.outputs[0].dtype == torch.float32:
-                chosen.add(id(p))
-    if not chosen:
-        return False
-    out: list[Assignment] = []
-    for a in b.assignments:
-        if id(a) not in chosen:
-            out.append(a)
-            continue
-        wide = []
-        for arg in a.args:
-            if isinstance(arg, Value):
-                v = Value(b.fresh(f"{arg.name}_f64"), torch.float64, arg.shape)
-                out.append(Assignment([v], "tract_core_cast", [arg], {"to": "f64"}))
-                arg = v
-            wide.append(arg)
-        result = a.outputs[0]
-        q = Value(b.fresh(f"{result.name}_f64"), torch.float64, result.shape)
-        out.append(Assignment([q], "div", wide, dict(a.attrs)))
-        out.append(Assignment([result], "tract_core_cast", [q], {"to": "f32"}))
-    b.assignments = out
-    return True
+    chosen = {
+        id(p)
+        for a in b.assignments
+        if _discontinuous(a)
+        for arg in a.args
+        if isinstance(arg, Value)
+        and (p := producers.get(arg.name)) is not None
+        and p.op == "div"
+        and p.outputs[0].dtype == torch.float32
+    }
+    return _replacing(b, lambda a: _in_float64(b, a) if id(a) in chosen else None)
+
+
+def _in_float64(b: NNEFBuilder, a: Assignment) -> list[Assignment]:
+    """``a`` (a float32 ``div``) on float64 casts of its operands, cast back to float32."""
+    steps: list[Assignment] = []
+    wide = []
+    for arg in a.args:
+        if isinstance(arg, Value):
+            v = Value(b.fresh(f"{arg.name}_f64"), torch.float64, arg.shape)
+            steps.append(Assignment([v], "tract_core_cast", [arg], {"to": "f64"}))
+            arg = v
+        wide.append(arg)
+    result = a.outputs[0]
+    q = Value(b.fresh(f"{result.name}_f64"), torch.float64, result.shape)
+    steps.append(Assignment([q], a.op, wide, dict(a.attrs)))
+    steps.append(Assignment([result], "tract_core_cast", [q], {"to": "f32"}))
+    return steps
 
 
 def broadcast_after_matmul(b: NNEFBuilder) -> bool:
     """``matmul(broadcast(x), w)`` → ``broadcast(matmul(x, w))`` when only batch axes broadcast."""
     producers, uses = _producers(b), _uses(b)
-    out: list[Assignment] = []
-    changed = False
-    for a in b.assignments:
-        y = a.outputs[0]
-        if a.op != "matmul" or len(a.args) != 2 or y.shape is None:
-            out.append(a)
+    return _replacing(b, lambda a: _matmul_then_broadcast(b, a, producers, uses))
+
+
+def _matmul_then_broadcast(
+    b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment], uses: dict[str, int]
+) -> list[Assignment] | None:
+    y = a.outputs[0]
+    if a.op != "matmul" or len(a.args) != 2 or y.shape is None:
+        return None
+    args = list(a.args)
+    for i, v in enumerate(args):
+        p = producers.get(v.name) if isinstance(v, Value) else None
+        if p is None or p.op != "tract_core_broadcast" or uses[v.name] != 1:
             continue
-        args = list(a.args)
-        for i, v in enumerate(args):
-            p = producers.get(v.name) if isinstance(v, Value) else None
-            if p is None or p.op != "tract_core_broadcast" or uses[v.name] != 1:
-                continue
-            src, target = p.args[0], list(p.attrs.get("shape", []))
-            if not isinstance(src, Value) or src.shape is None or len(src.shape) != len(target):
-                continue
-            if list(src.shape[-2:]) != target[-2:]:
-                continue  # the matrix axes themselves broadcast: leave it
+        src, target = p.args[0], list(p.attrs.get("shape", []))
+        if not isinstance(src, Value) or src.shape is None or len(src.shape) != len(target):
+            continue
+        if list(src.shape[-2:]) == target[-2:]:  # only batch axes broadcast
             args[i] = src
-        if args == list(a.args):
-            out.append(a)
-            continue
-        product = Value(b.fresh(f"{y.name}_unbroadcast"), y.dtype, None)
-        out.append(Assignment([product], "matmul", args, dict(a.attrs)))
-        out.append(Assignment([y], "tract_core_broadcast", [product], {"shape": list(y.shape)}))
-        changed = True
-    b.assignments = out
-    return changed
-
-
-_RESHAPING = ("reshape",)  # producers whose shape tract folds into an einsum
+    if args == list(a.args):
+        return None
+    product = Value(b.fresh(f"{y.name}_unbroadcast"), y.dtype, None)
+    return [
+        Assignment([product], "matmul", args, dict(a.attrs)),
+        Assignment([y], "tract_core_broadcast", [product], {"shape": list(y.shape)}),
+    ]
 
 
 def flat_matmul_after_reshape(b: NNEFBuilder) -> bool:
     """``matmul(reshape(..), C)`` with ``C`` a ``[1, …, 1, K, N]`` constant → 2-D matmul + reshapes."""
     producers = _producers(b)
-    out: list[Assignment] = []
-    changed = False
-    for a in b.assignments:
-        flat = _flattened_matmul(b, a, producers)
-        out += flat if flat is not None else [a]
-        changed |= flat is not None
-    b.assignments = out
-    return changed
+    return _replacing(b, lambda a: _flattened_matmul(b, a, producers))
 
 
 def _flattened_matmul(
@@ -191,12 +181,7 @@ def _flattened_matmul(
     if not (isinstance(x, Value) and isinstance(w, Value)) or w.shape is None:
         return None
     source, weight = producers.get(x.name), producers.get(w.name)
-    if (
-        source is None
-        or source.op not in _RESHAPING
-        or weight is None
-        or not weight.op.startswith("variable")
-    ):
+    if source is None or source.op != "reshape" or weight is None or not weight.op.startswith("variable"):
         return None
     if x.shape is None:  # its own target shape, when it spells every size
         target = source.attrs.get("shape", [])
@@ -222,18 +207,24 @@ def _flattened_matmul(
 def gather_strided_after_softmax(b: NNEFBuilder) -> bool:
     """A strided slice that tract could pull into a softmax becomes slice + constant gathers."""
     producers, uses = _producers(b), _uses(b)
-    out: list[Assignment] = []
-    changed = False
-    for a in b.assignments:
+
+    def replace(a: Assignment) -> list[Assignment] | None:
         if a.op == "slice" and _strided(a) and _reaches_softmax(a.args[0], producers, uses):
-            replaced = _as_gathers(b, a)
-            if replaced is not None:
-                out += replaced
-                changed = True
-                continue
-        out.append(a)
-    b.assignments = out
-    return changed
+            return _as_gathers(b, a)
+        return None
+
+    return _replacing(b, replace)
+
+
+def _replacing(b: NNEFBuilder, replace: Callable[[Assignment], list[Assignment] | None]) -> bool:
+    """Each assignment replaced by ``replace(a)`` where that is not None (``passes._rewrite``)."""
+
+    def step(a: Assignment, out: list[Assignment]) -> bool:
+        new = replace(a)
+        out.extend([a] if new is None else new)
+        return new is not None
+
+    return _rewrite(b, step)
 
 
 def _strided(a: Assignment) -> bool:

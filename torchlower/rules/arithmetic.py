@@ -17,11 +17,10 @@ from torchlower.rules.common import (
     Scalar,
     align_ranks,
     cast,
-    distinct_factors,
-    ieee_zero,
     rank0,
     rank_of,
     shape_of,
+    tract_operands,
 )
 from torchlower.rules.division import rounded_quotient
 from torchlower.values import Shape, Value, constant
@@ -85,7 +84,7 @@ def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | Non
     shape = broadcast_shape(x, y)
     x, y = align_ranks(b, x, y)
     out_dtype = torch.bool if op in ("lt", "gt", "le", "ge", "eq", "ne") else dtype
-    op, x, y = distinct_factors(b, *ieee_zero(b, op, x, y))
+    op, x, y = tract_operands(b, op, x, y)
     return rank0(b, b.call(op, [x, y], dtype=out_dtype, shape=shape), rank)
 
 

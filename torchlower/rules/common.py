@@ -97,6 +97,12 @@ def _is_zero(x: Operand) -> bool:
     return not isinstance(x, bool) and x == 0
 
 
+def tract_operands(b: Builder, op: str, x: Operand, y: Operand) -> tuple[str, Operand, Operand]:
+    """``op(x, y)`` (promoted, rank-aligned) as tract computes it like torch: every binary helper
+    calls this last; ``ieee_zero`` and ``distinct_factors`` say why."""
+    return distinct_factors(b, *ieee_zero(b, op, x, y))
+
+
 def ieee_zero(b: Builder, op: str, x: Operand, y: Operand) -> tuple[str, Operand, Operand]:
     """A float ``x * 0`` or ``0 / y`` rewritten so tract keeps IEEE NaN.
 

@@ -19,9 +19,9 @@ from torchlower.rules.common import (
     align_ranks,
     broadcast_shapes,
     cast,
-    ieee_zero,
     rank0,
     rank_of,
+    tract_operands,
 )
 from torchlower.rules.math import binary, result_type, select, trunc, unary
 from torchlower.values import Value, constant
@@ -56,7 +56,7 @@ def rounded_quotient(b: Builder, x: Operand, y: Operand, dtype: torch.dtype, mod
             shape=v.shape,
         )
 
-    op, a, c = ieee_zero(b, "div", xw, yw)
+    op, a, c = tract_operands(b, "div", xw, yw)
     q = num("floor", num(op, a, c))
     r = num("sub", xw, num("mul", q, yw))
     y_negative = test("lt", yw, 0.0) if isinstance(yw, Value) else bool(yw < 0)

@@ -19,11 +19,10 @@ from torchlower.rules.common import (
     Builder,
     Operand,
     align_ranks,
-    distinct_factors,
-    ieee_zero,
     rank0,
     rank_of,
     shape_of,
+    tract_operands,
 )
 from torchlower.values import Shape, Value, constant, normalize_dim
 
@@ -100,7 +99,7 @@ def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | Non
         return rank0(b, same, rank)
     if op in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or", "tract_core_xor"):
         out = torch.bool
-    op, px, py = distinct_factors(b, *ieee_zero(b, op, px, py))
+    op, px, py = tract_operands(b, op, px, py)
     result = b.call(op, [px, py], dtype=out, shape=shape)
     if out == torch.bool and _symbolic_broadcast(px, py):
         # tract 0.23.9 derives wrong shapes for select/and over a comparison broadcast on symbolic
