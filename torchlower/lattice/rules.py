@@ -315,14 +315,23 @@ for _op in LF.BINARY_OPS:
 
 @rule(LF.cat)
 def cat(b: LatticeBuilder, tensors: Sequence[SparseValue], join: str) -> SparseValue:
-    """cat(tensors, join="inner")"""
+    """cat(tensors, join="inner")
+
+    The IR's ``sparse.cat`` is binary: n inputs fold left into n − 1 ops named ``<node>_1`` …
+    ``<node>_<n−1>`` (the reference's naming; the last one is the node's result). Joins are
+    associative, so the folded support and row order equal those of one n-way join."""
     parts = [sparse_arg(t, "cat input") for t in tensors]
     if len(parts) < 2 or len({p.stride for p in parts}) != 1:
         raise LoweringError("cat needs two or more sparse tensors with one stride")
     if constant(join, "join") not in LF.JOINS:
         raise LoweringError(f"join must be one of {LF.JOINS}, got {join!r}")
-    out = b.sparse(b.result_name(), parts[0], sum(p.channels for p in parts))
-    return b.op(out.name, "sparse.cat", parts, [("join", enum("join", join))], out)  # type: ignore[return-value]
+    node = b.result_name()
+    out = parts[0]
+    for i, part in enumerate(parts[1:], start=1):
+        lhs = out
+        out = b.sparse(f"{node}_{i}", lhs, lhs.channels + part.channels)
+        b.op(out.name, "sparse.cat", [lhs, part], [("join", enum("join", join))], out)
+    return out
 
 
 @rule(LF.reindex_sparse)
