@@ -179,7 +179,7 @@ def test_cat_of_three_folds_pairwise(tmp_path: Path) -> None:
 
     x = sparse_input(stride=1)
     model = Three().eval()
-    folder = L.save(model, tmp_path / "three", (x,))
+    folder = L.save(model, tmp_path / "three", (x,)).path
     text = (folder / "graph.mlir").read_text()
     assert "%cat_1 = lattice.sparse.cat %a, %x {join = #lattice.join<outer>}" in text
     assert "%cat_2 = lattice.sparse.cat %cat_1, %up {join = #lattice.join<outer>}" in text
@@ -225,8 +225,6 @@ def test_typed_errors(tmp_path: Path) -> None:
     x = sparse_input()
     with pytest.raises(InvalidArgumentError, match="group_size"):
         L.save(HeadFixture().eval(), tmp_path / "h", (x,), batch_size=2, quantize_bits=8, group_size=16)
-    with pytest.raises(InvalidArgumentError, match="eval mode"):
-        L.save(HeadFixture(), tmp_path / "h", (x,), batch_size=2)
     with pytest.raises(LoweringError, match="batch size"):
         L.save(HeadFixture().eval(), tmp_path / "h", (x,))
     with pytest.raises(InvalidArgumentError, match="divisible"):
@@ -246,6 +244,47 @@ def test_typed_errors(tmp_path: Path) -> None:
     assert len(err.value.ops) == 3, err.value
 
 
+def test_save_verifies_on_fresh_inputs_and_keeps_a_training_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = HeadFixture()  # training mode: an eval copy is lowered, the model stays as it is
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = sparse_input()
+    with caplog.at_level("WARNING", logger="torchlower"):
+        report = L.save(model, tmp_path / "h", (x,), batch_size=2, quantize_bits=4, group_size=32)
+    assert "training mode" in caplog.text
+    assert model.training and all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert report.fresh == 2 and [e.name for e in report.errors] == [
+        "output",
+        "output (random 1)",
+        "output (random 2)",
+    ]
+    assert all(e.ok for e in report.errors) and report.max_abs_error < 1e-4, report.errors
+    assert report.op_histogram["subm_conv3d"] == 1 and report.path == tmp_path / "h"
+    assert not L.save(model, tmp_path / "h", (x,), batch_size=2, check=False).checked
+
+
+def test_save_check_catches_a_wrong_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule that writes the wrong attribute must fail the check, not pass it."""
+    from torchlower.errors import CheckError
+    from torchlower.lattice import rules
+
+    real = rules.f32
+    monkeypatch.setattr(rules, "f32", lambda v: real(v * 1.5) if v == 0.2 else real(v))
+
+    class Leaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c, self.act = L.SubmConv3d(3, 4), nn.LeakyReLU(0.2)
+
+        def forward(self, x):
+            return self.act(self.c(x))
+
+    with pytest.raises(CheckError, match="disagrees") as err:
+        L.save(Leaky().eval(), tmp_path / "l", (sparse_input(),))
+    assert err.value.errors and not all(e.ok for e in err.value.errors)
+
+
 def test_lossless_float_attributes_and_atomic_write(tmp_path: Path) -> None:
     class Tiny(nn.Module):
         def __init__(self, slope: float) -> None:
@@ -256,7 +295,7 @@ def test_lossless_float_attributes_and_atomic_write(tmp_path: Path) -> None:
             return self.act(x)
 
     x = sparse_input()
-    folder = L.save(Tiny(1e-13).eval(), tmp_path / "tiny", (x,))
+    folder = L.save(Tiny(1e-13).eval(), tmp_path / "tiny", (x,)).path
     text = (folder / "graph.mlir").read_text()
     assert "alpha = 1.0e-13 : f32" in text
     op = next(o for o in L.load(folder).ops if o.op == "activation")

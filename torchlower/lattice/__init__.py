@@ -53,12 +53,30 @@ __all__ = [
     "maximum",
     "minimum",
     "mul",
+    "register_function_rule",
+    "register_module_rule",
     "reindex_sparse",
     "run",
     "save",
     "sub",
     "voxelize",
 ]
+
+
+def register_module_rule(*types: type) -> Any:
+    """Decorator: ``fn(builder, module, *inputs)`` lowers modules of ``types`` (and subclasses)
+    into the lattice artifact. Registering a type twice raises ``InvalidArgumentError``."""
+    from torchlower.lattice.rules import LATTICE_RULES
+
+    return LATTICE_RULES.module(*types)
+
+
+def register_function_rule(*keys: object) -> Any:
+    """Decorator: ``fn(builder, *args)`` lowers calls of a Python function (arguments in its
+    signature order) or of an ATen op (schema order) into the lattice artifact."""
+    from torchlower.lattice.rules import LATTICE_RULES
+
+    return LATTICE_RULES.function(*keys)
 
 
 def __getattr__(name: str) -> Any:

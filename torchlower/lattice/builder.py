@@ -114,6 +114,7 @@ class LatticeBuilder:
         self._weight_values: dict[str, Value] = {}
         self._taken: set[str] = set()
         self._storage: dict[str, list[str]] = {}  # weight value → stored tensor keys
+        self.packed: dict[str, tuple[str, int, int, str]] = {}  # key → (kind, bits, group, scales)
 
     # ---- names ----------------------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -219,6 +220,7 @@ class LatticeBuilder:
                 data, kind, self.quantize_bits, self.group_size, self.scale_dtype
             ).items():
                 self.weights[f"{key}.{suffix}"] = part
+            self.packed[key] = (kind, self.quantize_bits, self.group_size, self.scale_dtype)
             packing = (
                 f"#lattice.packing<int{self.quantize_bits}, group_size = {self.group_size}, "
                 f"scale_dtype = {self.scale_dtype}, mode = affine>"

@@ -159,6 +159,14 @@ def _activation(x: torch.Tensor, a: dict[str, Any]) -> torch.Tensor:
     raise ArtifactError(f"unknown activation {kind!r}")
 
 
+def _elementwise(x: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "exp":
+        return torch.exp(x)
+    if kind == "round":
+        return torch.round(x)  # half to even
+    raise ArtifactError(f"unknown elementwise kind {kind!r} (the consumer accepts exp, round)")
+
+
 def _make(coords: torch.Tensor, feats: torch.Tensor, active: torch.Tensor, a: dict[str, Any]) -> R.Ref:
     n, stride = int(active.reshape(-1)[0]), tuple(a["stride"])
     if (coords[:n, 1:] % torch.tensor(stride, dtype=coords.dtype) != 0).any():
@@ -233,6 +241,16 @@ def _step(art: Artifact, op: Op, args: list[Any]) -> list[Any]:
         return [f @ w.t() + (args[2] if len(args) > 2 else 0)]
     if k == "activation":
         return [_activation(args[0], a)]
+    if k == "elementwise":
+        return [_elementwise(args[0], a["kind"])]
+    if k == "softmax":
+        f = args[0].double()
+        shifted = f - f.max(dim=a["axis"], keepdim=True).values
+        e = torch.exp(shifted)
+        return [(e / e.sum(dim=a["axis"], keepdim=True)).to(args[0].dtype)]
+    if k == "rms_norm":
+        f, w = args
+        return [f / torch.sqrt((f * f).mean(dim=1, keepdim=True) + a["eps"]) * w]
     if k == "sparse.binary":
         return [R.binary(a["op"], args[0], args[1], a["join"], a["lhs_fill"], a["rhs_fill"])]
     if k == "sparse.cat":

@@ -197,23 +197,41 @@ ACTIVATIONS: dict[type, str] = {
 }
 
 
+def activation_attrs(
+    kind: str, approximate: str = "none", alpha: float = 0.01, beta: float = 1.0, threshold: float = 20.0
+) -> list[tuple[str, str]]:
+    """The five attributes of ``lattice.activation`` (unused ones keep the reference defaults)."""
+    return [
+        ("kind", enum("activation", kind)),
+        ("approximate", enum("gelu_approx", approximate)),
+        ("alpha", f32(alpha)),
+        ("beta", f32(beta)),
+        ("threshold", f32(threshold)),
+    ]
+
+
+def feature_op(b: LatticeBuilder, x: object, op: str, attrs: list[tuple[str, str]], name: str) -> Value:
+    """``op`` on the features of ``x``, channel count unchanged (``decompose → op → with_features``
+    on a sparse value)."""
+
+    def emit(feats: Value, result: str) -> Value:
+        out = b.dense(result, feats, int(feats.shape[-1]))  # type: ignore[index]
+        return b.op(out.name, op, [feats], attrs, out)
+
+    return b.on_features(symbolic(x, f"{op} input"), name, emit)
+
+
 @module_rule(*ACTIVATIONS)
 def activation(b: LatticeBuilder, m: nn.Module, x: Value) -> Value:
     """ReLU | LeakyReLU | SiLU | GELU | Sigmoid | Tanh | Softplus (x) on features"""
-    kind = ACTIVATIONS[type(m)]
-    attrs = [
-        ("kind", enum("activation", kind)),
-        ("approximate", enum("gelu_approx", getattr(m, "approximate", "none"))),
-        ("alpha", f32(getattr(m, "negative_slope", 0.01))),
-        ("beta", f32(getattr(m, "beta", 1.0))),
-        ("threshold", f32(getattr(m, "threshold", 20.0))),
-    ]
-
-    def emit(feats: Value, name: str) -> Value:
-        out = b.dense(name, feats, int(feats.shape[-1]))  # type: ignore[index]
-        return b.op(out.name, "activation", [feats], attrs, out)
-
-    return b.on_features(symbolic(x, f"{kind} input"), b.result_name(m), emit)
+    attrs = activation_attrs(
+        ACTIVATIONS[type(m)],
+        getattr(m, "approximate", "none"),
+        getattr(m, "negative_slope", 0.01),
+        getattr(m, "beta", 1.0),
+        getattr(m, "threshold", 20.0),
+    )
+    return feature_op(b, x, "activation", attrs, b.result_name(m))
 
 
 # ---- functions ------------------------------------------------------------------------------
@@ -302,10 +320,14 @@ def _register_binary(op: str) -> None:
     rule(getattr(LF, op))(lower)
     if hasattr(operator, op):
 
-        def lower_operator(b: LatticeBuilder, lhs: SparseValue, rhs: SparseValue) -> SparseValue:
-            return _binary(b, op, lhs, rhs, None, 0.0, 0.0)
+        def lower_operator(b: LatticeBuilder, lhs: object, rhs: object) -> Value:
+            if isinstance(lhs, SparseValue) and isinstance(rhs, SparseValue):
+                return _binary(b, op, lhs, rhs, None, 0.0, 0.0)
+            from torchlower.lattice.rules_functional import scalar_operator
 
-        lower_operator.__doc__ = f"operator.{op}(lhs, rhs) on sparse tensors (default join)"
+            return scalar_operator(b, op, lhs, rhs)
+
+        lower_operator.__doc__ = f"operator.{op}(lhs, rhs): sparse join (default join) or with a number"
         rule(getattr(operator, op))(lower_operator)
 
 
@@ -343,3 +365,6 @@ def reindex_sparse(b: LatticeBuilder, source: SparseValue, target: SparseValue, 
     out = b.sparse(b.result_name(), target, source.channels)
     attrs = [("fill", f32(constant(fill, "fill")))]  # type: ignore[arg-type]
     return b.op(out.name, "sparse.reindex", [source, target], attrs, out)  # type: ignore[return-value]
+
+
+from torchlower.lattice import rules_functional, rules_ops  # noqa: E402, F401  (register their rules)
