@@ -32,6 +32,14 @@ from torchlower.lattice.modules import (
     SubmConv3d,
     SumPool3d,
 )
+from torchlower.lattice.modules_ops import (
+    Elementwise,
+    NormalizedConvTranspose3d,
+    NormalizedGenerativeConvTranspose3d,
+    NormalizedSubmConv3d,
+    PoolTranspose3d,
+    TrilinearUpsample3d,
+)
 from torchlower.lattice.sparse import SparseTensor
 
 __all__ = [
@@ -39,13 +47,19 @@ __all__ = [
     "BatchNorm",
     "Conv3d",
     "ConvTranspose3d",
+    "Elementwise",
     "GenerativeConvTranspose3d",
     "GlobalAvgPool",
     "GlobalMaxPool",
     "MaxPool3d",
+    "NormalizedConvTranspose3d",
+    "NormalizedGenerativeConvTranspose3d",
+    "NormalizedSubmConv3d",
+    "PoolTranspose3d",
     "SparseTensor",
     "SubmConv3d",
     "SumPool3d",
+    "TrilinearUpsample3d",
     "add",
     "cat",
     "devoxelize",

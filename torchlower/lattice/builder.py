@@ -209,13 +209,14 @@ class LatticeBuilder:
         return self.op(out.name, "sparse.with_features", [x, feats], [], out)
 
     # ---- weights --------------------------------------------------------------------------
-    def weight(self, key: str, tensor: torch.Tensor, kind: str, layout: str) -> Value:
-        """Reference ``tensor`` stored under ``key``; conv / linear weights are quantized when asked."""
+    def weight(self, key: str, tensor: torch.Tensor, kind: str, layout: str, packable: bool = True) -> Value:
+        """Reference ``tensor`` stored under ``key``; conv / linear weights are quantized when asked
+        (unless ``packable`` is False: the op needs the exact weights)."""
         if key in self._weight_values:
             return self._weight_values[key]
         data = tensor.detach().to(torch.float32).contiguous()
         packing = "#lattice.packing<dense>"
-        if self.quantize_bits is not None and kind in ("conv3d", "linear"):
+        if self.quantize_bits is not None and kind in ("conv3d", "linear") and packable:
             for suffix, part in quantize.pack(
                 data, kind, self.quantize_bits, self.group_size, self.scale_dtype
             ).items():
@@ -240,14 +241,20 @@ class LatticeBuilder:
         return value
 
     def param(
-        self, module: nn.Module, attr: str, kind: str, layout: str, default: torch.Tensor | None = None
+        self,
+        module: nn.Module,
+        attr: str,
+        kind: str,
+        layout: str,
+        default: torch.Tensor | None = None,
+        packable: bool = True,
     ) -> Value:
         tensor = getattr(module, attr, None)
         if tensor is None:
             if default is None:
                 raise LoweringError(f"{self.module_name(module)}.{attr} is missing and has no default")
             tensor = default
-        return self.weight(f"{self.module_name(module)}.{attr}", tensor, kind, layout)
+        return self.weight(f"{self.module_name(module)}.{attr}", tensor, kind, layout, packable)
 
     # ---- text -----------------------------------------------------------------------------
     def graph_text(self) -> str:

@@ -17,6 +17,7 @@ import torch
 from torchlower.errors import ArtifactError, InvalidArgumentError
 from torchlower.lattice import quantize
 from torchlower.lattice import reference as R
+from torchlower.lattice import reference_ops as RO
 from torchlower.lattice.sparse import SparseTensor
 
 
@@ -167,6 +168,43 @@ def _elementwise(x: torch.Tensor, kind: str) -> torch.Tensor:
     raise ArtifactError(f"unknown elementwise kind {kind!r} (the consumer accepts exp, round)")
 
 
+_EXTRA_CONVS = (
+    "target_conv3d",
+    "target_conv_transpose3d",
+    "normalized_subm_conv3d",
+    "normalized_conv_transpose3d",
+    "target_normalized_conv_transpose3d",
+    "normalized_generative_conv_transpose3d",
+)
+
+
+def _extra_conv(k: str, a: dict[str, Any], args: list[Any]) -> R.Ref:
+    """Target and normalized convs: operands ``x, [target], weight, [bias]``."""
+    x = args[0]
+    target = args[1] if k.startswith("target_") else None
+    rest = args[2:] if target is not None else args[1:]
+    weight, bias = rest[0][..., : x.channels], rest[1] if len(rest) > 1 else None
+    kernel, dilation = a["kernel_size"], a.get("dilation", [1, 1, 1])
+    stride, padding = a.get("stride", [1, 1, 1]), a.get("padding", [0, 0, 0])
+    if k == "target_conv3d":
+        return RO.target_conv(x, target, weight, bias, kernel, stride, padding, dilation)
+    if k == "target_conv_transpose3d":
+        return RO.target_conv_transpose(x, target, weight, bias, kernel, stride, padding, dilation)
+
+    def run(ref: R.Ref, w: torch.Tensor, b: torch.Tensor | None) -> R.Ref:
+        if k == "normalized_subm_conv3d":
+            return R.subm_conv(ref, w, b, kernel, dilation)
+        if k == "normalized_generative_conv_transpose3d":
+            return R.generative_conv_transpose(ref, w, b, kernel, stride)
+        if target is not None:
+            return RO.target_conv_transpose(ref, target, w, b, kernel, stride, padding, dilation)
+        return R.conv_transpose(ref, w, b, kernel, stride, padding, dilation)
+
+    pointwise = list(kernel) == [1, 1, 1] and list(stride) == [1, 1, 1] and list(padding) == [0, 0, 0]
+    pointwise = pointwise and list(dilation) == [1, 1, 1]
+    return RO.normalized(run, x, weight, bias, a["eps"], pointwise)
+
+
 def _make(coords: torch.Tensor, feats: torch.Tensor, active: torch.Tensor, a: dict[str, Any]) -> R.Ref:
     n, stride = int(active.reshape(-1)[0]), tuple(a["stride"])
     if (coords[:n, 1:] % torch.tensor(stride, dtype=coords.dtype) != 0).any():
@@ -217,6 +255,22 @@ def _step(art: Artifact, op: Op, args: list[Any]) -> list[Any]:
             return [R.generative_conv_transpose(x, w, bias, a["kernel_size"], a["stride"])]
         fn = R.conv if k == "conv3d" else R.conv_transpose
         return [fn(x, w, bias, a["kernel_size"], a["stride"], a["padding"], a["dilation"])]
+    if k in _EXTRA_CONVS:
+        return [_extra_conv(k, a, args)]
+    if k == "pool_transpose3d":
+        target = args[1] if len(args) > 1 else None
+        return [
+            RO.pool_transpose(args[0], target, a["kernel_size"], a["stride"], a["padding"], a["dilation"])
+        ]
+    if k == "trilinear_upsample3d":
+        return [RO.trilinear_upsample(args[0], args[1] if len(args) > 1 else None, a["stride"])]
+    if k == "embedding_lookup":
+        ids, table = args
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= table.shape[0]):
+            raise InvalidArgumentError(
+                f"embedding ids must lie in [0, {table.shape[0]}); got {ids.min()}..{ids.max()}"
+            )
+        return [table[ids.long()]]
     if k == "pool3d":
         return [R.pool(args[0], a["mode"], a["kernel_size"], a["stride"], a["padding"], a["dilation"])]
     if k == "global_pool":

@@ -49,15 +49,34 @@ def floats3(value: object, what: str) -> list[float]:
 
 
 # ---- convolutions ---------------------------------------------------------------------------
-def _conv(b: LatticeBuilder, m: LM._ConvBase, x: object, op: str, attrs: list, stride=None) -> SparseValue:
+def _conv(
+    b: LatticeBuilder,
+    m: LM._ConvBase,
+    x: object,
+    op: str,
+    attrs: list,
+    stride: tuple[int, int, int] | None = None,
+    target: object = None,
+    packable: bool = True,
+    after: Sequence[tuple[str, str]] = (),
+) -> SparseValue:
+    """``op`` with operands ``x, [target], weight, [bias]``; a target gives the output support.
+    ``packable=False`` keeps the weight dense under quantization (normalized convs need W²);
+    ``after`` are attributes the schema puts after ``accumulation``."""
     x = sparse_arg(x, f"input of {op}")
     if x.channels != m.in_channels:
         raise LoweringError(f"{op}: input has {x.channels} channels, the module expects {m.in_channels}")
-    operands: list[Value] = [x, b.param(m, "weight", "conv3d", "conv3d_o_xyz_i")]
+    operands: list[Value] = [x]
+    if target is not None:
+        target = sparse_arg(target, f"target of {op}")
+        if stride is not None and target.stride != stride:
+            raise LoweringError(f"{op}: the target has stride {target.stride}, the output needs {stride}")
+        operands.append(target)
+    operands.append(b.param(m, "weight", "conv3d", "conv3d_o_xyz_i", packable=packable))
     if m.bias is not None:
         operands.append(b.param(m, "bias", "bias", "bias_c"))
     out = b.sparse(b.result_name(m), x, m.out_channels, stride)
-    return b.op(out.name, op, operands, [*attrs, ACCUMULATION], out)  # type: ignore[return-value]
+    return b.op(out.name, op, operands, [*attrs, ACCUMULATION, *after], out)  # type: ignore[return-value]
 
 
 @module_rule(LM.SubmConv3d)
@@ -85,24 +104,41 @@ def _scaled(x: object, s: Sequence[int], up: bool) -> tuple[int, int, int]:
 
 
 @module_rule(LM.ConvTranspose3d)
-def conv_transpose3d(b: LatticeBuilder, m: LM.ConvTranspose3d, x: SparseValue) -> SparseValue:
-    """ConvTranspose3d(x) -> sparse (support of the conv it inverts)"""
-    return _conv(b, m, x, "conv_transpose3d", _geometry(m), _scaled(x, m.stride, up=False))
+def conv_transpose3d(
+    b: LatticeBuilder, m: LM.ConvTranspose3d, x: SparseValue, target: SparseValue | None
+) -> SparseValue:
+    """ConvTranspose3d(x, target=None) -> sparse (the inverted conv's support, or target's)"""
+    op = "conv_transpose3d" if target is None else "target_conv_transpose3d"
+    return _conv(b, m, x, op, _geometry(m), _scaled(x, m.stride, up=False), target)
 
 
 @module_rule(LM.Conv3d)
-def conv3d(b: LatticeBuilder, m: LM.Conv3d, x: SparseValue) -> SparseValue:
-    """Conv3d(x) -> sparse (stride multiplied)"""
-    return _conv(b, m, x, "conv3d", _geometry(m), _scaled(x, m.stride, up=True))
+def conv3d(b: LatticeBuilder, m: LM.Conv3d, x: SparseValue, target: SparseValue | None) -> SparseValue:
+    """Conv3d(x, target=None) -> sparse (stride multiplied; target's support when given)"""
+    op = "conv3d" if target is None else "target_conv3d"
+    return _conv(b, m, x, op, _geometry(m), _scaled(x, m.stride, up=True), target)
+
+
+def target_transposed_geometry(m: LM.GenerativeConvTranspose3d) -> list[tuple[str, str]]:
+    """A generative conv called with a target is a target transposed conv (padding 0, dilation 1)."""
+    return [
+        ("kernel_size", i64s(m.kernel_size)),
+        ("stride", i64s(m.stride)),
+        ("padding", i64s((0, 0, 0))),
+        ("dilation", i64s((1, 1, 1))),
+    ]
 
 
 @module_rule(LM.GenerativeConvTranspose3d)
 def generative_conv_transpose3d(
-    b: LatticeBuilder, m: LM.GenerativeConvTranspose3d, x: SparseValue
+    b: LatticeBuilder, m: LM.GenerativeConvTranspose3d, x: SparseValue, target: SparseValue | None
 ) -> SparseValue:
-    """GenerativeConvTranspose3d(x) -> sparse (creates o·s + k)"""
+    """GenerativeConvTranspose3d(x, target=None) -> sparse (creates o·s + k, or onto target)"""
+    stride = _scaled(x, m.stride, up=False)
+    if target is not None:
+        return _conv(b, m, x, "target_conv_transpose3d", target_transposed_geometry(m), stride, target)
     attrs = [("kernel_size", i64s(m.kernel_size)), ("stride", i64s(m.stride))]
-    return _conv(b, m, x, "generative_conv_transpose3d", attrs, _scaled(x, m.stride, up=False))
+    return _conv(b, m, x, "generative_conv_transpose3d", attrs, stride)
 
 
 # ---- pooling --------------------------------------------------------------------------------
