@@ -67,10 +67,51 @@ def parse_artifact(text: str, tensors: dict[str, torch.Tensor]) -> Artifact:
         ops,
         [r.strip().lstrip("%") for r in ret.group(1).split(",")],
     )
+    validate(art)
     for op in ops:
         if op.op == "weight":
             art.weights[op.attrs["storage_key"]] = _weight(op, ops, tensors)
     return art
+
+
+OPS = frozenset(
+    {
+        *("weight", "sparse.make", "sparse.decompose", "sparse.with_features", "sparse.reindex"),
+        *("conv3d", "subm_conv3d", "normalized_subm_conv3d", "target_conv3d", "conv_transpose3d"),
+        *("target_conv_transpose3d", "normalized_conv_transpose3d", "target_normalized_conv_transpose3d"),
+        *("generative_conv_transpose3d", "normalized_generative_conv_transpose3d", "pool3d"),
+        *("pool_transpose3d", "trilinear_upsample3d", "global_pool", "voxelize", "devoxelize", "linear"),
+        *("embedding_lookup", "elementwise", "softmax", "activation", "batch_norm", "layer_norm"),
+        *("rms_norm", "sparse.binary", "sparse.cat"),
+    }
+)
+TRIPLES = ("kernel_size", "stride", "padding", "dilation", "voxel_size", "origin")
+
+
+def validate(art: Artifact) -> None:
+    """Known ops, names defined before use, 3-vectors where the IR wants them, sizes in range."""
+    unknown = sorted({o.op for o in art.ops} - OPS)
+    if unknown:
+        raise ArtifactError(f"unknown lattice ops {unknown} (lattice IR v2 has {len(OPS)} ops)")
+    defined = set(art.input_names)
+    for op in art.ops:
+        missing = [o for o in op.operands if o not in defined]
+        if missing:
+            raise ArtifactError(f"lattice.{op.op} (%{op.results[0]}) uses undefined values {missing}")
+        for key in TRIPLES:
+            if key in op.attrs and (not isinstance(op.attrs[key], list) or len(op.attrs[key]) != 3):
+                raise ArtifactError(f"lattice.{op.op} (%{op.results[0]}): {key} must have 3 entries")
+        for key in ("kernel_size", "stride", "dilation"):
+            if key in op.attrs and not all(1 <= int(v) <= 64 for v in op.attrs[key]):
+                raise ArtifactError(
+                    f"lattice.{op.op} (%{op.results[0]}): {key} {op.attrs[key]} outside 1..64"
+                )
+        defined.update(op.results)
+    undefined = [r for r in art.returns if r not in defined]
+    if undefined:
+        raise ArtifactError(f"return uses undefined values {undefined}")
+    if len(art.returns) != len(art.output_names):
+        raise ArtifactError(f"{len(art.returns)} returned values for {len(art.output_names)} output names")
 
 
 def _weight(op: Op, ops: list[Op], tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -220,7 +261,13 @@ def execute(art: Artifact, flat_inputs: list[torch.Tensor]) -> list[Any]:
         )
     env: dict[str, Any] = dict(zip(art.input_names, flat_inputs, strict=True))
     for op in art.ops:
-        env.update(zip(op.results, _step(art, op, [env[o] for o in op.operands]), strict=True))
+        try:
+            results = _step(art, op, [env[o] for o in op.operands])
+        except (IndexError, KeyError, ValueError, TypeError, RuntimeError) as exc:  # malformed graph
+            raise ArtifactError(
+                f"lattice.{op.op} (%{op.results[0]}) cannot run: {type(exc).__name__}: {exc}"
+            ) from None
+        env.update(zip(op.results, results, strict=True))
     outs: list[Any] = []
     for name in art.returns:
         value = env[name]
