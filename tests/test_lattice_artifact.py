@@ -307,3 +307,22 @@ def test_lossless_float_attributes_and_atomic_write(tmp_path: Path) -> None:
     L.save(Tiny(0.5).eval(), folder, (x,))
     assert "alpha = 0.5 : f32" in (folder / "graph.mlir").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
+
+
+def test_reference_value_names(tmp_path: Path) -> None:
+    """Module paths become value names as the reference writes them: ``0.weight`` → ``v_0_weight``;
+    a model that is one module is named after its type; eval no-ops write nothing."""
+    seq = nn.Sequential(
+        L.SubmConv3d(3, 4), nn.ReLU(), nn.Dropout(0.3), L.GlobalAvgPool(2), nn.Flatten(), nn.Linear(4, 2)
+    )
+    x = sparse_input()
+    text = (L.save(seq.eval(), tmp_path / "seq", (x,)).path / "graph.mlir").read_text()
+    assert '%v_0_weight = lattice.weight @v_0_weight {storage_key = "0.weight"' in text
+    assert "%v_0 = lattice.subm_conv3d %input, %v_0_weight" in text  # Sequential.forward(input)
+    assert "%sparse_decompose, %v_1_features_in, %v_1_active = lattice.sparse.decompose %v_0" in text
+    assert "%v_5 = lattice.linear %v_3, %v_5_weight, %v_5_bias" in text and "dropout" not in text
+    one = L.save(L.SubmConv3d(3, 4, bias=True).eval(), tmp_path / "one", (x,))
+    text = (one.path / "graph.mlir").read_text()
+    assert '%submconv3d_weight = lattice.weight @submconv3d_weight {storage_key = "submconv3d.weight"' in text
+    assert "%submconv3d = lattice.subm_conv3d %x, %submconv3d_weight, %submconv3d_bias" in text
+    assert one.max_abs_error < 1e-4

@@ -22,6 +22,7 @@ from torchlower.errors import ArtifactError, InvalidArgumentError, LoweringError
 from torchlower.lattice import verify
 from torchlower.lattice.builder import WEIGHT_FILE, LatticeBuilder
 from torchlower.lattice.executor import Artifact, execute, parse_artifact
+from torchlower.lattice.rules import LATTICE_RULES
 from torchlower.lattice.sparse import SparseTensor
 from torchlower.nnef.tract import OutputError
 from torchlower.values import Value
@@ -93,7 +94,7 @@ def save(
         group_size=group_size,
         scale_dtype=scale_dtype,
         batch_size=batch_size,
-        module_names={id(m): name for name, m in module.named_modules()},
+        module_names=_module_names(module, LATTICE_RULES),
     )
     in_names = _input_names(module, examples)
     inputs = [_declare(builder, name, x) for name, x in zip(in_names, examples, strict=True)]
@@ -148,10 +149,31 @@ def _verify(
     return errors, fresh
 
 
-def _lower(builder: LatticeBuilder, model: nn.Module, inputs: list[Value]) -> list[Any]:
-    """Trace with ``torchlower.fx.Tracer`` (rule-bearing modules stay leaves) and interpret."""
-    from torchlower import fx
+def _module_names(model: nn.Module, rules: Any) -> dict[int, str]:
+    """Dotted paths by module identity; a model that is itself one rule-bearing module is named
+    after its type in lower case, as the reference names it (``SubmConv3d`` → ``submconv3d``)."""
+    names = {id(m): name for name, m in model.named_modules()}
+    if rules.lookup_module(type(model)) is not None:
+        names[id(model)] = type(model).__name__.lower()
+    return names
 
+
+def _lower(builder: LatticeBuilder, model: nn.Module, inputs: list[Value]) -> list[Any]:
+    """Trace with ``torchlower.fx.Tracer`` (rule-bearing modules stay leaves) and interpret; a
+    model that is one rule-bearing module goes straight to its rule."""
+    from torchlower import fx
+    from torchlower.frontends.session import Session
+
+    if builder.rules.lookup_module(type(model)) is not None:
+        session = Session(builder, "fx")
+        bound = inspect.signature(model.forward).bind(*inputs)
+        bound.apply_defaults()
+        out = session.apply_module(model, list(bound.arguments.values()), builder.module_names[id(model)])
+        try:
+            session.finish()
+        except UnsupportedOpsError as exc:
+            raise UnsupportedOpsError(exc.ops, exc.frontend, registry="lattice") from None
+        return pytree.tree_leaves(out)
     gm = fx.trace(model, builder.rules)
     try:
         return pytree.tree_leaves(fx.Interpreter(gm, builder).run(*inputs))

@@ -7,6 +7,7 @@ the text is spelled (the fixtures in ``shared/fixtures/lattice`` fix it byte for
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,6 +47,15 @@ def tensor_type(value: Value) -> str:
         return sparse_type(DTYPES[value.dtype])  # type: ignore[index]
     dims = "".join(f"{d}x" if isinstance(d, int) else "?x" for d in value.shape or ())
     return f"tensor<{dims}{DTYPES[value.dtype]}>"  # type: ignore[index]
+
+
+def value_name(text: str) -> str:
+    """What the reference builder does to a module path or key: runs of other characters become
+    ``_``, outer ``_`` are dropped, a leading digit gets ``v_`` (``0.weight`` → ``v_0_weight``)."""
+    out = re.sub(r"[^0-9A-Za-z_]+", "_", text).strip("_")
+    if not out:
+        return "value"
+    return f"v_{out}" if out[0].isdigit() else out
 
 
 # ---- attribute spelling -------------------------------------------------------------------------
@@ -118,6 +128,8 @@ class LatticeBuilder:
 
     # ---- names ----------------------------------------------------------------------------
     def fresh(self, base: str) -> str:
+        """``base`` made a value name (the reference's rule), then ``base1``, ``base2``… if taken."""
+        base = value_name(base)
         name, n = base, 0
         while name in self._taken:
             n += 1

@@ -138,3 +138,19 @@ def softmax(b: LatticeBuilder, m: nn.Softmax, x: Value) -> Value:
 def elementwise(b: LatticeBuilder, m: LO.Elementwise, x: Value) -> Value:
     """Elementwise(kind)(x): exp | round"""
     return feature_op(b, x, "elementwise", [("kind", f'"{m.kind}"')], b.result_name(m))
+
+
+# ---- eval-mode no-ops -------------------------------------------------------------------------
+@module_rule(nn.Dropout, nn.Identity)
+def passthrough(b: LatticeBuilder, m: nn.Module, x: Value) -> Value:
+    """Dropout (eval) | Identity (x) -> x: no op is written"""
+    return symbolic(x, f"{type(m).__name__} input")
+
+
+@module_rule(nn.Flatten)
+def flatten(b: LatticeBuilder, m: nn.Flatten, x: Value) -> Value:
+    """Flatten(x) of a dense [B, C] head (start_dim=1, end_dim=-1) -> x"""
+    x = symbolic(x, "flatten input")
+    if isinstance(x, SparseValue) or len(x.shape or ()) != 2 or (m.start_dim, m.end_dim) != (1, -1):
+        raise LoweringError(f"{b.module_name(m)}: only Flatten(1, -1) of a dense [B, C] tensor is lowerable")
+    return x
