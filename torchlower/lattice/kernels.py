@@ -1,157 +1,216 @@
-"""Kernel maps (which input row feeds which output row through which kernel offset) and the
-gather → matmul → scatter / scatter-reduce that consume them.
+"""The compute of sparse convolutions and pools over a kernel map (``maps.py`` builds them).
 
-Geometry (logical coordinates ``c = C / S`` at input stride ``S``; ``k`` a kernel position):
-- submanifold: output support = input support, input ``c + (k - (ks - 1) // 2)·d``;
-- strided conv / pool: output ``o`` with ``o·s = c + p − k·d`` (output stride ``S·s``);
-- transposed conv: same relation read backwards onto the support the conv came from;
-- generative transposed conv: creates ``o·s + k`` (output stride ``S / s``).
-Every step is vectorized over rows; loops run over kernel offsets only.
+Convolution, two ways, chosen by the map's fill (share of the ``M × K`` slots holding a pair):
+- **im2col** (fill ≥ ``IM2COL_FILL``): a few thousand output rows at a time, gather their
+  ``K`` neighbours' features with ``index_select`` into one reused buffer (absent = a zero
+  row), then one ``mm`` with the ``[K·I, O]`` weight into the output slice. The arithmetic is
+  the dense GEMM of the same shape, so only the ``1 − fill`` padding is wasted;
+- **pairs** (sparse maps, e.g. LiDAR or a stride-2 downsampling): per kernel offset, gather
+  the inputs of its pairs, one ``mm`` with that offset's ``[I, O]`` slice, ``index_add_`` into
+  the outputs — no work on absent slots.
+No temporary grows with ``M·K·C``: buffers are a chunk (im2col) or one offset's pairs.
+Pools gather the same way and reduce over the offsets in weight order (max exactly; sum and
+mean add in the order the original scatter-reduce did).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from torchlower.errors import InvalidArgumentError
-from torchlower.lattice.sparse import CoordIndex, Hash, Triple, kernel_offsets, unique_coords
+from torchlower.lattice.maps import KernelMap, conv_map, generative_map, subm_map, transpose_map
+
+IM2COL_FILL = 0.5
+CHUNK_FLOATS = 1 << 20  # gathered floats per chunk (4 MiB: the chunk stays in L2/L3 for the mm)
+MIN_CHUNK_ROWS = 1024  # below this a BLAS may split the reduction across threads (rounding varies)
 
 
-@dataclass(frozen=True)
-class KernelMap:
-    """Pairs ``(k, in_row, out_row)`` grouped by kernel offset, plus the output coordinates."""
-
-    out_coords: torch.Tensor  # [M, 4] int32
-    out_stride: Triple
-    pairs: tuple[tuple[int, torch.Tensor, torch.Tensor], ...]  # (k, in_idx, out_idx)
-
-    @property
-    def rows(self) -> int:
-        return int(self.out_coords.shape[0])
-
-    def flat(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.pairs:
-            empty = torch.zeros(0, dtype=torch.long)
-            return empty, empty
-        return torch.cat([p[1] for p in self.pairs]), torch.cat([p[2] for p in self.pairs])
-
-
-def _t(values: Triple) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long)
-
-
-def _group(k_all: torch.Tensor, in_all: torch.Tensor, out_all: torch.Tensor, kernel_size: int) -> tuple:
-    """Split flat pair lists into per-offset groups (stable, offsets in weight order)."""
-    order = torch.argsort(k_all, stable=True)
-    k_sorted, in_sorted, out_sorted = k_all[order], in_all[order], out_all[order]
-    counts = torch.bincount(k_sorted, minlength=kernel_size).tolist()
-    groups, start = [], 0
-    for k, n in enumerate(counts):
-        if n:
-            groups.append((k, in_sorted[start : start + n], out_sorted[start : start + n]))
-        start += n
-    return tuple(groups)
-
-
-def subm_map(coords: torch.Tensor, stride: Triple, kernel: Triple, dilation: Triple) -> KernelMap:
-    offs = kernel_offsets(kernel)
-    center = (_t(kernel) - 1) // 2
-    delta = (offs - center) * _t(dilation) * _t(stride)  # [K, 3] physical
-    margin = torch.cat([torch.zeros(1, dtype=torch.long), delta.abs().max(dim=0).values])
-    index = CoordIndex(coords, Hash.covering([coords], margin))
-    zero = torch.zeros(len(offs), 4, dtype=torch.long)
-    zero[:, 1:] = delta
-    shift = index.hash.encode(zero + index.hash.lo)  # key(δ): the hash is linear inside its range
-    found = index.lookup_keys(index.hash.encode(coords).unsqueeze(0) + shift.unsqueeze(1))  # [K, N]
-    k_idx, out_idx = (found >= 0).nonzero(as_tuple=True)
-    return KernelMap(coords, stride, _group(k_idx, found[k_idx, out_idx], out_idx, len(offs)))
-
-
-def conv_map(
-    coords: torch.Tensor,
-    stride: Triple,
-    kernel: Triple,
-    conv_stride: Triple,
-    padding: Triple,
-    dilation: Triple,
-) -> KernelMap:
-    """Strided conv / pool: every (input, offset) with ``(c + p − k·d) % s == 0`` makes an output."""
-    offs = kernel_offsets(kernel)
-    logical = coords[:, 1:].long() // _t(stride)  # [N, 3]
-    num = logical.unsqueeze(0) + _t(padding) - (offs * _t(dilation)).unsqueeze(1)  # [K, N, 3]
-    ok = (num % _t(conv_stride) == 0).all(dim=-1)
-    k_idx, in_idx = ok.nonzero(as_tuple=True)
-    out_stride = tuple(a * b for a, b in zip(stride, conv_stride, strict=True))
-    phys = (num[k_idx, in_idx] // _t(conv_stride)) * _t(out_stride)  # type: ignore[arg-type]
-    cand = torch.cat([coords[in_idx, :1].long(), phys], dim=1)
-    out_coords, out_idx = unique_coords(cand)
-    return KernelMap(out_coords, out_stride, _group(k_idx, in_idx, out_idx, len(offs)))  # type: ignore[arg-type]
-
-
-def transpose_map(
-    coords: torch.Tensor,
-    stride: Triple,
-    target: torch.Tensor,
-    kernel: Triple,
-    conv_stride: Triple,
-    padding: Triple,
-    dilation: Triple,
-) -> KernelMap:
-    """Inverse of ``conv_map``: input row o feeds target row c when ``o·s = c + p − k·d``."""
-    out_stride = tuple(a // b for a, b in zip(stride, conv_stride, strict=True))
-    offs = kernel_offsets(kernel)
-    logical = coords[:, 1:].long() // _t(stride)
-    c = logical.unsqueeze(0) * _t(conv_stride) - _t(padding) + (offs * _t(dilation)).unsqueeze(1)  # [K, N, 3]
-    batch = coords[:, :1].long().unsqueeze(0).expand(len(offs), -1, -1)
-    query = torch.cat([batch, c * _t(out_stride)], dim=-1)  # type: ignore[arg-type]
-    found = CoordIndex(target).lookup(query)
-    k_idx, in_idx = (found >= 0).nonzero(as_tuple=True)
-    return KernelMap(target, out_stride, _group(k_idx, in_idx, found[k_idx, in_idx], len(offs)))  # type: ignore[arg-type]
-
-
-def generative_map(coords: torch.Tensor, stride: Triple, kernel: Triple, conv_stride: Triple) -> KernelMap:
-    """Generative transposed conv: input o creates ``o·s + k`` at stride ``S / s``."""
-    if any(a % b for a, b in zip(stride, conv_stride, strict=True)):
-        raise InvalidArgumentError(
-            f"generative transposed conv stride {conv_stride} does not divide {stride}"
-        )
-    out_stride = tuple(a // b for a, b in zip(stride, conv_stride, strict=True))
-    offs = kernel_offsets(kernel)
-    logical = coords[:, 1:].long() // _t(stride)
-    c = logical.unsqueeze(0) * _t(conv_stride) + offs.unsqueeze(1)  # [K, N, 3]
-    batch = coords[:, :1].long().unsqueeze(0).expand(len(offs), -1, -1)
-    cand = torch.cat([batch, c * _t(out_stride)], dim=-1).reshape(-1, 4)  # type: ignore[arg-type]
-    out_coords, out_flat = unique_coords(cand)
-    n = coords.shape[0]
-    k_idx = torch.arange(len(offs)).repeat_interleave(n)
-    in_idx = torch.arange(n).repeat(len(offs))
-    return KernelMap(out_coords, out_stride, _group(k_idx, in_idx, out_flat, len(offs)))  # type: ignore[arg-type]
+def _chunks(rows: int, per_row: int, chunk: int | None) -> list[tuple[int, int]]:
+    """Row ranges of about ``CHUNK_FLOATS / per_row`` rows, the remainder merged into the last
+    range so no range is shorter than ``MIN_CHUNK_ROWS`` unless it is the whole output."""
+    size = chunk if chunk is not None else max(MIN_CHUNK_ROWS, CHUNK_FLOATS // max(1, per_row))
+    bounds = [*range(0, rows, size), rows]
+    if chunk is None and len(bounds) > 2 and bounds[-1] - bounds[-2] < MIN_CHUNK_ROWS:
+        del bounds[-2]
+    return list(itertools.pairwise(bounds))
 
 
 def apply_conv(
-    feats: torch.Tensor, kmap: KernelMap, weight: torch.Tensor, bias: torch.Tensor | None, chunk: int = 16384
+    feats: torch.Tensor,
+    kmap: KernelMap,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    chunk: int | None = None,
+    method: str = "auto",
 ) -> torch.Tensor:
-    """``weight [O, kx, ky, kz, I]``. Each (output, offset) has at most one input, so a row's
-    inputs form a ``[K·I]`` vector: gather them (zeros where absent) and do one matmul per
-    chunk of rows."""
+    """``weight [O, kx, ky, kz, I]``; ``method`` ``"auto"`` (by fill), ``"im2col"`` or ``"pairs"``.
+    ``chunk`` fixes the im2col rows per chunk (default: sized to the cache)."""
+    if method not in ("auto", "im2col", "pairs"):
+        raise InvalidArgumentError(f"conv method must be 'auto', 'im2col' or 'pairs', got {method!r}")
     out_ch, in_ch = weight.shape[0], weight.shape[-1]
-    w = weight.reshape(out_ch, -1).t()  # [K·I, O]
-    kernel_size = w.shape[0] // in_ch
-    table = torch.full((kmap.rows, kernel_size), feats.shape[0], dtype=torch.long)
-    for k, in_idx, out_idx in kmap.pairs:
-        table[out_idx, k] = in_idx
-    padded = torch.cat([feats, feats.new_zeros(1, in_ch)])
-    parts = [padded[rows].reshape(len(rows), -1) @ w for rows in table.split(chunk)]
-    out = torch.cat(parts) if parts else feats.new_zeros(0, out_ch)
-    return out + bias if bias is not None else out
+    volume = weight[0, ..., 0].numel()
+    if method == "auto":
+        method = "im2col" if kmap.fill(volume) >= IM2COL_FILL else "pairs"
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (feats, weight, bias))
+    if method == "im2col":
+        out = _im2col(feats, kmap, weight.reshape(out_ch, -1).t(), volume, chunk, grad)
+    else:
+        out = _pairs(feats, kmap, weight.reshape(out_ch, volume, in_ch), out_ch, grad)
+    if bias is not None:
+        out = out + bias if grad else out.add_(bias)
+    return out
+
+
+def _im2col(
+    feats: torch.Tensor, kmap: KernelMap, w: torch.Tensor, volume: int, chunk: int | None, grad: bool
+) -> torch.Tensor:
+    """``grad``: the same chunks through autograd-recorded ops (no ``out=`` buffers)."""
+    n, in_ch = feats.shape
+    table = kmap.table_for(n, volume)
+    padded = torch.cat([feats, feats.new_zeros(1, in_ch)])  # row n: the absent neighbour
+    ranges = _chunks(kmap.rows, volume * in_ch, chunk)
+    if grad:
+        parts = [padded.index_select(0, table[s:e].reshape(-1)).view(e - s, -1) @ w for s, e in ranges]
+        return torch.cat(parts) if parts else feats.new_zeros(0, w.shape[1])
+    out = feats.new_empty(kmap.rows, w.shape[1])
+    longest = max((e - s for s, e in ranges), default=0)
+    buf = feats.new_empty(longest * volume, in_ch)
+    for start, end in ranges:
+        rows = end - start
+        cols = buf[: rows * volume]
+        torch.index_select(padded, 0, table[start:end].reshape(-1), out=cols)
+        torch.mm(cols.view(rows, volume * in_ch), w, out=out[start:end])
+    return out
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Output rows ``[start, end)`` of a pairs plan: their pairs' input rows in (offset, output)
+    order, each offset's slice of them, and for every output its pairs' positions (a bag)."""
+
+    start: int
+    end: int
+    inputs: torch.Tensor  # int64 [P_b]
+    slices: tuple[tuple[int, int, int], ...]  # (k, first, last) into inputs
+    bag: torch.Tensor  # int64 [P_b] positions, grouped by output, offsets ascending inside
+    bag_offsets: torch.Tensor  # int64 [end - start]
+
+
+def _plan(kmap: KernelMap, in_rows: int, volume: int, budget: int) -> tuple[_Block, ...]:
+    """Blocks of output rows holding about ``budget`` pairs each (built once per map)."""
+    key = ("pairs-plan", in_rows, volume, budget)
+    if key in kmap.memo:
+        return kmap.memo[key]
+    by_k = kmap.table_for(in_rows, volume).t()
+    k_all, out_all = (by_k != in_rows).nonzero(as_tuple=True)  # offset-major, outputs ascending
+    in_all = by_k[k_all, out_all].long()
+    rows, pairs = kmap.rows, len(k_all)
+    per_block = max(1, budget * rows // max(1, pairs))
+    order = torch.argsort(out_all // per_block, stable=True)  # (block, offset, output)
+    k_all, out_all, in_all = k_all[order], out_all[order], in_all[order]
+    block_of = out_all // per_block
+    counts = torch.bincount(block_of, minlength=(rows + per_block - 1) // per_block).tolist()
+    blocks, first = [], 0
+    for b, count in enumerate(counts):
+        start, end = b * per_block, min(rows, (b + 1) * per_block)
+        k_b, out_b = k_all[first : first + count], out_all[first : first + count] - start
+        ends = [0, *torch.bincount(k_b, minlength=volume).cumsum(0).tolist()]
+        slices = tuple((k, ends[k], ends[k + 1]) for k in range(volume) if ends[k + 1] > ends[k])
+        bag = torch.argsort(out_b, stable=True)
+        sizes = torch.bincount(out_b, minlength=end - start)
+        offsets = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)[:-1]])
+        blocks.append(_Block(start, end, in_all[first : first + count], slices, bag, offsets))
+        first += count
+    kmap.memo[key] = plan = tuple(blocks)
+    return plan
+
+
+def _pairs(feats: torch.Tensor, kmap: KernelMap, w: torch.Tensor, out_ch: int, grad: bool) -> torch.Tensor:
+    """Per-offset GEMMs over the pairs only; outputs are summed back by a bag gather
+    (``embedding_bag``), not scattered — ``index_add_`` costs ~80 ns a row on CPU."""
+    n, in_ch = feats.shape
+    volume = w.shape[1]
+    if grad:
+        out = feats.new_zeros(kmap.rows, out_ch)
+        for k, in_idx, out_idx in kmap.pairs:
+            out = out.index_add(0, out_idx, feats.index_select(0, in_idx) @ w[:, k].t())
+        return out
+    plan = _plan(kmap, n, volume, max(8192, CHUNK_FLOATS // max(in_ch, out_ch)))
+    w_k = w.permute(1, 2, 0).contiguous()  # [K, I, O]
+    out = feats.new_empty(kmap.rows, out_ch)
+    longest = max((len(b.inputs) for b in plan), default=0)
+    gathered, product = feats.new_empty(longest, in_ch), feats.new_empty(longest, out_ch)
+    for block in plan:
+        count = len(block.inputs)
+        g, y = gathered[:count], product[:count]
+        torch.index_select(feats, 0, block.inputs, out=g)
+        for k, first, last in block.slices:
+            torch.mm(g[first:last], w_k[k], out=y[first:last])
+        out[block.start : block.end] = F.embedding_bag(block.bag, y, block.bag_offsets, mode="sum")
+    return out
 
 
 def apply_pool(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
     """Max / average / sum over the inputs each output sees (absent neighbours do not count)."""
-    in_idx, out_idx = kmap.flat()
-    reduce = {"max": "amax", "avg": "mean", "sum": "sum"}[mode]
-    out = feats.new_zeros(kmap.rows, feats.shape[1])
-    index = out_idx.unsqueeze(1).expand(-1, feats.shape[1])
-    return out.scatter_reduce(0, index, feats[in_idx], reduce=reduce, include_self=False)
+    if mode not in ("max", "avg", "sum"):
+        raise InvalidArgumentError(f"pool mode must be 'max', 'avg' or 'sum', got {mode!r}")
+    n, channels = feats.shape
+    volume = _volume(kmap)
+    table = kmap.table_for(n, volume)
+    fill = float("-inf") if mode == "max" else 0.0
+    padded = torch.cat([feats, feats.new_full((1, channels), fill)])
+    grad = torch.is_grad_enabled() and feats.requires_grad
+    ranges = _chunks(kmap.rows, volume * channels, None)
+    longest = max((e - s for s, e in ranges), default=0)
+    buf = None if grad else feats.new_empty(longest * volume, channels)
+    parts = []
+    for start, end in ranges:
+        rows, index = end - start, table[start:end].reshape(-1)
+        if buf is None:
+            g = padded.index_select(0, index)
+        else:
+            g = torch.index_select(padded, 0, index, out=buf[: rows * volume])
+        parts.append(_reduce(g.view(rows, volume, channels), mode == "max", grad))
+    out = torch.cat(parts) if len(parts) != 1 else parts[0]
+    if len(parts) == 0:
+        out = feats.new_zeros(0, channels)
+    if mode == "avg":
+        count = (table != n).sum(dim=1, keepdim=True).to(out.dtype)
+        out = out / count if grad else out.div_(count)
+    return out
+
+
+def _reduce(g: torch.Tensor, is_max: bool, grad: bool) -> torch.Tensor:
+    """Max or sum over the offsets of ``g [rows, K, C]``, offset by offset in weight order (a
+    sum starts from 0 and adds the absent zeros too: exactly the original scatter-reduce)."""
+    if is_max:
+        acc = g[:, 0].clone()
+        for k in range(1, g.shape[1]):
+            acc = torch.maximum(acc, g[:, k]) if grad else torch.maximum(acc, g[:, k], out=acc)
+        return acc
+    acc = g.new_zeros(g.shape[0], g.shape[2])
+    for k in range(g.shape[1]):
+        acc = acc + g[:, k] if grad else acc.add_(g[:, k])
+    return acc
+
+
+def _volume(kmap: KernelMap) -> int:
+    """Kernel volume of a map (its table's width; for a pairs-built map, past the last offset)."""
+    if kmap._table is not None:
+        return int(kmap._table.shape[1])
+    return 1 + max((k for k, _, _ in kmap.pairs), default=0)
+
+
+__all__ = [
+    "KernelMap",
+    "apply_conv",
+    "apply_pool",
+    "conv_map",
+    "generative_map",
+    "subm_map",
+    "transpose_map",
+]
