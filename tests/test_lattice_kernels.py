@@ -69,7 +69,7 @@ def check_conv(x: L.SparseTensor, kmap: kernels.KernelMap, old: O.KernelMap, ker
     w = torch.randn(3, *kernel, x.num_channels)
     b = torch.randn(3)
     want = O.apply_conv(x.feats, old, w, b)
-    for method in ("im2col", "pairs"):
+    for method in ("im2col", "pairs", "inputs"):
         got = kernels.apply_conv(x.feats, kmap, w, b, method=method)
         same_feats(got, want, exact=method == "im2col")
     same_feats(kernels.apply_conv(x.feats, kmap, w, b, chunk=7, method="im2col"), want, exact=False)
@@ -229,3 +229,37 @@ def test_thread_count_independence(name: str) -> None:
     for one, two in zip(*runs, strict=True):
         assert torch.equal(one.coords, two.coords)
         assert torch.equal(one.feats, two.feats)
+
+
+@pytest.mark.parametrize("name", ["dense", "sparse"])
+def test_gradients_match_oracle(name: str) -> None:
+    """Training works: autograd through every conv method and pool equals the oracle's."""
+    x = cloud(**CLOUDS[name])  # type: ignore[arg-type]
+    geo = ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+    maps = [
+        (
+            kernels.subm_map(x.coords, x.stride, (3, 3, 3), (1, 1, 1)),
+            O.subm_map(x.coords, x.stride, (3, 3, 3), (1, 1, 1)),
+        ),
+        (kernels.conv_map(x.coords, x.stride, *geo), O.conv_map(x.coords, x.stride, *geo)),
+    ]
+    for new, old in maps:
+        kernel = (3, 3, 3) if new.out_coords is x.coords else (2, 2, 2)
+        w0 = torch.randn(4, *kernel, x.num_channels)
+        grads = []
+        for run in ["oracle", "im2col", "pairs", "inputs", "max", "avg"]:
+            f = x.feats.clone().requires_grad_(True)
+            w = w0.clone().requires_grad_(True)
+            if run == "oracle":
+                conv = O.apply_conv(f, old, w, None).square().sum()
+                y = conv + O.apply_pool(f, old, "max").sum() + O.apply_pool(f, old, "avg").sum()
+            elif run in ("max", "avg"):
+                y = kernels.apply_pool(f, new, run).sum()
+            else:
+                y = kernels.apply_conv(f, new, w, None, method=run).square().sum()
+            y.backward()
+            grads.append((f.grad, w.grad))
+        pooled = grads[4][0] + grads[5][0]
+        for f_grad, w_grad in grads[1:4]:
+            same_feats(f_grad + pooled, grads[0][0], exact=False)
+            same_feats(w_grad, grads[0][1], exact=False)

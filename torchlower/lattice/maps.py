@@ -114,33 +114,40 @@ def _offset_keys(h: Hash, delta: torch.Tensor) -> torch.Tensor:
 
 
 def subm_map(coords: torch.Tensor, stride: Triple, kernel: Triple, dilation: Triple) -> KernelMap:
-    """Neighbour table ``[N, K]``: the centre column is the identity; with a dense grid each
-    other column is one gather; with sorted keys only one of each pair ``±δ`` is searched and
-    its partner filled by the inverse (``c + δ = c'`` ⇔ ``c' − δ = c``)."""
+    """Neighbour table ``[N, K]`` in one pass. With a dense grid: one gather of the ``N·K``
+    shifted keys. With sorted keys: the centre column is the identity and only one of each
+    pair ``±δ`` is searched, its partner filled by the inverse (``c + δ = c'`` ⇔ ``c' − δ = c``)."""
     offs = kernel_offsets(kernel)
     n, volume = int(coords.shape[0]), len(offs)
     delta = (offs - (_t(kernel) - 1) // 2) * _t(dilation) * _t(stride)  # [K, 3] physical
     margin = torch.cat([torch.zeros(1, dtype=torch.long), delta.abs().max(dim=0).values])
     index = CoordIndex(coords, Hash.covering([coords], margin))
     keys = index.keys(coords)
-    shift = _offset_keys(index.hash, delta).tolist()
-    columns = torch.empty(volume, n, dtype=torch.int32)
-    rows = torch.arange(n, dtype=torch.int32)
+    shift = _offset_keys(index.hash, delta).to(keys.dtype)
+    if index.grid is not None:
+        table = index.rows_of_keys(keys.unsqueeze(1) + shift.unsqueeze(0))
+        return KernelMap(coords, stride, table=table, in_rows=n, pair_order="out")
     position = {tuple(d): k for k, d in enumerate(delta.tolist())}
-    done: set[int] = set()
+    searched, partners = [], []
     for k, d in enumerate(delta.tolist()):
-        if k in done:
-            continue
-        if not any(d):
-            columns[k] = rows
-            continue
-        columns[k] = index.rows_of_keys(keys + shift[k])
         partner = position.get(tuple(-v for v in d))
-        if partner is not None and index.grid is None:
-            hit = (columns[k] != n).nonzero().squeeze(1)
-            columns[partner].fill_(n).index_put_((columns[k][hit].long(),), rows[hit])
-            done.add(partner)
-    return KernelMap(coords, stride, table=columns.t().contiguous(), in_rows=n, pair_order="out")
+        if partner is None or partner > k:  # search k; fill its partner (if any) by inversion
+            searched.append(k)
+            if partner is not None and partner != k:
+                partners.append((k, partner))
+    table = torch.full((n, volume), n, dtype=torch.int32)
+    if (0, 0, 0) in position:
+        table[:, position[(0, 0, 0)]] = torch.arange(n, dtype=torch.int32)  # the centre: identity
+    found = index.rows_of_keys(keys.unsqueeze(1) + shift[searched].unsqueeze(0))  # [N, S]
+    table[:, searched] = found
+    column = {k: j for j, k in enumerate(searched)}
+    rows = torch.arange(n, dtype=torch.int32)
+    flat = table.view(-1)
+    for k, partner in partners:
+        hit = found[:, column[k]]
+        ok = hit != n
+        flat[hit[ok].long() * volume + partner] = rows[ok]
+    return KernelMap(coords, stride, table=table, in_rows=n, pair_order="out")
 
 
 def _out_table(
@@ -161,9 +168,25 @@ def _unique_out(
         return torch.zeros(0, 4, dtype=torch.int32), torch.zeros(0, dtype=torch.long)
     h = Hash.covering([cand])
     keys, inverse = unique_keys(h.encode(cand), int(h.radix.prod()))
-    out = h.decode(keys)
+    out = torch.empty(len(keys), 4, dtype=torch.int32)
+    out[inverse] = cand.to(torch.int32)  # every candidate of an output has its coordinates: no decode
     out[:, 1:] *= torch.tensor(out_stride, dtype=torch.int32)
     return out, inverse
+
+
+def _floordiv(v: torch.Tensor, s: int) -> torch.Tensor:
+    """``v // s`` for ``s ≥ 1``; a shift for powers of two (int64 division is ~50 ns an element)."""
+    if s == 1:
+        return v
+    if s & (s - 1) == 0:
+        return v >> (s.bit_length() - 1)
+    return torch.div(v, s, rounding_mode="floor")
+
+
+def _divisible(v: torch.Tensor, s: int) -> torch.Tensor:
+    if s & (s - 1) == 0:
+        return (v & (s - 1)) == 0
+    return v % s == 0
 
 
 def conv_map(
@@ -177,16 +200,16 @@ def conv_map(
     """Strided conv / pool: every (input, offset) with ``(c + p − k·d) % s == 0`` makes an output.
     Divisibility is decided per axis (``[k_a, N]``), so no ``[K, N, 3]`` temporary is formed."""
     n = int(coords.shape[0])
-    logical = coords[:, 1:].long() // _t(stride)  # [N, 3]
-    num = [
-        logical[:, a].unsqueeze(0) + padding[a] - (torch.arange(kernel[a]) * dilation[a]).unsqueeze(1)
-        for a in range(3)
-    ]  # per axis [k_a, N]
-    ok = [v % conv_stride[a] == 0 for a, v in enumerate(num)]
+    num, ok = [], []
+    for a in range(3):
+        c = _floordiv(coords[:, a + 1].long(), stride[a])
+        v = c.unsqueeze(0) + padding[a] - (torch.arange(kernel[a]) * dilation[a]).unsqueeze(1)  # [k_a, N]
+        num.append(v)
+        ok.append(_divisible(v, conv_stride[a]))
     valid = ok[0][:, None, None, :] & ok[1][None, :, None, :] & ok[2][None, None, :, :]
-    k_idx, in_idx = valid.reshape(-1, n).nonzero(as_tuple=True)  # k-major, inputs ascending
-    kx, ky, kz = k_idx // (kernel[1] * kernel[2]), (k_idx // kernel[2]) % kernel[1], k_idx % kernel[2]
-    picked = [num[a][kk, in_idx] // conv_stride[a] for a, kk in enumerate((kx, ky, kz))]
+    kx, ky, kz, in_idx = valid.nonzero(as_tuple=True)  # offset-major (weight order), inputs ascending
+    k_idx = (kx * kernel[1] + ky) * kernel[2] + kz
+    picked = [_floordiv(num[a][kk, in_idx], conv_stride[a]) for a, kk in enumerate((kx, ky, kz))]
     out_logical = torch.stack(picked, dim=1)
     out_stride = tuple(a * b for a, b in zip(stride, conv_stride, strict=True))
     out_coords, out_idx = _unique_out(coords[in_idx, 0].long(), out_logical, out_stride)  # type: ignore[arg-type]
@@ -220,7 +243,7 @@ def transpose_map(
         c_idx = forward[o_idx, k_idx].long()
     else:
         offs = kernel_offsets(kernel)
-        logical = coords[:, 1:].long() // _t(stride)
+        logical = torch.stack([_floordiv(coords[:, a + 1].long(), stride[a]) for a in range(3)], 1)
         c = logical.unsqueeze(0) * _t(conv_stride) - _t(padding) + (offs * _t(dilation)).unsqueeze(1)
         batch = coords[:, :1].long().unsqueeze(0).expand(volume, -1, -1)
         query = torch.cat([batch, c * _t(out_stride)], dim=-1)  # type: ignore[arg-type]
@@ -240,7 +263,7 @@ def generative_map(coords: torch.Tensor, stride: Triple, kernel: Triple, conv_st
     out_stride = tuple(a // b for a, b in zip(stride, conv_stride, strict=True))
     offs = kernel_offsets(kernel)
     n, volume = int(coords.shape[0]), len(offs)
-    base = coords[:, 1:].long() // _t(stride) * _t(conv_stride)
+    base = torch.stack([_floordiv(coords[:, a + 1].long(), stride[a]) for a in range(3)], 1) * _t(conv_stride)
     cand = (base.unsqueeze(0) + offs.unsqueeze(1)).reshape(-1, 3)  # [K·N, 3], k-major
     batch = coords[:, 0].long().repeat(volume)
     out_coords, out_idx = _unique_out(batch, cand, out_stride)  # type: ignore[arg-type]
