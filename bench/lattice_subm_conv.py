@@ -41,14 +41,21 @@ def cloud(target: int = 100_000, voxel: float = 0.03) -> L.SparseTensor:
     return L.voxelize(pts, torch.randn(n, 32, generator=g), batch, active, voxel, -1.2)
 
 
+def sample_ms(fn: Callable[[], object], min_seconds: float = 0.06) -> float:
+    """Mean ms of ``fn`` over a loop of at least ``min_seconds`` (long enough that a shared
+    machine's preemptions average out instead of landing on one short call)."""
+    count, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        count += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_seconds:
+            return elapsed / count * 1e3
+
+
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
     fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return statistics.median(sample_ms(fn) for _ in range(repeats))
 
 
 def load() -> str:
@@ -84,15 +91,10 @@ def paired_ms(
     fn(), floor()
     calls, floors = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        floor()
-        t1 = time.perf_counter()
-        fn()
-        t2 = time.perf_counter()
-        floors.append(t1 - t0)
-        calls.append(t2 - t1)
+        floors.append(sample_ms(floor))
+        calls.append(sample_ms(fn))
     ratio = statistics.median(c / f for c, f in zip(calls, floors, strict=True))
-    return statistics.median(calls) * 1e3, statistics.median(floors) * 1e3, ratio
+    return statistics.median(calls), statistics.median(floors), ratio
 
 
 class Case:
@@ -214,7 +216,7 @@ def spconv_engine(case: Case, repeats: int, refs: dict[str, torch.Tensor] | None
                 aligned = R.align_rows(coords, feats, target)
                 want = refs[k].clamp(min=0) if k == "pool" else refs[k]  # spconv's max starts from 0
                 err = float("inf") if aligned is None else R.max_err(aligned, want)
-            out[k] = (None if k in ("down", "pool") else max(0.0, total - call), call, err)
+            out[k] = (None if k in ("down", "pool") else max(0.0, total - call), call, err, cached[k])
     return out
 
 
@@ -256,6 +258,7 @@ def run(sizes: list[str], threads: list[int], repeats: int, spconv: bool, before
                     err = "" if refs is None else f"{R.max_err(call().feats, refs[k]):.1e}"
                     o = old.get(k) if thr == 1 else None
                     s = theirs.get(k) if thr == 1 else None
+                    vs = paired_ms(call, s[3], repeats)[2] if s else None  # ours / spconv, paired
                     n_in = len(case.d.coords) if k == "up" else len(x.coords)
                     lines.append(
                         f"| {len(x.coords):,} | {NAMES[k]} | {thr} | {n_in:,}→{kmap.rows:,} "
@@ -263,7 +266,7 @@ def run(sizes: list[str], threads: list[int], repeats: int, spconv: bool, before
                         f"| {floor:.1f} | {ratio:.2f} "
                         f"| {f'{o[0]:.0f} / {o[1]:.0f}' if o else '–'} "
                         f"| {spconv_cell(s)} "
-                        f"| {f'{call_ms / s[1]:.2f}×' if s else '–'} "
+                        f"| {f'{vs:.2f}×' if vs else '–'} "
                         f"| {err or '–'} / {(f'{s[2]:.1e}' if s[2] is not None else '–') if s else '–'} "
                         f"| {load()} |"
                     )

@@ -3,7 +3,9 @@
 Coordinates are int32 ``[N, 4]`` rows ``(batch, x, y, z)`` in *physical* units: a tensor at
 stride ``s`` only has coordinates divisible by ``s``. Lookups hash coordinates into int64 keys
 (mixed radix over the observed range, batch most significant, so key order is lexicographic
-order) and use ``sort`` + ``searchsorted``: no Python loop ever runs over rows.
+order) and read a dense int32 grid over that range when it is small (at most 128 bytes a row),
+else ``sort`` + ``searchsorted``: no Python loop ever runs over rows. Kernel maps are cached
+per coordinate tensor (``coord_cache``).
 """
 
 from __future__ import annotations
