@@ -9,6 +9,7 @@ the ``Conv3d`` it undoes instead of searching again.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,21 +27,22 @@ def _cached(
     x: SparseTensor, build: Callable[..., kernels.KernelMap], *args: Any, **extra: Any
 ) -> kernels.KernelMap:
     """``build(x.coords, x.stride, *args, **extra)``, computed once per voxel set (``x.cache``).
-    Tensor arguments key by identity, and the entry keeps them so a reused id cannot match."""
+    Tensor arguments key by identity; ``(key, "tensors")`` keeps them so a reused id cannot match."""
     tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
     key = (build.__name__, *(id(a) if isinstance(a, torch.Tensor) else a for a in args))
-    entry = x.cache.get(key)
-    if entry is not None and all(a is b for a, b in zip(entry[0], tensors, strict=True)):
-        return entry[1]
-    kmap = build(x.coords, x.stride, *args, **extra)
-    x.cache[key] = (tensors, kmap)
+    kmap = x.cache.get(key)
+    held = x.cache.get((key, "tensors"), ())
+    if kmap is not None and len(held) == len(tensors) and all(map(operator.is_, held, tensors)):
+        return kmap
+    kmap = x.cache[key] = build(x.coords, x.stride, *args, **extra)
+    if tensors:
+        x.cache[(key, "tensors")] = tensors
     return kmap
 
 
 def _inverted(x: SparseTensor, target: torch.Tensor, geometry: tuple) -> kernels.KernelMap | None:
     """The cached map of the conv from ``target`` with ``geometry`` whose outputs are ``x``'s."""
-    entry = coord_cache(target).get(("conv_map", *geometry))
-    conv = entry[1] if entry is not None else None
+    conv = coord_cache(target).get(("conv_map", *geometry))
     if conv is not None and (conv.out_coords is x.coords or torch.equal(conv.out_coords, x.coords)):
         return conv
     return None
