@@ -265,3 +265,17 @@ def test_gradients_match_oracle(name: str) -> None:
         for f_grad, w_grad in grads[1:4]:
             same_feats(f_grad + pooled, grads[0][0], exact=False)
             same_feats(w_grad, grads[0][1], exact=False)
+
+
+def test_empty_inputs() -> None:
+    """No voxels in: no voxels out (or zeros + bias on a transposed conv's target support)."""
+    x = L.SparseTensor(torch.zeros(0, 5), torch.zeros(0, 4, dtype=torch.int32))
+    with torch.no_grad():
+        assert L.SubmConv3d(5, 3, 3)(x).feats.shape == (0, 3)
+        assert L.MaxPool3d(2)(x).feats.shape == (0, 5)
+        y = cloud(**CLOUDS["dense"])  # type: ignore[arg-type]
+        geo = ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+        kmap = kernels.transpose_map(x.coords, (2, 2, 2), y.coords, *geo)
+        bias = torch.randn(3)
+        out = kernels.apply_conv(x.feats, kmap, torch.randn(3, 2, 2, 2, 5), bias)
+        assert torch.equal(out, bias.expand(len(y.coords), 3))

@@ -77,8 +77,10 @@ def apply_conv(
     if method == "auto":
         method = choose(kmap, feats.shape[0], volume)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (feats, weight, bias))
-    if method == "inputs":
-        out = _inputs(feats, kmap, weight)
+    if feats.shape[0] == 0 or kmap.rows == 0:
+        out = feats.new_zeros(kmap.rows, out_ch)
+    elif method == "inputs":
+        out = _inputs(feats, kmap, weight, grad)
     elif method == "im2col":
         out = _im2col(feats, kmap, weight.reshape(out_ch, -1).t(), volume, chunk, grad)
     else:
@@ -93,21 +95,34 @@ def _im2col(
 ) -> torch.Tensor:
     """``grad``: the same chunks through autograd-recorded ops (no ``out=`` buffers)."""
     n, in_ch = feats.shape
-    table = kmap.table_for(n, volume)
-    padded = torch.cat([feats, feats.new_zeros(1, in_ch)])  # row n: the absent neighbour
     ranges = _chunks(kmap.rows, volume * in_ch, chunk)
     if grad:
+        table = kmap.table_for(n, volume)
+        padded = torch.cat([feats, feats.new_zeros(1, in_ch)])  # row n: the absent neighbour
         parts = [padded.index_select(0, table[s:e].reshape(-1)).view(e - s, -1) @ w for s, e in ranges]
         return torch.cat(parts) if parts else feats.new_zeros(0, w.shape[1])
+    safe, absent = _safe_table(kmap, n, volume)
     out = feats.new_empty(kmap.rows, w.shape[1])
     longest = max((e - s for s, e in ranges), default=0)
     buf = feats.new_empty(longest * volume, in_ch)
     for start, end in ranges:
         rows = end - start
         cols = buf[: rows * volume]
-        torch.index_select(padded, 0, table[start:end].reshape(-1), out=cols)
+        torch.index_select(feats, 0, safe[start:end].reshape(-1), out=cols)
+        cols.masked_fill_(absent[start * volume : end * volume], 0.0)
         torch.mm(cols.view(rows, volume * in_ch), w, out=out[start:end])
     return out
+
+
+def _safe_table(kmap: KernelMap, in_rows: int, volume: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table with absent slots reading row 0, and the ``[M·K, 1]`` mask that blanks them
+    after the gather — cheaper than copying all features to append a zero row every call."""
+    key = ("safe", in_rows, volume)
+    if key not in kmap.memo:
+        table = kmap.table_for(in_rows, volume)
+        absent = table == in_rows
+        kmap.memo[key] = (table.masked_fill(absent, 0), absent.view(-1, 1))
+    return kmap.memo[key]  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -190,18 +205,50 @@ def _bags(kmap: KernelMap, in_rows: int, volume: int) -> tuple[torch.Tensor, ...
     return kmap.memo[key]  # type: ignore[return-value]
 
 
-def _inputs(feats: torch.Tensor, kmap: KernelMap, weight: torch.Tensor) -> torch.Tensor:
-    """Every input times every offset's weight in one GEMM ``[N, I] @ [I, K·O]``, then each
-    output sums its pairs' products (``embedding_bag``): no gather of inputs, no scatter."""
+def _inputs(feats: torch.Tensor, kmap: KernelMap, weight: torch.Tensor, grad: bool) -> torch.Tensor:
+    """Every input times every offset's weight (``[n, I] @ [I, K·O]``), then each output sums
+    its pairs' products (``embedding_bag``): no gather of inputs, no scatter. Without autograd
+    it runs over chunks of outputs, each computing the products of the input rows it reads
+    (sorted coordinates keep them in a narrow band) into one reused buffer."""
     out_ch, in_ch = weight.shape[0], weight.shape[-1]
-    volume = weight[0, ..., 0].numel()
-    inputs, k_idx, starts, _ = _bags(kmap, feats.shape[0], volume)
-    key = ("products", feats.shape[0], volume)
-    if key not in kmap.memo:
-        kmap.memo[key] = inputs * volume + k_idx  # row n·K + k of the products: input n, offset k
+    n, volume = feats.shape[0], weight[0, ..., 0].numel()
     w = weight.reshape(out_ch, volume, in_ch).permute(2, 1, 0).reshape(in_ch, volume * out_ch)
-    products = (feats @ w).view(-1, out_ch)
-    return F.embedding_bag(kmap.memo[key], products, starts, mode="sum")  # type: ignore[arg-type]
+    inputs, k_idx, starts, _ = _bags(kmap, n, volume)
+    if grad:
+        products = (feats @ w).view(-1, out_ch)  # row n·K + k: input n through offset k
+        return F.embedding_bag(inputs * volume + k_idx, products, starts, mode="sum")
+    plan = _inputs_plan(kmap, n, volume, out_ch)
+    out = feats.new_empty(kmap.rows, out_ch)
+    span = max((hi - lo for _, _, lo, hi, _, _ in plan), default=0)
+    buf = feats.new_empty(span, volume * out_ch)
+    for start, end, lo, hi, index, offsets in plan:
+        products = buf[: hi - lo]
+        torch.mm(feats[lo:hi], w, out=products)
+        out[start:end] = F.embedding_bag(index, products.view(-1, out_ch), offsets, mode="sum")
+    return out
+
+
+def _inputs_plan(kmap: KernelMap, in_rows: int, volume: int, out_ch: int) -> list[tuple]:
+    """Output chunks ``(start, end, lo, hi, index, offsets)``: the chunk reads input rows
+    ``[lo, hi)``; ``index`` addresses its products, ``offsets`` starts each output's bag."""
+    key = ("inputs-plan", in_rows, volume, out_ch)
+    if key in kmap.memo:
+        return kmap.memo[key]  # type: ignore[return-value]
+    inputs, k_idx, starts, _ = _bags(kmap, in_rows, volume)
+    per_chunk = max(MIN_CHUNK_ROWS, 4 * CHUNK_FLOATS // (volume * out_ch) * kmap.rows // max(1, in_rows))
+    ends = torch.cat([starts, starts.new_tensor([len(inputs)])]).tolist()
+    plan = []
+    for start in range(0, kmap.rows, per_chunk):
+        end = min(kmap.rows, start + per_chunk)
+        first, last = ends[start], ends[end]
+        rows = inputs[first:last]
+        lo, hi = (int(rows.min()), int(rows.max()) + 1) if len(rows) else (0, 0)
+        index = (rows - lo) * volume + k_idx[first:last]
+        plan.append((start, end, lo, hi, index, starts[start:end] - first))
+    if sum(hi - lo for _, _, lo, hi, _, _ in plan) > 2 * in_rows:  # not local: one pass, no re-work
+        plan = [(0, kmap.rows, 0, in_rows, inputs * volume + k_idx, starts)]
+    kmap.memo[key] = plan
+    return plan
 
 
 def apply_pool(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
@@ -214,17 +261,25 @@ def apply_pool(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
         raise InvalidArgumentError(f"pool mode must be 'max', 'avg' or 'sum', got {mode!r}")
     n, channels = feats.shape
     volume = _volume(kmap)
+    if n == 0 or kmap.rows == 0:
+        return feats.new_zeros(kmap.rows, channels)
     if mode != "max":
         inputs, _, starts, sizes = _bags(kmap, n, volume)
         out = F.embedding_bag(inputs, feats, starts, mode="sum")
         return out / sizes.unsqueeze(1).to(out.dtype) if mode == "avg" else out
-    table = kmap.table_for(n, volume)
-    padded = torch.cat([feats, feats.new_full((1, channels), float("-inf"))])
+    safe, absent = _safe_table(kmap, n, volume)
     grad = torch.is_grad_enabled() and feats.requires_grad
     out = feats.new_empty(kmap.rows, channels)
     parts = []
     for start, end in _chunks(kmap.rows, volume * channels, None):
-        gathered = padded.index_select(0, table[start:end].reshape(-1)).view(end - start, volume, channels)
+        gathered = feats.index_select(0, safe[start:end].reshape(-1))
+        blank = absent[start * volume : end * volume]
+        gathered = (
+            gathered.masked_fill(blank, float("-inf"))
+            if grad
+            else gathered.masked_fill_(blank, float("-inf"))
+        )
+        gathered = gathered.view(end - start, volume, channels)
         if grad:
             parts.append(gathered.amax(1))
         else:
