@@ -101,28 +101,34 @@ def _im2col(
         padded = torch.cat([feats, feats.new_zeros(1, in_ch)])  # row n: the absent neighbour
         parts = [padded.index_select(0, table[s:e].reshape(-1)).view(e - s, -1) @ w for s, e in ranges]
         return torch.cat(parts) if parts else feats.new_zeros(0, w.shape[1])
-    safe, absent = _safe_table(kmap, n, volume)
+    safe, blanks = _safe_table(kmap, n, volume, ranges)
     out = feats.new_empty(kmap.rows, w.shape[1])
     longest = max((e - s for s, e in ranges), default=0)
     buf = feats.new_empty(longest * volume, in_ch)
-    for start, end in ranges:
+    for (start, end), blank in zip(ranges, blanks, strict=True):
         rows = end - start
         cols = buf[: rows * volume]
         torch.index_select(feats, 0, safe[start:end].reshape(-1), out=cols)
-        cols.masked_fill_(absent[start * volume : end * volume], 0.0)
+        cols.index_fill_(0, blank, 0.0)
         torch.mm(cols.view(rows, volume * in_ch), w, out=out[start:end])
     return out
 
 
-def _safe_table(kmap: KernelMap, in_rows: int, volume: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The table with absent slots reading row 0, and the ``[M·K, 1]`` mask that blanks them
-    after the gather — cheaper than copying all features to append a zero row every call."""
+def _safe_table(
+    kmap: KernelMap, in_rows: int, volume: int, ranges: list[tuple[int, int]]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The table with absent slots reading row 0, and per row range the positions (inside the
+    range's gathered rows) to blank afterwards with ``index_fill_`` — cheaper than copying all
+    features to append a zero row every call (and than a broadcast ``masked_fill_``)."""
     key = ("safe", in_rows, volume)
     if key not in kmap.memo:
         table = kmap.table_for(in_rows, volume)
         absent = table == in_rows
-        kmap.memo[key] = (table.masked_fill(absent, 0), absent.view(-1, 1))
-    return kmap.memo[key]  # type: ignore[return-value]
+        kmap.memo[key] = (table.masked_fill(absent, 0), absent.view(-1).nonzero().squeeze(1))
+    safe, positions = kmap.memo[key]  # type: ignore[misc]
+    bounds = torch.tensor([[s * volume, e * volume] for s, e in ranges], dtype=torch.long).view(-1)
+    cuts = torch.searchsorted(positions, bounds).view(-1, 2).tolist()
+    return safe, [positions[a:b] - s * volume for (a, b), (s, _) in zip(cuts, ranges, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -267,19 +273,15 @@ def apply_pool(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
         inputs, _, starts, sizes = _bags(kmap, n, volume)
         out = F.embedding_bag(inputs, feats, starts, mode="sum")
         return out / sizes.unsqueeze(1).to(out.dtype) if mode == "avg" else out
-    safe, absent = _safe_table(kmap, n, volume)
+    ranges = _chunks(kmap.rows, volume * channels, None)
+    safe, blanks = _safe_table(kmap, n, volume, ranges)
     grad = torch.is_grad_enabled() and feats.requires_grad
     out = feats.new_empty(kmap.rows, channels)
     parts = []
-    for start, end in _chunks(kmap.rows, volume * channels, None):
+    for (start, end), blank in zip(ranges, blanks, strict=True):
         gathered = feats.index_select(0, safe[start:end].reshape(-1))
-        blank = absent[start * volume : end * volume]
-        gathered = (
-            gathered.masked_fill(blank, float("-inf"))
-            if grad
-            else gathered.masked_fill_(blank, float("-inf"))
-        )
-        gathered = gathered.view(end - start, volume, channels)
+        fill = gathered.index_fill if grad else gathered.index_fill_
+        gathered = fill(0, blank, float("-inf")).view(end - start, volume, channels)
         if grad:
             parts.append(gathered.amax(1))
         else:
