@@ -226,21 +226,27 @@ def _inputs(feats: torch.Tensor, kmap: KernelMap, weight: torch.Tensor, grad: bo
     plan = _inputs_plan(kmap, n, volume, out_ch)
     out = feats.new_empty(kmap.rows, out_ch)
     span = max((hi - lo for _, _, lo, hi, _, _ in plan), default=0)
-    buf = feats.new_empty(span, volume * out_ch)
+    buf = feats.new_empty(span * volume + 1, out_ch)
     for start, end, lo, hi, index, offsets in plan:
-        products = buf[: hi - lo]
-        torch.mm(feats[lo:hi], w, out=products)
-        out[start:end] = F.embedding_bag(index, products.view(-1, out_ch), offsets, mode="sum")
+        products = buf[: (hi - lo) * volume + 1]
+        torch.mm(feats[lo:hi], w, out=products[:-1].view(hi - lo, volume * out_ch))
+        if offsets is None:  # at most one pair per output: a plain gather (the last row is zero)
+            products[-1].zero_()
+            torch.index_select(products, 0, index, out=out[start:end])
+        else:
+            out[start:end] = F.embedding_bag(index, products, offsets, mode="sum")
     return out
 
 
 def _inputs_plan(kmap: KernelMap, in_rows: int, volume: int, out_ch: int) -> list[tuple]:
     """Output chunks ``(start, end, lo, hi, index, offsets)``: the chunk reads input rows
-    ``[lo, hi)``; ``index`` addresses its products, ``offsets`` starts each output's bag."""
+    ``[lo, hi)``; ``index`` addresses its products, ``offsets`` starts each output's bag —
+    None when no output has two pairs (kernel ≤ stride), then ``index`` has one entry per
+    output and an output without pairs reads the zero row after the products."""
     key = ("inputs-plan", in_rows, volume, out_ch)
     if key in kmap.memo:
         return kmap.memo[key]  # type: ignore[return-value]
-    inputs, k_idx, starts, _ = _bags(kmap, in_rows, volume)
+    inputs, k_idx, starts, sizes = _bags(kmap, in_rows, volume)
     per_chunk = max(MIN_CHUNK_ROWS, 4 * CHUNK_FLOATS // (volume * out_ch) * kmap.rows // max(1, in_rows))
     ends = torch.cat([starts, starts.new_tensor([len(inputs)])]).tolist()
     plan = []
@@ -253,8 +259,20 @@ def _inputs_plan(kmap: KernelMap, in_rows: int, volume: int, out_ch: int) -> lis
         plan.append((start, end, lo, hi, index, starts[start:end] - first))
     if sum(hi - lo for _, _, lo, hi, _, _ in plan) > 2 * in_rows:  # not local: one pass, no re-work
         plan = [(0, kmap.rows, 0, in_rows, inputs * volume + k_idx, starts)]
+    if int(sizes.max()) <= 1:
+        plan = [
+            (s, e, lo, hi, _single(index, sizes[s:e], (hi - lo) * volume), None)
+            for s, e, lo, hi, index, off in plan
+        ]
     kmap.memo[key] = plan
     return plan
+
+
+def _single(index: torch.Tensor, sizes: torch.Tensor, zero: int) -> torch.Tensor:
+    """One product row per output (``zero`` for outputs without a pair)."""
+    rows = torch.full((len(sizes),), zero, dtype=torch.long)
+    rows[sizes == 1] = index
+    return rows
 
 
 def apply_pool(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
