@@ -99,7 +99,7 @@ def test_inspect_json(exported: tuple[Path, dict[str, Any]]) -> None:
     path, _ = exported
     data = cli_json("inspect", path)
     assert data["format"] == "nnef" and data["container"] == "tgz"
-    assert data["inputs"] == [{"name": "x", "shape": [2, 8], "dtype": "f32"}]
+    assert data["inputs"] == [{"name": "x", "shape": [2, 8], "dtype": "float32"}]
     assert data["weights"]["bytes_by_dtype"] == {"float32": 848}
     assert data["op_count"] == sum(data["ops"].values())
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from torchlower import dtypes, progress
 from torchlower import tolerance as tolerances
 from torchlower.errors import ArtifactError, CheckError, InvalidArgumentError
 from torchlower.nnef import dat, reader
@@ -63,6 +64,7 @@ class Artifact:
     stored_bytes: dict[str, int]  # label -> bytes of tensor data in the file
     quant: str | None = None  # graph.quant text, if any
     unused: list[str] = field(default_factory=list)  # .dat members no variable refers to
+    _session: Any = field(default=None, repr=False, compare=False)  # nnef.session.Session
 
     @property
     def input_names(self) -> list[str]:
@@ -71,6 +73,50 @@ class Artifact:
     @property
     def output_names(self) -> list[str]:
         return list(self.graph.outputs)
+
+    def run(
+        self, inputs: Any, *, threads: int | None = None, isolated: bool = True
+    ) -> dict[str, np.ndarray]:
+        """Run in tract: ``{"x": array}`` or ``[arrays]`` in, ``{output name: array}`` out.
+
+        Inputs are checked against the declaration first (dtype, rank, fixed sizes, one size
+        per symbol). The first call loads and optimizes the model once (in a child process
+        unless ``isolated=False``); later calls reuse it. ``threads`` sets tract's pool size
+        for that child (tract's Python API has no thread setting of its own); a different
+        ``threads`` than the running child's starts a new one.
+        """
+        from torchlower import runner
+
+        arrays = runner.as_list(inputs, self.graph.inputs)
+        runner.bind(self.graph.inputs, arrays, self.graph.symbols)
+        session = self._session
+        if session is None or (session.threads, session.isolated) != (threads, isolated):
+            self.close()
+            with progress.stage("tract load+optimize"):
+                session = self._session = runner.session_for(self.path, threads, isolated)
+        with progress.stage("running"):
+            return runner.outputs_by_name(self.output_names, session.run(arrays))
+
+    def tract_facts(self) -> dict[str, list[str]]:
+        """tract's input and output facts (``"B,10,f32"``), loading the model if needed."""
+        if self._session is None:
+            with progress.stage("tract load+optimize"):
+                from torchlower import runner
+
+                self._session = runner.session_for(self.path, None, True)
+        return dict(self._session.facts)
+
+    def close(self) -> None:
+        """Stop the tract process started by ``run`` (it also stops when the artifact is freed)."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def __enter__(self) -> Artifact:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS) -> Any:
@@ -128,6 +174,15 @@ def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LI
     )
 
 
+def graph_text(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS) -> str:
+    """The ``graph.nnef`` text of an artifact, after the container's checks (weights not decoded)."""
+    for name, blob in reader.iter_members(Path(path), limits):
+        if name == "graph.nnef":
+            parse(blob)  # the text must be one we would load
+            return blob.decode("utf-8")
+    raise ArtifactError(f"{path}: no graph.nnef at the top level of the artifact")
+
+
 def dat_format(blob: bytes) -> str:
     """Storage format of a ``.dat`` from its header: numpy-like dtype name or vendor format."""
     bits, code, vendor = struct.unpack_from("<IHH", blob, 44)
@@ -139,12 +194,23 @@ def dat_format(blob: bytes) -> str:
     return "bool" if code == dat.BOOL else f"{names.get(code, f'type{code}_')}{bits}"
 
 
-def inspect(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS) -> dict[str, Any]:
-    """A JSON-serializable summary: I/O, symbols, op histogram, weight bytes, extensions."""
+def inspect(
+    path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS, *, tract: bool = True
+) -> dict[str, Any]:
+    """A JSON-serializable summary: I/O, symbols, op histogram, weight bytes, extensions.
+
+    With ``tract`` (the default) every output gets the shape and dtype tract derives when it
+    loads the graph (symbolic where the graph is dynamic, e.g. ``["B", 10]``); without it, or
+    when tract cannot load the graph, they are ``None``.
+    """
     target = Path(path)
     if _is_lattice(target):
         return _lattice().inspect(target)
     art = load(target, limits)
+    outputs: list[dict[str, Any]] = [{"name": n, "shape": None, "dtype": None} for n in art.output_names]
+    if tract:
+        for entry, fact in zip(outputs, _output_facts(target, limits), strict=False):
+            entry["shape"], entry["dtype"] = fact
     by_dtype: Counter[str] = Counter()
     by_format: Counter[str] = Counter()
     for label, array in art.weights.items():
@@ -157,9 +223,10 @@ def inspect(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT
         "container": art.kind,
         "graph": g.name,
         "inputs": [
-            {"name": i.name, "shape": [_dim_text(d) for d in i.shape], "dtype": i.dtype} for i in g.inputs
+            {"name": i.name, "shape": [_dim_text(d) for d in i.shape], "dtype": dtypes.name(i.dtype)}
+            for i in g.inputs
         ],
-        "outputs": [{"name": n} for n in g.outputs],
+        "outputs": outputs,
         "symbols": list(g.symbols),
         "extensions": list(g.extensions),
         "fragments": list(g.fragments),
@@ -173,6 +240,19 @@ def inspect(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT
             "unused_files": list(art.unused),
         },
     }
+
+
+def _output_facts(target: Path, limits: reader.Limits) -> list[tuple[list[Any], str]]:
+    """(shape, dtype) of every output as tract derives them; empty if tract cannot load it."""
+    from torchlower.nnef import session
+
+    try:
+        with progress.stage("tract load"), reader.extracted(target, limits) as folder:
+            known = session.query_facts(folder)
+    except CheckError as exc:
+        log.info("output shapes unknown: %s", exc)
+        return []
+    return [session.parse_fact(f) for f in known["outputs"]]
 
 
 @dataclass

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from torchlower.cli.console import Output
+from torchlower.cli.console import Output, show_progress
 from torchlower.cli.failures import usage_error
 
 
@@ -19,25 +20,31 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="summarize an artifact; draw its graph",
         description="Inputs, outputs, symbols, op histogram, weight bytes by dtype and format,"
-        " extensions. --svg/--png draw the graph with Graphviz (nodes coloured by op family,"
-        " edges labelled with tensor shapes).",
+        " extensions, and every output's shape and dtype as tract derives them (symbolic for"
+        " dynamic graphs). --svg/--png draw the graph (nodes grouped by module, coloured by op"
+        " family, edges labelled with tensor shapes); --graph prints graph.nnef.",
     )
     p.add_argument("archive", metavar="ARCHIVE")
     pic = p.add_mutually_exclusive_group()
     pic.add_argument("--svg", metavar="FILE", help="write the graph picture as SVG")
     pic.add_argument("--png", metavar="FILE", help="write the graph picture as PNG")
     pic.add_argument("--dot", metavar="FILE", help="write the Graphviz source (no Graphviz needed)")
-    p.add_argument("--no-shapes", action="store_true", help="do not run tract to learn intermediate shapes")
+    pic.add_argument("--graph", action="store_true", help="print graph.nnef (paged on a terminal)")
+    p.add_argument(
+        "--no-shapes", action="store_true", help="do not load the graph in tract for output / edge shapes"
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    import torchlower
 
     target = Path(args.archive)
     if not target.exists():
         raise usage_error(f"artifact {args.archive!r} does not exist")
-    data = dict(torchlower.inspect(target))
+    if args.graph:
+        return _print_graph(target, out)
+    with show_progress(out):
+        data = dict(_summary(target, shapes=not args.no_shapes))
     picture = args.svg or args.png or args.dot
     if picture:
         if data.get("format") != "nnef":
@@ -49,10 +56,38 @@ def run(args: argparse.Namespace, out: Output) -> int:
         from torchlower.cli import graph_picture
 
         fmt = "svg" if args.svg else "png" if args.png else "dot"
-        drawn = graph_picture.draw(target, Path(picture), fmt, shapes=not args.no_shapes)
+        with show_progress(out):
+            drawn = graph_picture.draw(target, Path(picture), fmt, shapes=not args.no_shapes)
         data["picture"] = {"path": picture, "format": fmt, "nodes": drawn.nodes, "edges": drawn.edges}
     data = {"ok": True, **data}
     out.emit(data, lambda console: render(console, data))
+    return 0
+
+
+def _summary(target: Path, shapes: bool) -> dict[str, Any]:
+    import torchlower
+
+    if (target / "graph.mlir").exists():  # lattice folders have their own summary
+        return dict(torchlower.inspect(target))
+    return dict(torchlower.inspect(target, tract=shapes))
+
+
+def _print_graph(target: Path, out: Output) -> int:
+    """``graph.nnef`` as checked by the reader; through a pager only when stdout is a terminal."""
+    from torchlower import io
+
+    with show_progress(out):
+        text = io.graph_text(target)
+    if out.json:
+        out.emit({"ok": True, "path": str(target), "graph": text}, lambda _c: None)
+        return 0
+    if not out.quiet:
+        console = out.stdout
+        if console.is_terminal and text.count("\n") > console.height:
+            with console.pager():
+                console.print(text, markup=False, highlight=False, end="")
+        else:
+            sys.stdout.write(text)
     return 0
 
 
@@ -66,7 +101,8 @@ def render(console: Console, data: dict[str, Any]) -> None:
     for i in data["inputs"]:
         t.add_row(f"input {i['name']}", f"{i['shape']} {i['dtype']}")
     for o in data["outputs"]:
-        t.add_row(f"output {o['name']}", "")
+        shape = "unknown shape" if o.get("shape") is None else str(o["shape"])
+        t.add_row(f"output {o['name']}", f"{shape} {o.get('dtype') or ''}".strip())
     t.add_row("symbols", ", ".join(data["symbols"]) or "none")
     t.add_row("extensions", ", ".join(data["extensions"]) or "none")
     w = data["weights"]

@@ -57,6 +57,7 @@ class Interpreter(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         self._node, self._inplace = n, False
+        self.session.scope = module_path(n, self.prefix)
         result = super().run_node(n)
         if self._inplace and n.args and isinstance(n.args[0], fx.Node):
             self.env[n.args[0]] = result  # in-place op: later readers of the operand see the result
@@ -196,6 +197,20 @@ def node_metas(node: fx.Node, symbols: dict[str, str] | None = None) -> list[Met
         else:
             metas.append((None, None))
     return metas
+
+
+def module_path(node: fx.Node, prefix: str) -> str:
+    """The module a node belongs to: the module itself for ``call_module``, else the innermost
+    entry of ``nn_module_stack`` (FX and torch.export record it), under ``prefix``."""
+    if node.op == "call_module":
+        return prefix + str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    inner = ""
+    if stack:
+        entry = list(stack.values())[-1]
+        inner = entry[0] if isinstance(entry, tuple) else str(entry)
+        inner = inner.removeprefix("L['self'].").removeprefix("L['self']")
+    return (prefix + inner).rstrip(".") if inner or prefix else ""
 
 
 def lower_module(

@@ -58,6 +58,7 @@ class Session:
     missing: Counter[str] = field(default_factory=Counter)
     first_use: dict[str, str] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)  # registered keys of the rules that ran
+    scope: str | None = None  # module path of the current node, when `where` is not one (FX)
 
     def apply(
         self,
@@ -103,6 +104,7 @@ class Session:
     def invoke(self, fn: Callable[..., Any], op: str, args: Sequence[Any], where: str, metas: Any) -> Any:
         """Call a rule; its unexpected failures become ``LoweringError`` naming op and place."""
         self.builder.hint = where.replace(".", "_") or "v"
+        self.builder.scope = self.scope if self.scope is not None else where
         try:
             result = fn(self.builder, *args)
         except TorchlowerError:

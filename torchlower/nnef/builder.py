@@ -83,6 +83,7 @@ class NNEFBuilder:
         self.symbols: list[str] = []
         self.rules_used: list[str] = []  # set by the front end once lowering is done
         self.hint = "v"  # set by front ends per node, gives readable names
+        self.scope = ""  # module path of the node being lowered (a comment in graph.nnef)
         self._taken: set[str] = set()
         self._reserved: set[str] = set()
         self._materialized: dict[object, Value] = {}
@@ -161,7 +162,7 @@ class NNEFBuilder:
         """Emit ``y = op(args..., attrs...)`` and return ``y``."""
         out = Value(self.fresh(hint), dtype, shape)
         args = [self._operand(a) for a in args]
-        self.assignments.append(text.Assignment([out], op, args, dict(attrs or {})))
+        self.assignments.append(text.Assignment([out], op, args, dict(attrs or {}), self.scope))
         if op in _QUANT_PRESERVING and args and isinstance(args[0], Value) and args[0].name in self._qvalues:
             self._qvalues[out.name] = self._qvalues[args[0].name]  # tract keeps the type through it
         return out
@@ -172,7 +173,7 @@ class NNEFBuilder:
         """Emit an op with several results, e.g. ``(a, b) = split(...)``."""
         outs = [Value(self.fresh(f"{self.hint}_{i}")) for i in range(count)]
         args = [self._operand(a) for a in args]
-        self.assignments.append(text.Assignment(outs, op, args, dict(attrs or {})))
+        self.assignments.append(text.Assignment(outs, op, args, dict(attrs or {}), self.scope))
         return tuple(outs)
 
     def accurate(self, x: Value) -> Value:
@@ -246,7 +247,7 @@ class NNEFBuilder:
         out = Value(self.fresh(label), tensor.dtype, tuple(tensor.shape), label=label)
         kind = _VARIABLE_KIND[_dtype_kind(tensor.dtype)]
         attrs = {"label": label, "shape": list(tensor.shape)}
-        self.assignments.append(text.Assignment([out], f"variable<{kind}>", [], attrs))
+        self.assignments.append(text.Assignment([out], f"variable<{kind}>", [], attrs, self.scope))
         self._materialized[key] = out
         return out
 
@@ -323,7 +324,7 @@ class NNEFBuilder:
     def graph_text(self) -> str:
         live = self.live_assignments()
         names = self._output_renames(live)
-        body = [a.render(names) for a in live]
+        body = text.with_scopes(live, [a.render(names) for a in live])
         used_inputs = [v.name for v in self.inputs]
         extensions = sorted(self.extensions) + [f"tract_symbol {s}" for s in self.symbols]
         # fragments are referenced by name from an op's ``body`` attribute (tract_core_scan)

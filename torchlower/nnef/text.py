@@ -61,6 +61,7 @@ class Assignment:
     op: str
     args: list[Any]
     attrs: dict[str, Any]
+    scope: str = ""  # module path of the PyTorch module it came from ("" for the top level)
 
     def render(self, names: dict[str, str]) -> str:
         left = ", ".join(literal(v, names) for v in self.outputs)
@@ -69,6 +70,27 @@ class Assignment:
         parts = [literal(a, names) for a in self.args]
         parts += [f"{k} = {literal(v, names)}" for k, v in self.attrs.items()]
         return f"    {left} = {self.op}({', '.join(parts)});"
+
+
+SCOPE_COMMENT = "# module: "
+
+
+def with_scopes(assignments: Sequence[Assignment], lines: Sequence[str]) -> list[str]:
+    """``lines`` (one per assignment) with a ``# module: PATH`` comment wherever the module
+    changes. tract and the Khronos parser skip comments; the picture and ``inspect`` read them
+    to group nodes by module (``nnef/parse.py`` attaches them to the assignments)."""
+    out: list[str] = []
+    current = ""
+    for a, line in zip(assignments, lines, strict=True):
+        if a.scope != current:
+            current = a.scope
+            out.append(f"    {SCOPE_COMMENT}{_comment_safe(current)}".rstrip())
+        out.append(line)
+    return out
+
+
+def _comment_safe(path: str) -> str:
+    return "".join(c for c in path if c.isprintable() and c not in "\r\n")
 
 
 def document(

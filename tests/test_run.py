@@ -1,0 +1,177 @@
+"""Using an artifact: ``torchlower.load(path).run(...)``, ``torchlower run`` and ``inspect``'s shapes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import torchlower
+from tests.cli_models import TwoHeads
+from tests.test_cli import cli, cli_json
+from torchlower.errors import CheckError, InvalidArgumentError
+
+
+@pytest.fixture(scope="module")
+def dynamic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    """Two inputs, two outputs, batch dimension ``B`` shared by both inputs."""
+    model = TwoHeads().eval()
+    path = tmp_path_factory.mktemp("run") / "two.nnef.tgz"
+    torchlower.export(
+        model,
+        (torch.randn(2, 6), torch.randn(2, 5)),
+        path,
+        input_names=["x", "y"],
+        output_names=["a", "b"],
+        dynamic_axes={"x": {0: "B"}, "y": {0: "B"}},
+    )
+    return path, model
+
+
+def _expected(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
+    with torch.no_grad():
+        return [t.numpy() for t in model(torch.from_numpy(x), torch.from_numpy(y))]
+
+
+def test_run_by_name_and_position_at_several_sizes(dynamic: tuple[Path, Any]) -> None:
+    path, model = dynamic
+    rng = np.random.default_rng(7)
+    with torchlower.load(path) as art:
+        for batch in (1, 3, 8):
+            x = rng.standard_normal((batch, 6)).astype(np.float32)
+            y = rng.standard_normal((batch, 5)).astype(np.float32)
+            by_name = art.run({"y": y, "x": x})
+            by_position = art.run([torch.from_numpy(x), y])
+            want = _expected(model, x, y)
+            assert list(by_name) == ["a", "b"]
+            for name, w in zip(("a", "b"), want, strict=True):
+                assert by_name[name].shape == w.shape == (batch, w.shape[1])
+                assert np.abs(by_name[name] - w).max() < 1e-5
+                assert np.array_equal(by_name[name], by_position[name])
+        child = art._session.proc.pid
+        art.run({"x": x, "y": y})
+        assert art._session.proc.pid == child, "the optimized model is reused across calls"
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (
+            {"x": np.zeros((2, 6), np.float64), "y": np.zeros((2, 5), np.float32)},
+            "declared float32 but got float64",
+        ),
+        ({"x": np.zeros((2, 6), np.float32)}, r"missing \['y'\]"),
+        ([np.zeros((2, 6), np.float32), np.zeros((3, 5), np.float32)], "symbol B is already 2"),
+        (
+            [np.zeros((2, 7), np.float32), np.zeros((2, 5), np.float32)],
+            "axis 1 has size 7, the graph declares 6",
+        ),
+        ([np.zeros((2, 6, 1), np.float32), np.zeros((2, 5), np.float32)], "rank 3"),
+        ([np.zeros((2, 6), np.float32)], "1 inputs given, the graph takes 2"),
+    ],
+)
+def test_run_checks_inputs_against_the_declaration(
+    dynamic: tuple[Path, Any], inputs: Any, message: str
+) -> None:
+    art = torchlower.load(dynamic[0])
+    with pytest.raises(InvalidArgumentError, match=message):
+        art.run(inputs)
+    assert art._session is None, "nothing reaches tract before the inputs are checked"
+
+
+def test_threads_go_to_the_child_process(dynamic: tuple[Path, Any]) -> None:
+    path, _ = dynamic
+    x, y = np.ones((2, 6), np.float32), np.ones((2, 5), np.float32)
+    with torchlower.load(path) as art:
+        one = art.run([x, y], threads=1)
+        environ = Path(f"/proc/{art._session.proc.pid}/environ")
+        if environ.exists():
+            assert b"RAYON_NUM_THREADS=1\0" in environ.read_bytes()
+        two = art.run([x, y], threads=2)
+        if environ.exists():
+            assert b"RAYON_NUM_THREADS=2\0" in Path(f"/proc/{art._session.proc.pid}/environ").read_bytes()
+        assert all(np.array_equal(one[k], two[k]) for k in one)
+    with pytest.raises(InvalidArgumentError, match="positive integer"):
+        torchlower.load(path).run([x, y], threads=0)
+
+
+def test_in_process_run_matches(dynamic: tuple[Path, Any]) -> None:
+    path, model = dynamic
+    x = np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32)
+    y = np.random.default_rng(2).standard_normal((4, 5)).astype(np.float32)
+    with torchlower.load(path) as art:
+        out = art.run([x, y], isolated=False)
+    assert np.abs(out["a"] - _expected(model, x, y)[0]).max() < 1e-5
+
+
+def test_tract_abort_during_run_is_a_check_error(tmp_path: Path) -> None:
+    """tract panics (SIGABRT) on an einsum with '...'; the caller's process survives."""
+    bad = tmp_path / "bad.nnef"
+    bad.mkdir()
+    (bad / "graph.nnef").write_text(
+        "version 1.0;\nextension tract_registry tract_core;\ngraph network(x) -> (y)\n{\n"
+        "    x = tract_core_external(shape = [2, 3, 3], datum_type = 'f32');\n"
+        "    y = tract_core_einsum([x, x], expr = '...ij,...jk->...ik', acc = 'f32', output = '');\n}\n"
+    )
+    with pytest.raises(CheckError, match="tract"):
+        torchlower.load(bad).run([np.ones((2, 3, 3), np.float32)])
+
+
+def test_cli_run_prints_saves_and_times(dynamic: tuple[Path, Any], tmp_path: Path) -> None:
+    path, model = dynamic
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((5, 6)).astype(np.float32), rng.standard_normal((5, 5)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x, y=y)
+    data = cli_json("run", path, "--inputs", tmp_path / "in.npz", "--out", tmp_path / "out.npz", "--time", 3)
+    assert [o["name"] for o in data["outputs"]] == ["a", "b"]
+    assert data["outputs"][0]["shape"] == [5, 3] and data["outputs"][0]["dtype"] == "float32"
+    want = _expected(model, x, y)
+    assert abs(data["outputs"][1]["mean"] - float(want[1].mean())) < 1e-5
+    assert data["latency_ms"]["runs"] == 3 and data["latency_ms"]["median"] > 0
+    with np.load(tmp_path / "out.npz") as saved:
+        assert np.abs(saved["a"] - want[0]).max() < 1e-5 and np.abs(saved["b"] - want[1]).max() < 1e-5
+    text = cli("run", path, "--inputs", tmp_path / "in.npz")
+    assert text.returncode == 0 and "out a" in text.stdout and "5×3" in text.stdout, text.stdout
+    assert text.stderr == "", "no progress noise when piped"
+
+
+def test_cli_run_random_inputs_and_bad_dtype(dynamic: tuple[Path, Any], tmp_path: Path) -> None:
+    path, _ = dynamic
+    data = cli_json("run", path, "--symbol", "B=3")
+    assert data["random_inputs"] and data["inputs"][0]["shape"] == [3, 6]
+    np.savez(tmp_path / "bad.npz", x=np.zeros((2, 6), np.int64), y=np.zeros((2, 5), np.float32))
+    proc = cli("run", path, "--inputs", tmp_path / "bad.npz")
+    assert proc.returncode == 2 and "declared float32 but got int64" in proc.stderr, proc.stderr
+
+
+def test_inspect_shows_symbolic_output_shapes(dynamic: tuple[Path, Any]) -> None:
+    path, _ = dynamic
+    data = cli_json("inspect", path)
+    assert data["outputs"] == [
+        {"name": "a", "shape": ["B", 3], "dtype": "float32"},
+        {"name": "b", "shape": ["B", 2], "dtype": "float32"},
+    ]
+    assert data["inputs"][0] == {"name": "x", "shape": ["B", 6], "dtype": "float32"}
+    table = cli("inspect", path)
+    assert "output a" in table.stdout and "['B', 3] float32" in table.stdout, table.stdout
+    quick = cli_json("inspect", path, "--no-shapes")
+    assert quick["outputs"][0] == {"name": "a", "shape": None, "dtype": None}
+
+
+def test_inspect_graph_prints_the_text(dynamic: tuple[Path, Any]) -> None:
+    path, _ = dynamic
+    proc = cli("inspect", path, "--graph")
+    assert proc.returncode == 0 and proc.stdout.startswith("version 1.0;")
+    assert "graph network(x, y) -> (a, b)" in proc.stdout
+    assert "# module: a" in proc.stdout, "the module of each op is recorded as a comment"
+    assert torchlower.io.graph_text(path) == proc.stdout
+
+
+def test_progress_is_silent_when_piped(dynamic: tuple[Path, Any]) -> None:
+    proc = cli("inspect", dynamic[0], TORCHLOWER_PROGRESS_DELAY="0")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert os.environ.get("TORCHLOWER_PROGRESS") != "0"

@@ -1,0 +1,159 @@
+"""Running a loaded artifact: inputs checked against the declaration, outputs by name.
+
+``torchlower.load(path).run(inputs)`` lands here. Inputs come by name (a mapping) or by
+position (a sequence, or one array for a one-input graph); each is checked against the
+``external`` declaration of ``graph.nnef`` before tract sees it: dtype exactly, rank, fixed
+sizes, and every symbol (``B``) bound to one size across all inputs. A violation is an
+``InvalidArgumentError`` naming the input, the axis and what the graph declares, so a user
+learns about a wrong batch size from us, not from a tract shape error deep in the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from torchlower import dtypes
+from torchlower.errors import InvalidArgumentError
+from torchlower.nnef.parse import Expr, Ident, Input
+
+Inputs = Mapping[str, Any] | Sequence[Any] | np.ndarray
+
+
+def as_list(given: Inputs, decls: Sequence[Input]) -> list[np.ndarray]:
+    """The inputs in declaration order, as numpy arrays (torch tensors are copied)."""
+    names = [d.name for d in decls]
+    if isinstance(given, Mapping):
+        missing = [n for n in names if n not in given]
+        extra = [k for k in given if k not in names]
+        if missing or extra:
+            raise InvalidArgumentError(f"inputs must be named {names}; missing {missing}, unexpected {extra}")
+        values = [given[n] for n in names]
+    elif isinstance(given, np.ndarray) or hasattr(given, "detach"):
+        values = [given]
+    elif isinstance(given, Sequence) and not isinstance(given, (str, bytes)):
+        values = list(given)
+    else:
+        raise InvalidArgumentError(
+            f"inputs must be a dict name -> array or a list of arrays, got {type(given).__name__}"
+        )
+    if len(values) != len(names):
+        raise InvalidArgumentError(f"{len(values)} inputs given, the graph takes {len(names)}: {names}")
+    return [_to_numpy(v, n) for v, n in zip(values, names, strict=True)]
+
+
+def _to_numpy(value: Any, name: str) -> np.ndarray:
+    if hasattr(value, "detach"):  # torch.Tensor
+        return value.detach().cpu().numpy()
+    array = np.asarray(value)
+    if array.dtype == object or array.dtype.kind in "USV":
+        raise InvalidArgumentError(f"input {name!r}: {array.dtype} arrays cannot be fed to tract")
+    return array
+
+
+def bind(decls: Sequence[Input], arrays: Sequence[np.ndarray], symbols: Sequence[str]) -> dict[str, int]:
+    """Check every array against its declaration; returns the size each symbol took."""
+    env: dict[str, int] = {}
+    pending: list[tuple[Input, int, Any, int]] = []
+    for decl, array in zip(decls, arrays, strict=True):
+        want = dtypes.numpy_of(decl.dtype)
+        if want is not None and array.dtype != want:
+            raise InvalidArgumentError(
+                f"input {decl.name!r} is declared {dtypes.name(decl.dtype)} but got"
+                f" {dtypes.name(array.dtype)}; convert it with .astype(np.{want.name})"
+            )
+        if array.ndim != len(decl.shape):
+            raise InvalidArgumentError(
+                f"input {decl.name!r} has rank {array.ndim} (shape {list(array.shape)}), the graph"
+                f" declares rank {len(decl.shape)}: {shape_text(decl.shape)}"
+            )
+        for axis, (dim, size) in enumerate(zip(decl.shape, array.shape, strict=True)):
+            if isinstance(dim, int) and dim != size:
+                raise InvalidArgumentError(
+                    f"input {decl.name!r} axis {axis} has size {size}, the graph declares {dim}"
+                    f" (shape {shape_text(decl.shape)})"
+                )
+            if isinstance(dim, str):
+                if dim in env and env[dim] != size:
+                    raise InvalidArgumentError(
+                        f"input {decl.name!r} axis {axis} has size {size}, but symbol {dim} is already"
+                        f" {env[dim]} from an earlier input (shape {shape_text(decl.shape)})"
+                    )
+                env[dim] = size
+            elif isinstance(dim, Expr):
+                pending.append((decl, axis, dim, size))
+    for decl, axis, dim, size in pending:  # expressions such as B * 2, once every symbol is bound
+        value = evaluate(dim, env)
+        if value is not None and value != size:
+            raise InvalidArgumentError(
+                f"input {decl.name!r} axis {axis} has size {size}, the graph declares {dim} = {value}"
+            )
+    unknown = [s for s in env if s not in symbols]
+    if unknown:
+        raise InvalidArgumentError(f"symbol {unknown[0]!r} is not declared with extension tract_symbol")
+    return env
+
+
+def evaluate(dim: Any, env: Mapping[str, int]) -> int | None:
+    """The integer value of a dimension expression, None if a symbol is unbound."""
+    if isinstance(dim, bool):
+        return None
+    if isinstance(dim, int):
+        return dim
+    if isinstance(dim, (str, Ident)):
+        return env.get(str(dim))
+    if not isinstance(dim, Expr):
+        return None
+    values = [evaluate(a, env) for a in dim.args]
+    if any(v is None for v in values):
+        return None
+    if len(values) == 1:
+        return -values[0] if dim.op == "-" else values[0]  # type: ignore[operator]
+    a, b = values
+    assert a is not None and b is not None
+    table = {
+        "+": a + b,
+        "-": a - b,
+        "*": a * b,
+        "/": a // b if b else None,
+        "^": a**b if 0 <= b < 64 else None,
+    }
+    return table.get(dim.op)
+
+
+def shape_text(shape: Sequence[Any]) -> str:
+    """``[B, 3, 224]`` the way the graph declares it."""
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def outputs_by_name(names: Sequence[str], arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    if len(names) != len(arrays):
+        raise InvalidArgumentError(f"tract produced {len(arrays)} outputs for the {len(names)} declared")
+    return dict(zip(names, arrays, strict=True))
+
+
+def statistics(array: np.ndarray) -> dict[str, Any]:
+    """min / max / mean / finite count of an output, for ``torchlower run``'s summary."""
+    a = np.asarray(array)
+    out: dict[str, Any] = {"shape": list(a.shape), "dtype": dtypes.name(a.dtype)}
+    if a.size == 0 or a.dtype.kind not in "fiub":
+        return out
+    values = a.astype(np.float64)
+    finite = np.isfinite(values)
+    out["finite"] = int(finite.sum())
+    if finite.any():
+        good = values[finite]
+        out.update(min=float(good.min()), max=float(good.max()), mean=float(good.mean()))
+    return out
+
+
+def session_for(path: Path, threads: int | None, isolated: bool) -> Any:
+    """A tract session of the checked bytes of ``path`` (archives are extracted privately)."""
+    from torchlower.nnef import reader
+    from torchlower.nnef.session import Session
+
+    with reader.extracted(path) as folder:  # tract reads exactly the bytes we validated
+        return Session(folder, threads, isolated)
