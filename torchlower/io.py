@@ -154,7 +154,8 @@ def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LI
                 f"{target}: {member}: shape {list(array.shape)} differs from graph.nnef line {var.line}"
                 f" shape {list(var.shape)}"
             )
-        if array.dtype.kind not in _KIND_OF_VARIABLE[var.kind]:
+        quantized = blob[48] in (dat.QUINT, dat.QINT)  # real values as integer codes (graph.quant)
+        if array.dtype.kind not in _KIND_OF_VARIABLE[var.kind] and not (quantized and var.kind == "scalar"):
             raise ArtifactError(f"{target}: {member}: dtype {array.dtype} cannot back a variable<{var.kind}>")
         weights[var.label] = array
         formats[var.label] = dat_format(blob)
@@ -190,7 +191,7 @@ def dat_format(blob: bytes) -> str:
         return "q4_0"
     if vendor != 0:
         return f"vendor_{vendor:04x}_{code}"
-    names = {dat.FLOAT: "f", dat.INT: "i", dat.UINT: "u", dat.BOOL: "bool"}
+    names = {dat.FLOAT: "f", dat.INT: "i", dat.UINT: "u", dat.QUINT: "qu", dat.QINT: "qi", dat.BOOL: "bool"}
     return "bool" if code == dat.BOOL else f"{names.get(code, f'type{code}_')}{bits}"
 
 
