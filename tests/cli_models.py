@@ -34,3 +34,10 @@ class Determinant(nn.Module):
 
 def broken() -> nn.Module:
     raise RuntimeError("factory exploded on purpose")
+
+
+def encoder2() -> nn.Module:
+    """A 2-layer transformer encoder (d=16, 2 heads): the grouped picture has one cluster per layer."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()

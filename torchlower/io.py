@@ -124,7 +124,11 @@ def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LI
     target = Path(path)
     if _is_lattice(target):
         return _lattice().load(target)
-    members = reader.read_members(target, limits)
+    members: dict[str, bytes] = {}
+    with progress.stage("reading", unit="bytes"):
+        for name, blob in reader.iter_members(target, limits):
+            members[name] = blob
+            progress.advance(len(blob))
     if "graph.nnef" not in members:
         raise ArtifactError(f"{target}: no graph.nnef at the top level of the artifact")
     extra = [n for n in members if n not in reader.TEXT_MEMBERS and not n.endswith(".dat")]
@@ -138,28 +142,8 @@ def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LI
     weights: dict[str, np.ndarray] = {}
     formats: dict[str, str] = {}
     stored: dict[str, int] = {}
-    for var in graph.variables:
-        member = f"{var.label}.dat"
-        if var.label in weights:
-            continue
-        blob = members.pop(member, None)
-        if blob is None:
-            raise ArtifactError(
-                f"{target}: graph.nnef line {var.line}: variable {var.label!r} has no {member!r}"
-                " in the artifact"
-            )
-        array = dat.decode(blob, member)
-        if tuple(array.shape) != var.shape:
-            raise ArtifactError(
-                f"{target}: {member}: shape {list(array.shape)} differs from graph.nnef line {var.line}"
-                f" shape {list(var.shape)}"
-            )
-        quantized = blob[48] in (dat.QUINT, dat.QINT)  # real values as integer codes (graph.quant)
-        if array.dtype.kind not in _KIND_OF_VARIABLE[var.kind] and not (quantized and var.kind == "scalar"):
-            raise ArtifactError(f"{target}: {member}: dtype {array.dtype} cannot back a variable<{var.kind}>")
-        weights[var.label] = array
-        formats[var.label] = dat_format(blob)
-        stored[var.label] = len(blob) - dat.HEADER_SIZE
+    with progress.stage("decoding weights", total=len(graph.variables), unit="tensors"):
+        _decode_weights(target, graph, members, weights, formats, stored)
     unused = sorted(members)
     if unused:
         log.warning("%s: %d .dat file(s) no variable refers to, e.g. %s", target, len(unused), unused[0])
@@ -182,6 +166,40 @@ def graph_text(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFA
             parse(blob)  # the text must be one we would load
             return blob.decode("utf-8")
     raise ArtifactError(f"{path}: no graph.nnef at the top level of the artifact")
+
+
+def _decode_weights(
+    target: Path,
+    graph: Graph,
+    members: dict[str, bytes],
+    weights: dict[str, np.ndarray],
+    formats: dict[str, str],
+    stored: dict[str, int],
+) -> None:
+    """Decode the ``.dat`` of every variable (popped from ``members``), checked against the graph."""
+    for var in graph.variables:
+        member = f"{var.label}.dat"
+        if var.label in weights:
+            continue
+        blob = members.pop(member, None)
+        if blob is None:
+            raise ArtifactError(
+                f"{target}: graph.nnef line {var.line}: variable {var.label!r} has no {member!r}"
+                " in the artifact"
+            )
+        array = dat.decode(blob, member)
+        if tuple(array.shape) != var.shape:
+            raise ArtifactError(
+                f"{target}: {member}: shape {list(array.shape)} differs from graph.nnef line {var.line}"
+                f" shape {list(var.shape)}"
+            )
+        quantized = blob[48] in (dat.QUINT, dat.QINT)  # real values as integer codes (graph.quant)
+        if array.dtype.kind not in _KIND_OF_VARIABLE[var.kind] and not (quantized and var.kind == "scalar"):
+            raise ArtifactError(f"{target}: {member}: dtype {array.dtype} cannot back a variable<{var.kind}>")
+        weights[var.label] = array
+        formats[var.label] = dat_format(blob)
+        stored[var.label] = len(blob) - dat.HEADER_SIZE
+        progress.advance()
 
 
 def dat_format(blob: bytes) -> str:

@@ -31,6 +31,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     pic.add_argument("--dot", metavar="FILE", help="write the Graphviz source (no Graphviz needed)")
     pic.add_argument("--graph", action="store_true", help="print graph.nnef (paged on a terminal)")
     p.add_argument(
+        "--detail",
+        choices=("blocks", "ops"),
+        default="blocks",
+        help="pictures: collapse each sub-module into one node (blocks, default) or draw every op",
+    )
+    p.add_argument(
         "--no-shapes", action="store_true", help="do not load the graph in tract for output / edge shapes"
     )
     p.set_defaults(run=run)
@@ -57,8 +63,16 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
         fmt = "svg" if args.svg else "png" if args.png else "dot"
         with show_progress(out):
-            drawn = graph_picture.draw(target, Path(picture), fmt, shapes=not args.no_shapes)
-        data["picture"] = {"path": picture, "format": fmt, "nodes": drawn.nodes, "edges": drawn.edges}
+            drawn = graph_picture.draw(target, Path(picture), fmt, not args.no_shapes, args.detail)
+        data["picture"] = {
+            "path": picture,
+            "format": fmt,
+            "detail": args.detail,
+            "nodes": drawn.nodes,
+            "edges": drawn.edges,
+            "clusters": drawn.clusters,
+            "renderer": drawn.renderer,
+        }
     data = {"ok": True, **data}
     out.emit(data, lambda console: render(console, data))
     return 0
@@ -118,7 +132,11 @@ def render(console: Console, data: dict[str, Any]) -> None:
         t.add_row(f"  {op}", str(n))
     if "picture" in data:
         p = data["picture"]
-        t.add_row("picture", f"{p['path']} ({p['nodes']} nodes, {p['edges']} edges)")
+        t.add_row(
+            "picture",
+            f"{p['path']} ({p['nodes']} nodes, {p['edges']} edges, {p['clusters']} clusters;"
+            f" drawn by {p['renderer']})",
+        )
     console.print(t)
 
 
