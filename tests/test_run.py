@@ -217,3 +217,45 @@ def test_progress_of_run_and_picture_on_a_terminal(dynamic: tuple[Path, Any], tm
     assert "tract shapes" in drawn and "drawing" in drawn
     quiet = cli("run", dynamic[0], "--quiet")
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+
+
+LATTICE = Path("/work/shared/fixtures/lattice")
+
+
+def _dense_inputs(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "points": rng.uniform(-0.9, 0.9, (n, 3)).astype(np.float32),
+        "feats": rng.standard_normal((n, 4)).astype(np.float32),
+        "batch_indices": np.zeros(n, np.int32),
+        "active_rows": np.array([n], np.int32),
+    }
+
+
+@pytest.mark.skipif(not (LATTICE / "dense").is_dir(), reason="shared lattice fixtures not present")
+def test_lattice_folder_runs_in_the_reference_executor(tmp_path: Path) -> None:
+    from torchlower.lattice import api
+
+    inputs = _dense_inputs(40, 0)
+    with torchlower.load(LATTICE / "dense") as art:
+        out = art.run(inputs)
+        with pytest.raises(InvalidArgumentError, match="declared float32 but got float64"):
+            art.run({**inputs, "feats": inputs["feats"].astype(np.float64)})
+    assert list(out) == [
+        "point_feats", "pooled.coords", "pooled.features", "gated.coords", "gated.features",
+    ]  # fmt: skip
+    direct = api.run(api.load(LATTICE / "dense"), [torch.from_numpy(v) for v in inputs.values()])
+    assert np.array_equal(out["point_feats"], direct[0].numpy())
+    assert np.array_equal(out["pooled.coords"], direct[1].coords.numpy())
+    np.savez(tmp_path / "in.npz", **inputs)
+    data = cli_json("run", LATTICE / "dense", "--inputs", tmp_path / "in.npz")
+    assert data["engine"] == "the reference executor"
+    assert data["outputs"][0] == {"name": "point_feats", **runner_stats(out["point_feats"])}
+    proc = cli("run", LATTICE / "dense")
+    assert proc.returncode == 2 and "--inputs" in proc.stderr
+
+
+def runner_stats(array: np.ndarray) -> dict[str, Any]:
+    from torchlower import runner
+
+    return runner.statistics(array)

@@ -122,8 +122,10 @@ class Artifact:
 def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS) -> Any:
     """Read and validate the artifact at ``path``; weights come back as numpy arrays."""
     target = Path(path)
-    if _is_lattice(target):
-        return _lattice().load(target)
+    if _is_lattice(target):  # runs in the reference executor (runner.LatticeArtifact)
+        from torchlower.runner import LatticeArtifact
+
+        return LatticeArtifact(target)
     members: dict[str, bytes] = {}
     with progress.stage("reading", unit="bytes"):
         for name, blob in reader.iter_members(target, limits):

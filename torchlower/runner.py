@@ -10,6 +10,7 @@ learns about a wrong batch size from us, not from a tract shape error deep in th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -157,3 +158,70 @@ def session_for(path: Path, threads: int | None, isolated: bool) -> Any:
 
     with reader.extracted(path) as folder:  # tract reads exactly the bytes we validated
         return Session(folder, threads, isolated)
+
+
+# ---- lattice folders ----------------------------------------------------------------------
+_MLIR_ARG = re.compile(r"%(\w+):\s*tensor<([^>]*)>")
+
+
+class LatticeArtifact:
+    """A lattice folder (``graph.mlir`` + ``weights.safetensors``) that runs in the reference
+    executor: ``run`` takes the ABI inputs (coords / features / active rows of a sparse input
+    are three arrays) and returns outputs by name; a sparse output ``y`` becomes
+    ``y.coords`` and ``y.features`` (rows in batch, x, y, z order)."""
+
+    def __init__(self, path: Path) -> None:
+        from torchlower.lattice import api
+
+        self.path = Path(path)
+        self.graph = api.load(self.path)  # lattice.executor.Artifact
+        self.input_names = list(self.graph.input_names)
+        self.output_names = list(self.graph.output_names)
+        self.declared = _mlir_inputs((self.path / "graph.mlir").read_text(encoding="utf-8"))
+
+    def run(self, inputs: Inputs, *, threads: int | None = None) -> dict[str, np.ndarray]:
+        import torch
+
+        from torchlower.lattice.executor import execute
+        from torchlower.lattice.sparse import SparseTensor
+
+        decls = [Input(n, *self.declared.get(n, ((), "")), 0) for n in self.input_names]
+        arrays = as_list(inputs, decls)
+        typed = [(d, a) for d, a in zip(decls, arrays, strict=True) if d.dtype]
+        symbols = [dim for d, _ in typed for dim in d.shape if isinstance(dim, str)]
+        bind([d for d, _ in typed], [a for _, a in typed], symbols)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        with torch.no_grad():
+            results = execute(self.graph, [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays])
+        out: dict[str, np.ndarray] = {}
+        for name, value in zip(self.output_names, results, strict=True):
+            if isinstance(value, SparseTensor):
+                out[f"{name}.coords"] = value.coords.numpy()
+                out[f"{name}.features"] = value.feats.detach().numpy()
+            else:
+                out[name] = value.detach().numpy()
+        return out
+
+    def close(self) -> None:
+        """Nothing to stop (the reference executor runs in this process)."""
+
+    def __enter__(self) -> LatticeArtifact:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _mlir_inputs(text: str) -> dict[str, tuple[tuple[Any, ...], str]]:
+    """Declared shape (``?`` → a symbol of its own) and dtype of each ``@forward`` argument."""
+    start = text.find("func.func @forward(")
+    end = text.find(")", start)
+    found: dict[str, tuple[tuple[Any, ...], str]] = {}
+    if start < 0 or end < 0:
+        return found
+    for name, body in _MLIR_ARG.findall(text[start:end]):
+        *dims, element = body.split("x")
+        shape = tuple(f"{name}_{i}" if d == "?" else int(d) for i, d in enumerate(dims))
+        found[name] = (shape, element)
+    return found

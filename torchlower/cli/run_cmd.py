@@ -48,6 +48,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
     with show_progress(out):
         art = torchlower.load(target)
         given = specs.read_npz(args.inputs, "--inputs") if args.inputs else None
+        lattice = isinstance(art, runner.LatticeArtifact)
+        if given is None and lattice:
+            raise usage_error(
+                f"{target} is a lattice folder: give its inputs with --inputs IN.npz",
+                f"its inputs are {', '.join(art.input_names)} (a sparse input is coords, features,"
+                " active rows).",
+            )
         if given is None:
             given = io._inputs(art, None, specs.symbol_sizes(args.symbol), args.seed)
         elif args.symbol:
@@ -59,13 +66,14 @@ def run(args: argparse.Namespace, out: Output) -> int:
             art.close()
     if args.out:
         np.savez(args.out, **outputs)
-    arrays = runner.as_list(given, art.graph.inputs)
+    arrays = [given[n] for n in art.input_names] if isinstance(given, dict) else list(given)
     data: dict[str, Any] = {
         "ok": True,
         "path": str(target),
         "inputs": [{"name": n, **runner.statistics(a)} for n, a in zip(art.input_names, arrays, strict=True)],
         "outputs": [{"name": n, **runner.statistics(a)} for n, a in outputs.items()],
         "random_inputs": args.inputs is None,
+        "engine": "the reference executor" if isinstance(art, runner.LatticeArtifact) else "tract",
         "saved": args.out,
     }
     if times:
@@ -91,7 +99,7 @@ def _latency(art: Any, given: Any, threads: int | None, runs: int) -> list[float
 
 
 def render(console: Console, data: dict[str, Any]) -> None:
-    table = Table(title=f"ran {data['path']} in tract", title_justify="left")
+    table = Table(title=f"ran {data['path']} in {data['engine']}", title_justify="left")
     for col in ("tensor", "shape", "dtype", "min", "max", "mean"):
         table.add_column(col)
     for kind, rows in (("in ", data["inputs"]), ("out", data["outputs"])):
