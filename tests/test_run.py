@@ -259,3 +259,22 @@ def runner_stats(array: np.ndarray) -> dict[str, Any]:
     from torchlower import runner
 
     return runner.statistics(array)
+
+
+def test_one_dtype_vocabulary(tmp_path: Path) -> None:
+    from torchlower import dtypes
+    from torchlower.cli import specs
+
+    for text in ("ids:1x4:i64", "ids:1x4:long", "ids:1x4:int64", "ids:1x4:torch.int64"):
+        assert specs.input_spec(text).dtype == "int64"
+    assert {dtypes.name(d) for d in ("f32", "scalar", "float", np.dtype(np.float32), "torch.float32")} == {
+        "float32"
+    }
+    for spelling in ("f32", "float32"):
+        data = cli_json(
+            "export", "tests.cli_models:mlp", "-o", tmp_path / f"{spelling}.nnef.tgz", "--input",
+            f"x:2x8:{spelling}",
+        )  # fmt: skip
+        assert data["inputs"][0]["dtype"] == "float32"
+    proc = cli("export", "tests.cli_models:mlp", "-o", tmp_path / "q.nnef.tgz", "--input", "x:2x8:q8")
+    assert proc.returncode == 2 and "unknown dtype 'q8'" in proc.stderr and "int64" in proc.stderr
