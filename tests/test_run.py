@@ -278,3 +278,26 @@ def test_one_dtype_vocabulary(tmp_path: Path) -> None:
         assert data["inputs"][0]["dtype"] == "float32"
     proc = cli("export", "tests.cli_models:mlp", "-o", tmp_path / "q.nnef.tgz", "--input", "x:2x8:q8")
     assert proc.returncode == 2 and "unknown dtype 'q8'" in proc.stderr and "int64" in proc.stderr
+
+
+def test_artifacts_honour_the_umask_and_dir_lists_the_api(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        model = torch.nn.Linear(3, 2).eval()
+        for name in ("m.nnef.tgz", "m.nnef"):
+            path = torchlower.export(model, torch.randn(1, 3), tmp_path / name, check=False).path
+            mode = path.stat().st_mode & 0o777
+            assert mode == (0o750 if path.is_dir() else 0o640), oct(mode)
+    finally:
+        os.umask(old)
+    public = [n for n in dir(torchlower) if not n.startswith("_")]
+    assert public == sorted(torchlower.__all__) and "load" in public and "Any" not in public
+
+
+def test_ops_grep() -> None:
+    data = cli_json("ops", "--grep", "^aten::conv")
+    assert data["count"] == len(data["ops"]) > 0
+    assert all(r["op"].lower().startswith("aten::conv") for r in data["ops"])
+    assert cli_json("ops", "--grep", "no-such-op-anywhere")["count"] == 0
+    bad = cli("ops", "--grep", "(")
+    assert bad.returncode == 2 and "not a regular expression" in bad.stderr
