@@ -301,3 +301,12 @@ def test_ops_grep() -> None:
     assert cli_json("ops", "--grep", "no-such-op-anywhere")["count"] == 0
     bad = cli("ops", "--grep", "(")
     assert bad.returncode == 2 and "not a regular expression" in bad.stderr
+
+
+def test_check_without_symbol_uses_the_sizes_of_the_export(dynamic: tuple[Path, Any], tmp_path: Path) -> None:
+    """The fixture was exported at B=2: `check` draws its random inputs at B=2 unless told."""
+    assert torchlower.load(dynamic[0]).graph.example_sizes == {"B": 2}
+    data = cli_json("check", dynamic[0])
+    assert [i["shape"] for i in data["inputs"]] == [[2, 6], [2, 5]]
+    other = cli_json("check", dynamic[0], "--symbol", "B=5")
+    assert [i["shape"] for i in other["inputs"]] == [[5, 6], [5, 5]]

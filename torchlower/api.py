@@ -154,6 +154,11 @@ def export(
     passes.optimize(builder)  # leaner graph: folds, merges, shared constants (nnef/passes.py)
     guards.apply(builder)  # around tract optimizer bugs (nnef/guards.py)
     weights = builder.live_weights()
+    builder.example_sizes = {  # recorded so `check` without sizes runs where export verified
+        sym: int(example[names_in.index(name)].shape[axis])
+        for name, dims in axes.items()
+        for axis, sym in dims.items()
+    }
     final = archive.write(target, builder.graph_text(), weights, builder.quant_text())
     report = ExportReport(
         path=final,

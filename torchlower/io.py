@@ -306,7 +306,8 @@ def check(
     """Run the artifact in tract and compare with ``expected`` arrays or ``model``'s outputs.
 
     Without ``inputs``, random ones are drawn from the declared shapes (symbols get
-    ``symbol_sizes`` or 2; floats are standard normal, integers 0 or 1, bools random).
+    ``symbol_sizes``, else the sizes the export recorded (``# example sizes:``), else 2;
+    floats are standard normal, integers 0 or 1, bools random).
     Raises ``CheckError`` when an output differs beyond ``tolerance``.
     """
     from torchlower.nnef.tract import compare, run_in_tract
@@ -345,7 +346,8 @@ def _inputs(
     decls = art.graph.inputs
     if given is None:
         rng = np.random.default_rng(seed)
-        env = {s: int((sizes or {}).get(s, SYMBOL_SIZE)) for s in art.graph.symbols}
+        known = {**art.graph.example_sizes, **(sizes or {})}  # the export's sizes unless told
+        env = {s: int(known.get(s, SYMBOL_SIZE)) for s in art.graph.symbols}
         return [_random(rng, d, [_dim_value(x, env, d) for x in d.shape]) for d in decls]
     arrays = _arrays(given, [d.name for d in decls], "inputs")
     for decl, array in zip(decls, arrays, strict=True):

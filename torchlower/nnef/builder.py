@@ -84,6 +84,7 @@ class NNEFBuilder:
         self.rules_used: list[str] = []  # set by the front end once lowering is done
         self.hint = "v"  # set by front ends per node, gives readable names
         self.scope = ""  # module path of the node being lowered (a comment in graph.nnef)
+        self.example_sizes: dict[str, int] = {}  # symbol sizes of the example inputs (a comment)
         self._taken: set[str] = set()
         self._reserved: set[str] = set()
         self._materialized: dict[object, Value] = {}
@@ -330,6 +331,9 @@ class NNEFBuilder:
         # fragments are referenced by name from an op's ``body`` attribute (tract_core_scan)
         used = {a.attrs.get("body") for a in live}
         fragments = [t for n, t in self.fragments.items() if n in used]
+        sizes = [f"{s}={n}" for s, n in self.example_sizes.items() if s in self.symbols]
+        if sizes:  # read back by nnef/parse.py: `check` without sizes runs the graph at these
+            fragments = [f"{text.SIZES_COMMENT}{', '.join(sizes)}", *fragments]
         return text.document(extensions, used_inputs, [n for n, _ in self.outputs], body, fragments)
 
     def live_weights(self) -> dict[str, torch.Tensor]:

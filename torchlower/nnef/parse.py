@@ -107,6 +107,8 @@ class Graph:
     # (its builder's scope is a map: a later assignment shadows the earlier one from there on)
     # and torch_to_nnef writes it for shapes; the Khronos parser refuses it. torchlower never does.
     reassigned: dict[str, int] = field(default_factory=dict)
+    # ``# example sizes: B=2, S=6`` (torchlower's): the sizes the export traced and verified at
+    example_sizes: dict[str, int] = field(default_factory=dict)
 
     def op_histogram(self) -> Counter[str]:
         return Counter(a.op for a in self.assignments)
@@ -430,8 +432,16 @@ def parse(text: str | bytes) -> Graph:
 _SCOPE = re.compile(r"^[ \t]*# module: ?(.*)$")
 
 
+_SIZES = re.compile(r"^# example sizes: ((?:[A-Za-z_]\w*=\d{1,12}(?:, )?)+)$", re.MULTILINE)
+
+
 def _attach_scopes(graph: Graph, text: str) -> None:
-    """Give each assignment the module path of the last ``# module:`` comment before its line."""
+    """Give each assignment the module path of the last ``# module:`` comment before its line;
+    read the example sizes of declared symbols."""
+    sizes = _SIZES.search(text[:65536])
+    if sizes:
+        pairs = (item.split("=") for item in sizes.group(1).split(", ") if item)
+        graph.example_sizes = {k: int(v) for k, v in pairs if k in graph.symbols}
     lines = text.split("\n")
     marks = [(i + 1, m.group(1).strip()) for i, line in enumerate(lines) if (m := _SCOPE.match(line))]
     if not marks:

@@ -73,6 +73,7 @@ class Assignment:
 
 
 SCOPE_COMMENT = "# module: "
+SIZES_COMMENT = "# example sizes: "  # symbol sizes of the inputs the export traced and verified
 
 
 def with_scopes(assignments: Sequence[Assignment], lines: Sequence[str]) -> list[str]:
