@@ -70,7 +70,7 @@ def test_inspect_is_json_and_complete(exported):
     assert info["inputs"] == [{"name": "input", "shape": [2, 4], "dtype": "float32"}]
     assert info["outputs"] == [{"name": "output", "shape": [2, 3], "dtype": "float32"}]
     assert info["ops"] == dict(report.op_histogram)
-    assert info["weights"]["bytes"] == report.weight_bytes == info["weights"]["bytes_by_format"]["f32"]
+    assert info["weights"]["bytes"] == report.weight_bytes == info["weights"]["bytes_by_format"]["float32"]
     assert info["extensions"] == ["tract_registry tract_core"] and info["symbols"] == []
 
 

@@ -310,3 +310,15 @@ def test_check_without_symbol_uses_the_sizes_of_the_export(dynamic: tuple[Path, 
     assert [i["shape"] for i in data["inputs"]] == [[2, 6], [2, 5]]
     other = cli_json("check", dynamic[0], "--symbol", "B=5")
     assert [i["shape"] for i in other["inputs"]] == [[5, 6], [5, 5]]
+
+
+def test_training_mode_warning_once_per_export(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1), torch.nn.BatchNorm1d(4))
+    model = torch.nn.Sequential(inner, torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Dropout(0.2)))
+    assert model.training
+    with caplog.at_level("WARNING", logger="torchlower"):
+        torchlower.export(model, torch.randn(3, 4), tmp_path / "t.nnef.tgz", dynamic_axes={"input": {0: "B"}})
+    warned = [r for r in caplog.records if "training mode" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    assert model.training and all(m.training for m in model.modules()), "the caller's model is untouched"

@@ -205,14 +205,15 @@ def _decode_weights(
 
 
 def dat_format(blob: bytes) -> str:
-    """Storage format of a ``.dat`` from its header: numpy-like dtype name or vendor format."""
+    """Storage format of a ``.dat`` from its header: the dtype's name (``float32``; ``qint8`` for
+    linearly quantized codes) or a vendor block format (``q4_0``)."""
     bits, code, vendor = struct.unpack_from("<IHH", blob, 44)
     if blob[48:52] == b"\x40\x30\x52\x54":
         return "q4_0"
     if vendor != 0:
         return f"vendor_{vendor:04x}_{code}"
-    names = {dat.FLOAT: "f", dat.INT: "i", dat.UINT: "u", dat.QUINT: "qu", dat.QINT: "qi", dat.BOOL: "bool"}
-    return "bool" if code == dat.BOOL else f"{names.get(code, f'type{code}_')}{bits}"
+    names = {dat.FLOAT: "float", dat.INT: "int", dat.UINT: "uint", dat.QUINT: "quint", dat.QINT: "qint"}
+    return "bool" if code == dat.BOOL else f"{names.get(code, f'type{code}_')}{bits}"  # float32, qint8…
 
 
 def inspect(
