@@ -117,6 +117,7 @@ def probe_shapes(artifact: Path, graph: Graph) -> dict[str, str]:
     """Shape of every computed tensor as tract infers it (symbolic for dynamic graphs)."""
     from torchlower import progress
     from torchlower.nnef import reader, session
+    from torchlower.nnef.text import name_text
 
     names = [
         n
@@ -138,7 +139,8 @@ def probe_shapes(artifact: Path, graph: Graph) -> dict[str, str]:
             copy = Path(tmp, "probe.nnef")
             shutil.copytree(folder, copy)
             text = (folder / "graph.nnef").read_text()
-            (copy / "graph.nnef").write_text(header.sub(lambda m: m[1] + ", ".join(names) + m[3], text, 1))
+            listed = ", ".join(map(name_text, names))
+            (copy / "graph.nnef").write_text(header.sub(lambda m: m[1] + listed + m[3], text, 1))
             facts = session.query_facts(copy)["outputs"]
     except TorchlowerError as exc:
         log.info("intermediate shapes unknown (tract could not load the probe): %s", exc)

@@ -7,6 +7,7 @@ target knowledge (tract vs Khronos-only, which extensions exist) lives here.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -140,8 +141,8 @@ class NNEFBuilder:
             raise InvalidArgumentError(f"{len(names)} output names for {len(values)} outputs")
         self.outputs = []
         for name, value in zip(names, values, strict=True):
-            ident = text.identifier(name)
-            if ident != name:
+            dotted = self.tract and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+", name)
+            if text.identifier(name) != name and not dotted:  # tract reads dotted ones as i"a.b"
                 raise InvalidArgumentError(f"output name {name!r} is not a valid NNEF identifier")
             value = self.tensor(value)
             if self._narrows(value.dtype):  # the caller gets f32 back

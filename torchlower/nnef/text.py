@@ -21,10 +21,18 @@ def identifier(hint: str) -> str:
     return name if not name[0].isdigit() else f"v{name}"
 
 
+def name_text(name: str) -> str:
+    """A tensor name as NNEF text: plain if it is an identifier, else tract's escaped form
+    ``i"extra.probs"`` (output names taken from nested dict keys contain dots)."""
+    if _IDENT.search(name) is None and name and not name[0].isdigit():
+        return name
+    return 'i"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def literal(value: Any, names: dict[str, str]) -> str:
     """NNEF text of an argument: values by name, Python scalars/lists/tuples as literals."""
     if isinstance(value, Value):
-        return names.get(value.name, value.name)
+        return name_text(names.get(value.name, value.name))
     if isinstance(value, SymDim):
         return str(value)
     if isinstance(value, bool):
@@ -108,7 +116,7 @@ def document(
         lines.append("")
     if fragments:
         lines += [*list(fragments), ""]
-    lines.append(f"graph network({', '.join(inputs)}) -> ({', '.join(outputs)})")
+    lines.append(f"graph network({', '.join(inputs)}) -> ({', '.join(map(name_text, outputs))})")
     lines.append("{")
     lines += list(body)
     lines.append("}")
