@@ -68,3 +68,28 @@ def test_hugging_face_model_output_names(frontend: str, tmp_path: Path) -> None:
     report = torchlower.export(model, (ids,), tmp_path / "bert.nnef.tgz", frontend=frontend)
     assert [o.name for o in report.outputs] == ["last_hidden_state", "pooler_output"]
     assert report.max_abs_error < 1e-4
+
+
+class _Inner(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.det(x) + torch.special.zeta(x, x).sum()
+
+
+class _Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Identity(), _Inner())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+def test_export_front_end_errors_name_module_and_source_line(tmp_path: Path) -> None:
+    from torchlower.errors import UnsupportedOpsError
+
+    with pytest.raises(UnsupportedOpsError) as caught:
+        torchlower.export(_Outer().eval(), torch.randn(2, 3, 3), tmp_path / "x.nnef.tgz", frontend="export")
+    text = str(caught.value)
+    line = _Inner.forward.__code__.co_firstlineno + 1
+    assert f"aten::linalg_det ×1 (first used at block.1 (test_names.py:{line} in forward))" in text
+    assert "aten::special_zeta" in text and not (tmp_path / "x.nnef.tgz").exists()
