@@ -93,3 +93,15 @@ def test_export_front_end_errors_name_module_and_source_line(tmp_path: Path) -> 
     line = _Inner.forward.__code__.co_firstlineno + 1
     assert f"aten::linalg_det ×1 (first used at block.1 (test_names.py:{line} in forward))" in text
     assert "aten::special_zeta" in text and not (tmp_path / "x.nnef.tgz").exists()
+
+
+def test_torch_dumps_during_a_fallback_go_to_the_debug_log(tmp_path: Path) -> None:
+    from tests.test_cli import cli
+
+    args = ("export", "tests.cli_models:DataDependent", "-o", tmp_path / "d.nnef.tgz", "--input", "x:2x4")
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert "def forward" not in proc.stderr and "\x1b[" not in proc.stderr, proc.stderr[:2000]
+    assert "export front end skipped" in proc.stdout + proc.stderr
+    debug = cli(*args, "-vv")
+    assert "torch printed during torch.export" in debug.stderr and "def forward" in debug.stderr
