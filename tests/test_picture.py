@@ -68,6 +68,15 @@ def test_every_op_detail_without_graphviz(encoder: Path, tmp_path: Path) -> None
     assert any("module layers.1.linear2" in t for t in tips)
 
 
+def test_inspect_counts_ops_per_module(encoder: Path) -> None:
+    data = cli_json("inspect", encoder)
+    modules = data["modules"]
+    assert modules["layers.0.self_attn"] == modules["layers.1.self_attn"] > 10
+    assert sum(modules.values()) <= data["op_count"]
+    table = cli("inspect", encoder).stdout
+    assert "layers.0 (" in table and "layers.1 (" in table
+
+
 def test_grouped_picture_with_graphviz(encoder: Path, tmp_path: Path) -> None:
     source = tmp_path / "enc.dot"
     cli_json("inspect", encoder, "--dot", source)

@@ -254,6 +254,8 @@ def inspect(
         "fragments": list(g.fragments),
         "ops": dict(sorted(g.op_histogram().items(), key=lambda kv: (-kv[1], kv[0]))),
         "op_count": len(g.assignments),
+        # ops per module path, from torchlower's ``# module:`` comments (empty for other exporters)
+        "modules": dict(Counter(a.scope for a in g.assignments if a.scope)),
         "weights": {
             "count": len(art.weights),
             "bytes": sum(art.stored_bytes.values()),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,14 @@ def render(console: Console, data: dict[str, Any]) -> None:
         t.add_row(f"  stored {fmt}", f"{n:,} bytes")
     if w["unused_files"]:
         t.add_row("unused files", ", ".join(w["unused_files"]))
+    modules = data.get("modules") or {}
+    if modules:
+        tops: Counter[str] = Counter()
+        for m, n in modules.items():
+            parts = m.split(".")
+            tops[".".join(parts[:2] if len(parts) > 1 and parts[1].isdigit() else parts[:1])] += n
+        listing = ", ".join(f"{m} ({n})" for m, n in list(tops.items())[:8])
+        t.add_row("modules", f"{len(modules)} ({listing}{', …' if len(tops) > 8 else ''})")
     t.add_row("ops", f"{data['op_count']} assignments")
     for op, n in data["ops"].items():
         t.add_row(f"  {op}", str(n))
