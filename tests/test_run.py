@@ -322,3 +322,38 @@ def test_training_mode_warning_once_per_export(tmp_path: Path, caplog: pytest.Lo
     warned = [r for r in caplog.records if "training mode" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in warned]
     assert model.training and all(m.training for m in model.modules()), "the caller's model is untouched"
+
+
+def test_wire_format_keeps_dtype_shape_and_values() -> None:
+    import io as _io
+
+    from torchlower.nnef.session import receive, send
+
+    arrays = [
+        np.array([True, False]),
+        np.arange(6, dtype=np.float16).reshape(2, 3),
+        np.arange(5, dtype=np.int64)[::2],  # not contiguous
+        np.zeros((0, 4), np.float32),  # empty
+        np.float32(3.0).reshape(()),  # rank 0
+        np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+    ]
+    buffer = _io.BytesIO()
+    send(buffer, {"error": None}, arrays)
+    buffer.seek(0)
+    header, back = receive(buffer)
+    assert header == {"error": None}
+    for a, b in zip(arrays, back, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_run_rank0_input_and_bool_output(tmp_path: Path) -> None:
+    folder = tmp_path / "cmp.nnef"
+    folder.mkdir()
+    (folder / "graph.nnef").write_text(
+        "version 1.0;\nextension tract_registry tract_core;\ngraph network(x, t) -> (y)\n{\n"
+        "    x = tract_core_external(shape = [3], datum_type = 'f32');\n"
+        "    t = tract_core_external(shape = [], datum_type = 'f32');\n"
+        "    y = gt(x, t);\n}\n"
+    )
+    out = torchlower.load(folder).run([np.array([-1.0, 0.5, 2.0], np.float32), np.float32(0.7).reshape(())])
+    assert out["y"].dtype == np.bool_ and out["y"].tolist() == [False, False, True]

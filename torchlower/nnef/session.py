@@ -76,11 +76,12 @@ def parse_fact(text: str) -> tuple[list[int | str], str]:
 # ---- wire format -------------------------------------------------------------------------
 def send(stream: IO[bytes], header: dict[str, Any], arrays: Sequence[np.ndarray]) -> None:
     """One message: a JSON line (with each array's dtype and shape), then the arrays' bytes."""
-    arrays = [np.ascontiguousarray(a) for a in arrays]
+    arrays = [np.asarray(a, order="C") for a in arrays]  # (ascontiguousarray makes 0-d arrays 1-d)
     header = {**header, "arrays": [[a.dtype.name, list(a.shape)] for a in arrays]}
     stream.write(json.dumps(header).encode() + b"\n")
     for a in arrays:
-        stream.write(memoryview(a).cast("B"))
+        if a.size:  # an empty tensor has a header and no bytes
+            stream.write(memoryview(a.reshape(-1).view(np.uint8)))
     stream.flush()
 
 
