@@ -48,6 +48,13 @@ def layout(pic: Picture) -> tuple[dict[str, _Slot], list[list[_Slot]], list[list
             preds[e.dst].append(e.src)
     for n in pic.nodes:  # the nodes come in the graph's (topological) order
         layer[n.id] = max((layer[p] + 1 for p in preds[n.id]), default=0)
+    succs: dict[str, list[str]] = {n.id: [] for n in pic.nodes}
+    for e in pic.edges:
+        if index[e.src] < index[e.dst]:
+            succs[e.src].append(e.dst)
+    for n in pic.nodes:  # a weight sits just above its first user, not in the top row
+        if not preds[n.id] and succs[n.id] and n.family != "input":
+            layer[n.id] = max(0, min(layer[s] for s in succs[n.id]) - 1)
     slots = {n.id: _Slot(n.id, _width(n), n.cluster, n) for n in pic.nodes}
     layers: list[list[_Slot]] = [[] for _ in range(max(layer.values(), default=0) + 1)]
     for n in pic.nodes:
