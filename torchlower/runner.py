@@ -171,10 +171,11 @@ class LatticeArtifact:
     ``y.coords`` and ``y.features`` (rows in batch, x, y, z order)."""
 
     def __init__(self, path: Path) -> None:
-        from torchlower.lattice import api
+        from torchlower.lattice import io
 
         self.path = Path(path)
-        self.graph = api.load(self.path)  # lattice.executor.Artifact
+        self.folder = io.load(self.path)  # validated: exactly graph.mlir + weights.safetensors
+        self.graph = self.folder.artifact  # lattice.executor.Artifact
         self.input_names = list(self.graph.input_names)
         self.output_names = list(self.graph.output_names)
         self.declared = _mlir_inputs((self.path / "graph.mlir").read_text(encoding="utf-8"))
