@@ -36,7 +36,8 @@ def test_f16_export_runs_in_f16_and_matches_f32_model(case: str, frontend: str, 
     assert half.weight_bytes * 2 == full.weight_bytes
     info = torchlower.inspect(half.path)
     assert set(info["weights"]["bytes_by_dtype"]) == {"float16"}
-    assert info["inputs"][0]["dtype"] == "f32"  # the caller feeds and gets f32
+    assert info["inputs"][0]["dtype"] == "float32"  # the caller feeds and gets f32
+    assert all(o["dtype"] == "float32" for o in info["outputs"])
     art = torchlower.load(half.path)
     assert "tract_core_cast" in art.graph.op_histogram()
 

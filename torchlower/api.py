@@ -6,6 +6,7 @@ import copy
 import inspect
 import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -125,8 +126,9 @@ def export(
 
     module = _eval_view(model)
     with torch.no_grad():
-        expected = _flatten_outputs(module(*example))
-    names_out = _output_names(expected, output_names)
+        returned = module(*example)
+    expected = _flatten_outputs(returned)
+    names_out = _output_names(expected, output_names, returned)
 
     notes: list[str] = []
     failures: list[TorchlowerError] = []
@@ -154,6 +156,11 @@ def export(
     passes.optimize(builder)  # leaner graph: folds, merges, shared constants (nnef/passes.py)
     guards.apply(builder)  # around tract optimizer bugs (nnef/guards.py)
     weights = builder.live_weights()
+    builder.example_sizes = {  # recorded so `check` without sizes runs where export verified
+        sym: int(example[names_in.index(name)].shape[axis])
+        for name, dims in axes.items()
+        for axis, sym in dims.items()
+    }
     final = archive.write(target, builder.graph_text(), weights, builder.quant_text())
     report = ExportReport(
         path=final,
@@ -367,12 +374,37 @@ def _input_names(model: nn.Module, example: Sequence[torch.Tensor], names: Seque
     return [f"input_{i}" for i in range(len(example))]
 
 
-def _output_names(expected: Sequence[torch.Tensor], names: Sequence[str] | None) -> list[str]:
+def _output_names(
+    expected: Sequence[torch.Tensor], names: Sequence[str] | None, returned: Any = None
+) -> list[str]:
     if names is not None:
         if len(names) != len(expected):
             raise InvalidArgumentError(f"{len(names)} output names for {len(expected)} outputs")
         return list(names)
+    keyed = _key_names(returned)
+    if keyed is not None and len(keyed) == len(expected):
+        return keyed
     return [f"output_{i}" for i in range(len(expected))] if len(expected) > 1 else ["output"]
+
+
+def _key_names(returned: Any) -> list[str] | None:
+    """Outputs of a dict / dataclass / Hugging Face ``ModelOutput`` named by their keys, nested
+    keys joined with ``.`` (``last_hidden_state``, ``extra.probs``, ``past.0``); None when the
+    output holds no keys (plain tensors and tuples keep ``output_0``…)."""
+    from torch.utils import _pytree as pytree
+
+    leaves = pytree.tree_flatten_with_path(returned)[0]
+    keyed = (pytree.MappingKey, pytree.GetAttrKey)
+    if not any(isinstance(k, keyed) for path, _ in leaves for k in path):
+        return None
+    parts = {
+        pytree.MappingKey: lambda k: str(k.key),
+        pytree.GetAttrKey: lambda k: k.name,
+        pytree.SequenceKey: lambda k: str(k.idx),
+    }
+    names = [".".join(parts.get(type(k), str)(k) for k in path) for path, _ in leaves]
+    valid = all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", n) for n in names)
+    return names if valid and len(set(names)) == len(names) else None
 
 
 def _flatten_outputs(out: Any) -> list[torch.Tensor]:

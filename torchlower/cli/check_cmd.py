@@ -79,7 +79,7 @@ def _output_names(target: Path, count: int) -> list[str]:
     try:
         import torchlower
 
-        names = [o["name"] for o in torchlower.inspect(target)["outputs"]]
+        names = [o["name"] for o in torchlower.inspect(target, tract=False)["outputs"]]
     except Exception:  # lattice summaries may name outputs differently
         names = []
     return names if len(names) == count else [f"output_{i}" for i in range(count)]
@@ -89,7 +89,7 @@ def _input_names(target: Path, arrays: list[Any]) -> list[str]:
     try:
         import torchlower
 
-        names = [i["name"] for i in torchlower.inspect(target)["inputs"]]
+        names = [i["name"] for i in torchlower.inspect(target, tract=False)["inputs"]]
     except Exception:
         names = []
     return names if len(names) == len(arrays) else [f"input_{i}" for i in range(len(arrays))]

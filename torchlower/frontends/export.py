@@ -26,6 +26,7 @@ from torchlower.dynamic import not_dynamic
 from torchlower.errors import LoweringError, TraceError
 from torchlower.frontends.fx import Interpreter
 from torchlower.frontends.session import Session
+from torchlower.frontends.torch_noise import torch_output_to_debug_log
 from torchlower.rules.recurrent_modules import recurrent_as_one_op
 from torchlower.rules.registry import Registry, describe
 from torchlower.values import Value, constant
@@ -120,7 +121,7 @@ def _export(
     # dynamic shapes: recurrent layers as one op, not their decomposition unrolled over time
     routing = recurrent_as_one_op() if dynamic_shapes is not None else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings(), routing:
+        with warnings.catch_warnings(), routing, torch_output_to_debug_log("torch.export"):
             warnings.simplefilter("ignore")
             program = torch.export.export(
                 module, tuple(args), kwargs or None, strict=False, dynamic_shapes=dynamic_shapes

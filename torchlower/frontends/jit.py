@@ -155,6 +155,8 @@ def _lower_node(
         return list(args)
     if kind == "prim::TupleConstruct":
         return tuple(args)
+    if kind == "prim::DictConstruct":  # a dict output (HF ModelOutput with return_dict=True)
+        return dict(zip(args[0::2], args[1::2], strict=True))
     if kind in _UNPACK:
         return list(args[0]) if args[0] is not MISSING else MISSING
     if kind == "prim::TupleIndex":
@@ -323,6 +325,8 @@ def _scope(node: torch._C.Node) -> str:
 
 
 def _flatten(item: Any) -> list[Any]:
+    if isinstance(item, dict):  # in insertion order, as torch's pytree flattens the model output
+        return [leaf for sub in item.values() for leaf in _flatten(sub)]
     if isinstance(item, (list, tuple)):
         return [leaf for sub in item for leaf in _flatten(sub)]
     return [item]

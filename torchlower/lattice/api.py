@@ -230,6 +230,9 @@ def write(folder: Path, text: str, weights: dict[str, torch.Tensor]) -> Path:
             str(tmp / WEIGHT_FILE),
             metadata={"format": "torch"},
         )
+        from torchlower.nnef.archive import publish_mode
+
+        publish_mode(tmp, directory=True)  # mkdtemp made it 0700; the artifact honours the umask
         old = None
         if folder.exists():
             old = folder.parent / f".{folder.name}.old"
