@@ -10,9 +10,13 @@ Parameters, buffers and constants become constant values labelled by their modul
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import re
+import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,8 +27,9 @@ from torch.utils import _pytree as pytree
 
 from torchlower import progress
 from torchlower.dynamic import not_dynamic
-from torchlower.errors import LoweringError, TraceError
+from torchlower.errors import LoweringError, TraceError, ValueDependentTraceError
 from torchlower.frontends.fx import Interpreter
+from torchlower.frontends.provenance import REWRITES
 from torchlower.frontends.session import Session
 from torchlower.rules.recurrent_modules import recurrent_as_one_op
 from torchlower.rules.registry import Registry, describe
@@ -120,13 +125,19 @@ def _export(
     # dynamic shapes: recurrent layers as one op, not their decomposition unrolled over time
     routing = recurrent_as_one_op() if dynamic_shapes is not None else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings(), routing:
+        with warnings.catch_warnings(), routing, _quiet_torch_logs():
             warnings.simplefilter("ignore")
             program = torch.export.export(
                 module, tuple(args), kwargs or None, strict=False, dynamic_shapes=dynamic_shapes
             )
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        if type(exc).__name__ in _DATA_DEPENDENT:  # a Python value taken from a tensor's data
+            raise ValueDependentTraceError(
+                f"torch.export of {type(module).__qualname__} depends on tensor values at"
+                f" {_user_line(str(exc))} (a Python branch, loop count or value taken from a tensor)."
+                f" {REWRITES}"
+            ) from exc
         if dynamic_shapes is not None and "onstraint" in str(exc):  # a dynamic dim got specialized
             raise LoweringError(
                 f"a dynamic axis cannot be dynamic: torch.export found that the model fixes it — {first}"
@@ -146,6 +157,54 @@ def _export(
     nodes = [n for n in decomposed.graph.nodes if n.op == "call_function"]
     # when ops are still missing, the original's high-level names make the better error message
     return decomposed if all(_lowerable(n.target, rules) for n in nodes) else program
+
+
+_DATA_DEPENDENT = ("GuardOnDataDependentSymNode",)
+_CALL_SITE = re.compile(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)')
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Any:
+    """torch.export logs a warning and prints the partial graph to stderr (twice) on a
+    data-dependent guard; our error names the line instead. Other stderr text is passed on."""
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    except Exception as exc:
+        partial = getattr(exc, "partial_fx_graph", None)
+        text = buffer.getvalue().replace(str(partial), "") if partial is not None else buffer.getvalue()
+        buffer = io.StringIO(text.strip("\n") + "\n" if text.strip() else "")
+        raise
+    finally:
+        logger.setLevel(level)
+        if buffer.getvalue():
+            sys.stderr.write(buffer.getvalue())
+
+
+def _value_reads(program: ExportedProgram) -> list[str]:
+    """Source lines of ``aten.item`` nodes: a Python value read from a tensor inside the graph."""
+    out = []
+    for n in program.graph.nodes:
+        if n.op == "call_function" and getattr(n.target, "__name__", "").startswith(_ITEM_OPS):
+            trace = str(n.meta.get("stack_trace") or "")
+            out.append(_user_line(trace) if trace else n.name)
+    return out
+
+
+_ITEM_OPS = ("item", "_local_scalar_dense")
+
+
+def _user_line(text: str) -> str:
+    """``model.py:12: `if x.sum() > 0:``` from torch.export's "The following call raised" note."""
+    found = _CALL_SITE.findall(text)
+    if not found:
+        return "a line of the model"
+    file, line, code = found[-1]
+    return f"{Path(file).name}:{line}: `{code.strip()}`"
 
 
 def _lowerable(target: Any, rules: Registry) -> bool:
@@ -216,6 +275,12 @@ def lower_export(
         if spec is None or not pinned:
             raise
         raise not_dynamic(spec, sorted(set(pinned)), f"torch.export pinned it ({exc})") from exc
+    reads = _value_reads(program)
+    if reads:
+        raise ValueDependentTraceError(
+            f"torch.export of {type(module).__qualname__}: the model takes a Python value from a tensor"
+            f" (.item(), float(t), int(t)) at {'; '.join(reads)}; the artifact cannot compute it. {REWRITES}"
+        )
     progress.retotal(sum(n.op.startswith("call_") for n in program.graph_module.graph.nodes), "lowering")
     symbols = _symbols_of(program, inputs) if spec is not None else None
     return interpret_program(program, builder, session, inputs, module=module, symbols=symbols)

@@ -82,6 +82,7 @@ class NNEFBuilder:
         self.extensions: set[str] = {"tract_registry tract_core"} if tract else set()
         self.symbols: list[str] = []
         self.rules_used: list[str] = []  # set by the front end once lowering is done
+        self.notes: list[str] = []  # what a front end wants the export report to say
         self.hint = "v"  # set by front ends per node, gives readable names
         self._taken: set[str] = set()
         self._reserved: set[str] = set()
