@@ -34,3 +34,12 @@ class Determinant(nn.Module):
 
 def broken() -> nn.Module:
     raise RuntimeError("factory exploded on purpose")
+
+
+def q4_mlp() -> nn.Module:
+    """Linear layers whose weights Q4_0 compresses (sizes multiples of 32), seeded: the same
+    weights in every process, so ``check --model`` sees the model the archive came from."""
+    from tests.models_compress import MLP
+
+    torch.manual_seed(3)
+    return MLP().eval()

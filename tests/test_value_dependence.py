@@ -76,7 +76,7 @@ def test_jit_refuses_a_value_dependent_trace(model: type[nn.Module], tmp_path: P
 
 @pytest.mark.parametrize("model", list(CASES), ids=lambda m: m.__name__)
 def test_auto_names_the_line_and_gives_no_artifact(model: type[nn.Module], tmp_path: Path) -> None:
-    with pytest.raises(ValueDependentTraceError, match="torch.where") as info:
+    with pytest.raises(ValueDependentTraceError, match=r"torch\.where") as info:
         torchlower.export(model().eval(), torch.randn(2, 5) * 3, tmp_path / "m.nnef.tgz")
     assert CASES[model] in str(info.value)
     notes = "\n".join(getattr(info.value, "__notes__", []))

@@ -123,10 +123,7 @@ def export(
         check=check,
         tolerance=tolerance,
     )
-    if not isinstance(allow_value_dependent_trace, bool):
-        raise InvalidArgumentError(
-            f"allow_value_dependent_trace must be True or False, got {allow_value_dependent_trace!r}"
-        )
+    validate.value_dependent_argument(allow_value_dependent_trace, frontend)
     _check_compression_options(precision, compress)
     example = _as_tuple(args)
     target = Path(path)
@@ -139,8 +136,17 @@ def export(
     spec = dynamic.Spec.build(axes, names_in, example)
 
     module = _eval_view(model)
-    with torch.no_grad():
-        expected = _flatten_outputs(module(*example))
+    try:
+        with torch.no_grad():
+            expected = _flatten_outputs(module(*example))
+    except TorchlowerError:
+        raise
+    except Exception as exc:  # the model itself refuses the example: bad input, say so
+        raise InvalidArgumentError(
+            f"{type(model).__name__} fails on the example inputs"
+            f" ({', '.join(f'{list(t.shape)} {t.dtype}' for t in example)}):"
+            f" {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        ) from exc
     names_out = _output_names(expected, output_names)
 
     notes: list[str] = []

@@ -44,6 +44,21 @@ def export_arguments(
     if not isinstance(check, bool):
         raise InvalidArgumentError(f"check must be True or False, got {check!r}")
     tolerance_argument(tolerance)
+    if tolerance is not None and not check:
+        raise InvalidArgumentError(
+            "tolerance is only used by the check, and check=False turns it off: drop one of them"
+        )
+
+
+def value_dependent_argument(allow: Any, frontend: str) -> None:
+    """``allow_value_dependent_trace`` is a bool, and only the jit front end (or auto) reads it."""
+    if not isinstance(allow, bool):
+        raise InvalidArgumentError(f"allow_value_dependent_trace must be True or False, got {allow!r}")
+    if allow and frontend in ("fx", "export"):
+        raise InvalidArgumentError(
+            f"allow_value_dependent_trace applies to torch.jit.trace; the {frontend} front end never"
+            " freezes tensor values (it refuses them): use frontend='jit' or 'auto', or drop the option"
+        )
 
 
 def model_argument(model: Any) -> None:

@@ -122,9 +122,9 @@ def value_conversions(
 
 REWRITES = (
     "Rewrite it without taking a Python value from a tensor: a branch as"
-    " torch.where(cond, a, b) (both sides computed), a scale as a tensor op (x / x.abs().max(),"
-    " no float()), a data-dependent loop with a fixed trip count; or use torch.cond and the"
-    " export front end."
+    " torch.where(cond, a, b) (a torch.cond-style select that computes both sides), a scale as a"
+    " tensor op (x / x.abs().max(), no float() or .item()), a data-dependent loop with a fixed"
+    " trip count and a torch.where mask."
 )
 
 
