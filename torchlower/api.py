@@ -133,7 +133,12 @@ def export(
             raise InvalidArgumentError("give dynamic_axes or dynamic_shapes, not both")
         dynamic_axes = dynamic.axes_from_dynamic_shapes(dynamic_shapes, names_in, example)
     axes = validate.dynamic_axes(dynamic_axes, names_in, [t.dim() for t in example])
-    spec = dynamic.Spec.build(axes, names_in, example)
+    bounds = (
+        dynamic.bounds_from_dynamic_shapes(dynamic_shapes)
+        if dynamic_shapes is not None
+        else validate.dynamic_bounds(dynamic_axes)
+    )
+    spec = dynamic.Spec.build(axes, names_in, example, bounds)
 
     module = _eval_view(model)
     try:
@@ -148,6 +153,8 @@ def export(
             f" {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         ) from exc
     names_out = _output_names(expected, output_names)
+    if spec is not None:  # check sizes the model itself refuses are skipped (and reported)
+        spec.probe(lambda inputs: module(*inputs), example)
 
     notes: list[str] = []
     failures: list[TorchlowerError] = []
@@ -258,11 +265,19 @@ def _check(
     points += verification.random_points(example)
     if spec is not None:
         for size in spec.check_points():
-            label = ", ".join(f"{k}={v}" for k, v in size.items())
-            points.append(verification.Point(label, spec.example_at(example, size)))
+            points.append(verification.Point(_size_label(size), spec.example_at(example, size)))
     if dequantized is None:
-        return verification.check_points(artifact, points, run, names, tol)
-    return verification.check_points(artifact, points, run_dequantized, names, tol, original=run)
+        outcome = verification.check_points(artifact, points, run, names, tol)
+    else:
+        outcome = verification.check_points(artifact, points, run_dequantized, names, tol, original=run)
+    for size, why in spec.skipped if spec is not None else []:
+        shapes = [tuple(t.shape) for t in spec.example_at(example, size)]
+        outcome.points.append(verification.CheckPoint(_size_label(size), shapes, skipped=why))
+    return outcome
+
+
+def _size_label(size: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in size.items())
 
 
 def _check_compression_options(precision: str, compress: str | None) -> None:
@@ -321,6 +336,7 @@ def _build(
         raise LoweringError(f"the graph has {len(outputs)} outputs, the model returns {n_expected}")
     builder.set_outputs(names_out, [_as_value(o) for o in outputs])
     builder.rules_used = sorted(session.used)
+    builder.assertions = spec.assertions() if spec is not None else []
     return builder
 
 
@@ -405,7 +421,19 @@ def _input_names(model: nn.Module, example: Sequence[torch.Tensor], names: Seque
         params = []
     if len(params) >= len(example) and all(p.isidentifier() for p in params[: len(example)]):
         return params[: len(example)]
+    star = _varargs_name(model)
+    if star is not None and params and params[-1] == star and len(params) - 1 <= len(example):
+        fixed = params[:-1]  # forward(self, a, *xs): a, xs_0, xs_1 (as the FX front end names them)
+        return fixed + [f"{star}_{i}" for i in range(len(example) - len(fixed))]
     return [f"input_{i}" for i in range(len(example))]
+
+
+def _varargs_name(model: nn.Module) -> str | None:
+    try:
+        found = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return next((p.name for p in found if p.kind is p.VAR_POSITIONAL), None)
 
 
 def _output_names(expected: Sequence[torch.Tensor], names: Sequence[str] | None) -> list[str]:

@@ -297,6 +297,8 @@ def _dim_value(dim: Any, env: Mapping[str, int], decl: Input) -> int:
             )
         return env[dim]
     values = [_dim_value(a.name if hasattr(a, "name") else a, env, decl) for a in dim.args]
+    if dim.op in ("min", "max"):
+        return min(values) if dim.op == "min" else max(values)
     if len(values) == 1:
         return -values[0] if dim.op == "-" else values[0]
     a, b = values

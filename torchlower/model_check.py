@@ -23,9 +23,8 @@ import torch
 
 from torchlower import tolerance as tolerances
 from torchlower import verification
-from torchlower.errors import CheckError, InvalidArgumentError
+from torchlower.errors import InvalidArgumentError
 from torchlower.nnef import quant
-from torchlower.nnef.tract import compare, run_points_in_tract
 
 
 @dataclass
@@ -128,33 +127,8 @@ def check(
 
         return call
 
-    checked, wanted = [], []
-    for p in points:
-        cp = verification.CheckPoint(p.label, [tuple(t.shape) for t in p.inputs])
-        checked.append(cp)
-        try:
-            want = [t.numpy() for t in verification._eager(run(ref.params), p.inputs)]
-        except Exception as exc:
-            if p is points[0]:
-                raise
-            cp.skipped = f"PyTorch fails there ({type(exc).__name__}: {verification._first_line(exc)})"
-            continue
-        wanted.append((cp, p, want))
-    actual = run_points_in_tract(folder, [[t.numpy() for t in p.inputs] for _, p, _ in wanted])
-    original = []
-    for (cp, p, want), got in zip(wanted, actual, strict=True):
-        labelled = [n if p is points[0] else f"{n} ({p.label})" for n in names]
-        cp.errors = compare(labelled, want, got, tol(want))
-        if ref.params:
-            base = [t.numpy() for t in verification._eager(run({}), p.inputs)]
-            original.append(
-                verification.CheckPoint(cp.label, cp.inputs, compare(labelled, base, got, float("inf")))
-            )
-    bad = [e for cp in checked for e in cp.errors if not e.ok]
-    if bad:
-        detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
-        raise CheckError(
-            f"{target}: tract output differs from the reference ({ref.comparison}) — {detail}",
-            [e for cp in checked for e in cp.errors],
-        )
-    return Result(checked, original, actual[0], ref.comparison)
+    original = run({}) if ref.params else None
+    outcome = verification.check_points(
+        folder, points, run(ref.params), names, tol, original, f"the {ref.comparison}", target
+    )
+    return Result(outcome.points, outcome.original, outcome.first_outputs, ref.comparison)

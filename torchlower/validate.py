@@ -195,9 +195,38 @@ def dynamic_axes(dynamic: Any, input_names: Sequence[str], ranks: Sequence[int])
         for axis, symbol in axes.items():
             if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
                 raise InvalidArgumentError(f"input {name!r} has rank {rank}; axis {axis!r} does not exist")
+            symbol = _symbol_name(symbol)
             if not isinstance(symbol, str) or not _IDENT.match(symbol):
                 raise InvalidArgumentError(
-                    f"dynamic axis symbol {symbol!r} must be an identifier such as 'B'"
+                    f"dynamic axis symbol {symbol!r} must be an identifier such as 'B',"
+                    " or a tuple ('S', min, max) with integer bounds (max may be None)"
                 )
             out[name][axis % rank] = symbol
+    return out
+
+
+def _symbol_name(symbol: Any) -> Any:
+    return symbol[0] if isinstance(symbol, tuple) and len(symbol) == 3 else symbol
+
+
+def dynamic_bounds(dynamic: Any) -> dict[str, tuple[int, int | None]]:
+    """``{symbol: (min, max)}`` from ``dynamic_axes`` entries spelled ``("S", 2, 128)``.
+
+    Call after ``dynamic_axes`` validated the mapping; a symbol given bounds twice must be
+    given the same ones.
+    """
+    out: dict[str, tuple[int, int | None]] = {}
+    for axes in (dynamic or {}).values():
+        for symbol in axes.values():
+            if not isinstance(symbol, tuple):
+                continue
+            name, lo, hi = symbol
+            ok_lo = isinstance(lo, int) and not isinstance(lo, bool) and lo >= 1
+            ok_hi = hi is None or (isinstance(hi, int) and not isinstance(hi, bool) and hi >= lo)
+            if not (ok_lo and ok_hi):
+                raise InvalidArgumentError(
+                    f"dynamic axis bounds {symbol!r}: min must be an int >= 1 and max None or an int >= min"
+                )
+            if out.setdefault(name, (lo, hi)) != (lo, hi):
+                raise InvalidArgumentError(f"dynamic symbol {name!r} is given two different bounds")
     return out

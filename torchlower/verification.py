@@ -5,7 +5,8 @@ data-dependent shape all pass on the very input they were traced with. So the ch
 at ``RANDOM_POINTS`` fresh inputs drawn to resemble the example — same dtype and shape; floats
 with the example's mean and standard deviation (kept on its side of zero when it is all
 non-negative or all non-positive, so ``log`` / ``sqrt`` inputs stay in their domain); integers
-uniform within the example's min..max, or a shuffle of the example when its values are all
+within the example's min..max (a quarter of the elements redrawn uniformly, the rest kept, so an
+attention mask stays mostly a mask), or a shuffle of the example when its values are all
 distinct (indices, permutations); bools at random — with fixed seeds (deterministic) from a
 local ``torch.Generator`` (the user's RNG state is untouched). Under dynamic axes the points at
 other sizes are added. tract loads the artifact once for all points.
@@ -27,6 +28,7 @@ from torchlower.errors import CheckError
 from torchlower.nnef.tract import OutputError, compare, run_points_in_tract
 
 RANDOM_POINTS = 3  # fresh inputs checked besides the example
+_KEEP = 0.75  # share of integer elements kept from the example (ids and masks stay plausible)
 SEED = 1300  # point k is drawn with seed SEED + k
 
 Reference = Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
@@ -88,13 +90,16 @@ def like(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     if flat.numel() > 1 and flat.unique().numel() == flat.numel():
         return flat[torch.randperm(flat.numel(), generator=g)].reshape(t.shape).clone()
     lo, hi = int(flat.min()), int(flat.max())
-    return torch.randint(lo, hi + 1, t.shape, generator=g, dtype=torch.int64).to(t.dtype)
+    drawn = torch.randint(lo, hi + 1, t.shape, generator=g, dtype=torch.int64).to(t.dtype)
+    keep = torch.rand(t.shape, generator=g) < _KEEP
+    return torch.where(keep, t, drawn)
 
 
 @dataclass
 class Outcome:
     points: list[CheckPoint]
     original: list[CheckPoint]  # against ``original`` (compressed exports), same inputs
+    first_outputs: list[np.ndarray] = field(default_factory=list)  # tract's, at the first point
 
     def errors(self, original: bool = False) -> list[OutputError]:
         """Every checked output at every point, named ``out`` (example) or ``out (label)``."""
@@ -108,33 +113,45 @@ def check_points(
     names: Sequence[str],
     tolerance: Tolerance,
     original: Reference | None = None,
+    against: str = "PyTorch",
+    shown: Path | None = None,
 ) -> Outcome:
     """Run ``artifact`` at every point (one tract load) and compare with ``reference``.
 
-    Raises ``CheckError`` naming the point and output when one differs beyond tolerance.
+    Raises ``CheckError`` naming the point and output when one differs beyond tolerance
+    (``against`` names the reference, ``shown`` the path the user knows the artifact by).
     ``original`` (compressed exports): the same tract outputs compared with the original
     model too — informative, it never fails the check.
     """
     checked: list[CheckPoint] = []
     wanted: list[tuple[Point, list[np.ndarray]]] = []
+    finite: list[bool] = []  # per output: finite at the first point (the example)
     for p in points:
         cp = CheckPoint(p.label, [tuple(t.shape) for t in p.inputs])
         checked.append(cp)
         try:
             outputs = p.expected if p.expected is not None else _eager(reference, p.inputs)
         except Exception as exc:
-            if p.label == "example":
+            if p is points[0]:
                 raise
             cp.skipped = f"PyTorch fails there ({type(exc).__name__}: {_first_line(exc)})"
             continue
-        wanted.append((p, [t.detach().numpy() for t in outputs]))
+        arrays = [t.detach().numpy() for t in outputs]
+        if p is points[0]:
+            finite = [_all_finite(a) for a in arrays]
+        elif any(f and not _all_finite(a) for f, a in zip(finite, arrays, strict=False)):
+            # a drawn input outside the model's domain (a fully masked row, log of a negative):
+            # PyTorch's own result is NaN/inf there, so there is nothing meaningful to compare
+            cp.skipped = "PyTorch's output is not finite at this drawn input (finite at the example)"
+            continue
+        wanted.append((p, arrays))
     live = [cp for cp in checked if cp.skipped is None]
     try:
         actual = run_points_in_tract(artifact, [[t.detach().numpy() for t in p.inputs] for p, _ in wanted])
     except CheckError as exc:
         raise CheckError(_name_input_set(str(exc), [p.label for p, _ in wanted]), exc.errors) from exc
     for cp, (p, want), got in zip(live, wanted, actual, strict=True):
-        labelled = [n if p.label == "example" else f"{n} ({p.label})" for n in names]
+        labelled = [n if p is points[0] else f"{n} ({p.label})" for n in names]
         cp.errors = compare(labelled, want, got, tolerance(want))
     originals: list[CheckPoint] = []
     if original is not None:
@@ -145,8 +162,12 @@ def check_points(
     bad = [e for cp in live for e in cp.errors if not e.ok]
     if bad:
         detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
-        raise CheckError(f"{artifact}: tract disagrees with PyTorch — {detail}", bad)
-    return Outcome(checked, originals)
+        raise CheckError(f"{shown or artifact}: tract disagrees with {against} — {detail}", bad)
+    return Outcome(checked, originals, actual[0] if actual else [])
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    return bool(np.isfinite(a).all()) if a.dtype.kind in "fc" else True
 
 
 def _eager(reference: Reference, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

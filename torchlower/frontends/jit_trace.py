@@ -14,6 +14,7 @@ from torch import nn
 from torchlower import dynamic
 from torchlower.dynamic import Spec
 from torchlower.errors import LoweringError
+from torchlower.frontends.provenance import raised_at
 
 
 def _is_quantized_input_module(module: nn.Module) -> bool:
@@ -163,10 +164,12 @@ def dynamic_overrides(
             if k == spec.far:
                 spec.drop_far()  # an extra witness only: the check never runs there
                 continue
+            line = raised_at(exc)
             raise dynamic.not_dynamic(
                 spec,
                 [s for s in spec.base if point[s] != spec.base[s]],
-                f"tracing at sizes {point} failed"
+                f"the model fails at sizes {point}"
+                f"{f' at {line}' if line else ''}"
                 f" ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})",
             ) from exc
         fn = traced if fn_name == "forward" else getattr(traced, fn_name)

@@ -102,6 +102,16 @@ def _user_frame(what: str) -> Conversion:
     return Conversion(what, "<unknown>", 0, "")
 
 
+def raised_at(exc: BaseException) -> str | None:
+    """``model.py:12: `x.reshape(2, 8)``` — the model's own line an exception came from."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if not frame.filename.startswith((_TORCH_DIR, _OWN_DIR)) and frame.filename[:1] != "<":
+            code = (frame.line or "").strip()
+            return f"{Path(frame.filename).name}:{frame.lineno}" + (f": `{code}`" if code else "")
+    cause = exc.__cause__ or exc.__context__
+    return raised_at(cause) if cause is not None and cause is not exc else None
+
+
 def value_conversions(
     module: nn.Module, args: Sequence[Any], fn_name: str = "forward"
 ) -> list[Conversion] | None:
