@@ -54,3 +54,12 @@ class DataDependent(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = 2.0 if bool(x.sum() > -1e9) else 3.0
         return self.proj(x) * scale
+
+
+def q4_mlp() -> nn.Module:
+    """Linear layers whose weights Q4_0 compresses (sizes multiples of 32), seeded: the same
+    weights in every process, so ``check --model`` sees the model the archive came from."""
+    from tests.models_compress import MLP
+
+    torch.manual_seed(3)
+    return MLP().eval()

@@ -285,7 +285,11 @@ class CheckResult:
 
     inputs: list[np.ndarray]
     outputs: list[np.ndarray]
-    errors: list[Any]  # torchlower.nnef.tract.OutputError
+    errors: list[Any]  # torchlower.nnef.tract.OutputError, every point
+    # with model=: every input set checked (the given inputs and random ones like them)
+    points: list[Any] = field(default_factory=list)  # torchlower.verification.CheckPoint
+    original_errors: list[Any] = field(default_factory=list)  # compressed archive vs the original
+    comparison: str | None = None  # what the outputs were compared with, in words
 
     @property
     def ok(self) -> bool:
@@ -311,6 +315,9 @@ def check(
     Without ``inputs``, random ones are drawn from the declared shapes (symbols get
     ``symbol_sizes``, else the sizes the export recorded (``# example sizes:``), else 2;
     floats are standard normal, integers 0 or 1, bools random).
+    With ``model``, the check also runs at random inputs resembling those, and compares the
+    way ``export`` does (a compressed archive against the dequantized model, an f16 one with
+    the f16 tolerance): ``torchlower/model_check.py``.
     Raises ``CheckError`` when an output differs beyond ``tolerance``.
     """
     from torchlower.nnef.tract import compare, run_in_tract
@@ -324,11 +331,16 @@ def check(
         art = load(folder)
         art.path = target
         ins = _inputs(art, inputs, symbol_sizes, seed)
+        if model is not None:
+            from torchlower import model_check
+
+            found = model_check.check(folder, target, art, ins, model, tolerance)
+            errors = [e for p in found.points for e in p.errors]
+            original = [e for p in found.original for e in p.errors]
+            return CheckResult(ins, found.outputs, errors, found.points, original, found.comparison)
         outs = run_in_tract(folder, ins)
     names = art.output_names
-    if model is not None:
-        want = _model_outputs(model, ins)
-    elif expected is not None:
+    if expected is not None:
         want = _arrays(expected, names, "expected")
     else:
         return CheckResult(ins, outs, [])
@@ -340,7 +352,7 @@ def check(
     if bad:
         detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
         raise CheckError(f"{target}: tract output differs from the reference — {detail}", errors)
-    return CheckResult(ins, outs, errors)
+    return CheckResult(ins, outs, errors, comparison="expected outputs")
 
 
 def _inputs(
@@ -391,6 +403,8 @@ def _dim_value(dim: Any, env: Mapping[str, int], decl: Input) -> int:
             )
         return env[dim]
     values = [_dim_value(a.name if hasattr(a, "name") else a, env, decl) for a in dim.args]
+    if dim.op in ("min", "max"):
+        return min(values) if dim.op == "min" else max(values)
     if len(values) == 1:
         return -values[0] if dim.op == "-" else values[0]
     a, b = values
@@ -423,20 +437,6 @@ def _to_numpy(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):  # torch.Tensor
         return value.detach().cpu().numpy().copy()
     return np.asarray(value)
-
-
-def _model_outputs(model: Any, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Run the torch model on copies of the inputs; the user's model is not modified."""
-    import torch
-
-    from torchlower import api
-
-    if not isinstance(model, torch.nn.Module):
-        raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    module = api._eval_view(model)
-    with torch.no_grad():
-        out = module(*[torch.from_numpy(np.array(x, copy=True)) for x in inputs])
-    return [t.detach().cpu().numpy() for t in api._flatten_outputs(out)]
 
 
 def _is_lattice(path: Path) -> bool:

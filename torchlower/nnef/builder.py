@@ -83,6 +83,8 @@ class NNEFBuilder:
         self.extensions: set[str] = {"tract_registry tract_core"} if tract else set()
         self.symbols: list[str] = []
         self.rules_used: list[str] = []  # set by the front end once lowering is done
+        self.notes: list[str] = []  # what a front end wants the export report to say
+        self.assertions: list[str] = []  # tract_assert extensions: bounds of dynamic symbols
         self.hint = "v"  # set by front ends per node, gives readable names
         self.scope = ""  # module path of the node being lowered (a comment in graph.nnef)
         self.example_sizes: dict[str, int] = {}  # symbol sizes of the example inputs (a comment)
@@ -329,6 +331,7 @@ class NNEFBuilder:
         body = text.with_scopes(live, [a.render(names) for a in live])
         used_inputs = [v.name for v in self.inputs]
         extensions = sorted(self.extensions) + [f"tract_symbol {s}" for s in self.symbols]
+        extensions += [f"tract_assert {a}" for a in self.assertions if a.split()[0] in self.symbols]
         # fragments are referenced by name from an op's ``body`` attribute (tract_core_scan)
         used = {a.attrs.get("body") for a in live}
         fragments = [t for n, t in self.fragments.items() if n in used]

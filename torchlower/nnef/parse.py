@@ -54,6 +54,8 @@ class Expr:
     args: tuple[Any, ...]
 
     def __str__(self) -> str:
+        if self.op in ("min", "max"):
+            return f"{self.op}({', '.join(_show(a) for a in self.args)})"
         if len(self.args) == 1:
             return f"{self.op}{_show(self.args[0])}"
         return f"({_show(self.args[0])} {self.op} {_show(self.args[1])})"
@@ -357,6 +359,9 @@ class _Parser:
             return Expr(op, (value,))
         return self.primary(depth)
 
+    def _next_is(self, text: str) -> bool:
+        return self.i + 1 < len(self.toks) and self.toks[self.i + 1].text == text
+
     def primary(self, depth: int) -> Any:
         tok = self.tok
         if tok.kind == "num":
@@ -373,6 +378,13 @@ class _Parser:
         if tok.kind == "id" and tok.text in ("true", "false"):
             self.i += 1
             return tok.text == "true"
+        if tok.kind == "id" and tok.text in _SIZE_FUNCTIONS and self._next_is("("):
+            self.i += 2  # tract's TDim min(a, b) / max(a, b) in a size attribute
+            args = [self.expr(depth + 1)]
+            while self.accept(","):
+                args.append(self.expr(depth + 1))
+            self.take(")")
+            return Expr(tok.text, tuple(args))
         if tok.kind in ("id", "esc_id"):
             return Ident(self.ident())
         if tok.text in ("[", "(") and tok.kind == "op":
@@ -388,6 +400,9 @@ class _Parser:
                 return items
             return items[0] if len(items) == 1 else tuple(items)
         raise self.fail("expected a value")
+
+
+_SIZE_FUNCTIONS = ("min", "max")
 
 
 def _unquote(quoted: str) -> str:
