@@ -5,6 +5,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+import torchlower
 from tests.conftest import export_and_check
 from tests.test_rules_recurrent import check_module_rule
 
@@ -154,3 +155,23 @@ def test_transformer_encoder_fast_path(tmp_path, frontend, norm_first, activatio
     model = EncoderStack(norm_first, activation, padding).requires_grad_(False)
     report = export_and_check(model, torch.randn(2, 5, 8), tmp_path, frontend)
     assert attentions(report) == 2
+
+
+class MaskedSdpa(nn.Module):
+    def forward(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("kind", ["bool", "-inf"])
+def test_sdpa_row_that_attends_to_nothing_is_zero(tmp_path, frontend, kind):
+    """torch's SDPA gives 0 on a fully masked query row; the finite fill alone gave the mean of v."""
+    q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    keep = torch.ones(3, 5, dtype=torch.bool)
+    keep[1] = False
+    mask = keep if kind == "bool" else torch.zeros(3, 5).masked_fill(~keep, float("-inf"))
+    expected = MaskedSdpa()(q, k, v, mask)
+    assert bool((expected[:, :, 1] == 0).all()) and bool(expected[:, :, 0].abs().sum() > 0)
+    export_and_check(MaskedSdpa(), (q, k, v, mask), tmp_path, frontend)
+    out = torchlower.load(tmp_path / "model.nnef.tgz").run([t.numpy() for t in (q, k, v, mask)])
+    got = next(iter(out.values()))
+    assert abs(got - expected.numpy()).max() < 1e-5

@@ -30,9 +30,20 @@ def additive_mask(b: Builder, mask: Value, dtype: torch.dtype) -> Value:
 
 
 def attend(
-    b: Builder, q: Value, k: Value, v: Value, mask: Value | None, scale: float, is_causal: bool
+    b: Builder,
+    q: Value,
+    k: Value,
+    v: Value,
+    mask: Value | None,
+    scale: float,
+    is_causal: bool,
+    empty_rows_zero: bool = False,
 ) -> tuple[Value, Value]:
-    """softmax(q kᵀ · scale + mask) v over the last two axes; returns (output, weights)."""
+    """softmax(q kᵀ · scale + mask) v over the last two axes; returns (output, weights).
+
+    ``empty_rows_zero``: a query row whose mask attends to nothing gives 0, as torch's
+    scaled_dot_product_attention does (its explicit softmax gives NaN there; our finite fill
+    would give the plain average of ``v``)."""
     q, k, v = align_ranks(b, q, k, v)
     qs, ks, vs = shape_of(q), shape_of(k), shape_of(v)
     length, source = qs[-2], ks[-2]
@@ -51,7 +62,27 @@ def attend(
     weights = b.call("softmax", [scores], {"axes": [len(score_shape) - 1]}, dtype=q.dtype, shape=score_shape)
     out_shape = (*qs[:-1], vs[-1])
     out = b.call("matmul", [weights, v], {"transposeA": False, "transposeB": False}, dtype=q.dtype)
-    return out.with_meta(q.dtype, out_shape), weights
+    out = out.with_meta(q.dtype, out_shape)
+    if empty_rows_zero and mask is not None:
+        out = _zero_empty_rows(b, out, mask)
+    return out, weights
+
+
+def _zero_empty_rows(b: Builder, out: Value, mask: Value) -> Value:
+    """``out`` with 0 on the rows where the additive ``mask`` is -inf (or its finite stand-in,
+    the lowest float) at every key."""
+    lowest = torch.finfo(mask.dtype or torch.float32).min
+    if mask.is_const:
+        alive = mask.const.amax(-1, keepdim=True) > lowest
+        if bool(alive.all()):
+            return out
+        alive_value = constant(alive)
+    else:
+        row_shape = (*shape_of(mask)[:-1], 1)
+        top = b.call("max_reduce", [mask], {"axes": [mask.rank - 1]}, dtype=mask.dtype, shape=row_shape)
+        alive_value = b.call("gt", [top, lowest], dtype=torch.bool, shape=row_shape)
+    alive_value, out = align_ranks(b, alive_value, out)
+    return b.call("select", [alive_value, out, 0.0], dtype=out.dtype, shape=out.shape)
 
 
 def _combine(b: Builder, mask: Value | None, causal: Value, dtype: torch.dtype) -> Value:
@@ -89,7 +120,7 @@ def scaled_dot_product_attention(
         key, value = _repeat_heads(b, key, query), _repeat_heads(b, value, query)
     if scale is None:
         scale = 1.0 / math.sqrt(int(shape_of(query)[-1]))
-    return attend(b, query, key, value, attn_mask, scale, is_causal)[0]
+    return attend(b, query, key, value, attn_mask, scale, is_causal, empty_rows_zero=True)[0]
 
 
 def _repeat_heads(b: Builder, kv: Value, query: Value) -> Value:
@@ -116,6 +147,7 @@ def multi_head(
     out_w: Value,
     out_b: Value | None,
     mask: Value | None,
+    empty_rows_zero: bool = False,
 ) -> tuple[Value, Value]:
     """Batch-first multi-head attention with an additive ``mask`` broadcastable to (B, H, L, S).
 
@@ -127,7 +159,7 @@ def multi_head(
         _heads(b, _linear(b, x, w, bb), heads) for x, w, bb in zip((q, k, v), proj, biases, strict=True)
     )
     dim = int(embed) // heads
-    out, weights = attend(b, qh, kh, vh, mask, 1.0 / math.sqrt(dim), False)
+    out, weights = attend(b, qh, kh, vh, mask, 1.0 / math.sqrt(dim), False, empty_rows_zero)
     merged = b.call(
         "transpose", [out], {"axes": [0, 2, 1, 3]}, dtype=q.dtype, shape=(batch, length, heads, dim)
     )
@@ -270,7 +302,10 @@ def multihead_attention_module(
     bias = constant(m.in_proj_bias.detach(), label="in_proj_bias") if m.in_proj_bias is not None else None
     out_w = constant(m.out_proj.weight.detach(), label="out_proj.weight")
     out_b = constant(m.out_proj.bias.detach(), label="out_proj.bias") if m.out_proj.bias is not None else None
-    out, weights = multi_head(b, query, key, value, m.num_heads, proj, bias, out_w, out_b, mask)
+    # without weights torch runs scaled_dot_product_attention: a row that attends to nothing is 0
+    out, weights = multi_head(
+        b, query, key, value, m.num_heads, proj, bias, out_w, out_b, mask, not need_weights
+    )
     if not m.batch_first:
         out = _swap01(b, out)
     return out, _head_weights(b, weights, need_weights, average_attn_weights)
