@@ -140,7 +140,13 @@ class SparseTensor:
         cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         """Dense torch functions (relu, linear, layer_norm, …) act on the features."""
-        source = next(a for a in args if isinstance(a, SparseTensor))
+        sparse = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, SparseTensor)]
+        source = sparse[0]
+        if any(s.coords is not source.coords for s in sparse[1:]):  # rows would not line up
+            raise InvalidArgumentError(
+                f"{getattr(func, '__name__', func)} of SparseTensors on different voxels; join them with"
+                " torchlower.lattice.add / sub / mul / maximum / minimum / cat"
+            )
         unwrapped = [a.feats if isinstance(a, SparseTensor) else a for a in args]
         out = func(*unwrapped, **(kwargs or {}))
         if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == source.feats.shape[0]:
