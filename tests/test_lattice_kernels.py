@@ -280,3 +280,13 @@ def test_empty_inputs() -> None:
         bias = torch.randn(3)
         out = kernels.apply_conv(x.feats, kmap, torch.randn(3, 2, 2, 2, 5), bias)
         assert torch.equal(out, bias.expand(len(y.coords), 3))
+
+
+def test_subm_map_in_lookup_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dense-grid lookup split into many row chunks gives the same table."""
+    monkeypatch.setattr(L.maps, "LOOKUP_ROWS", 100)
+    x = cloud(n=1400, span=4)
+    same_pairs(
+        kernels.subm_map(x.coords, x.stride, (3, 3, 3), (1, 1, 1)),
+        O.subm_map(x.coords, x.stride, (3, 3, 3), (1, 1, 1)),
+    )

@@ -23,6 +23,7 @@ from torchlower.errors import InvalidArgumentError
 from torchlower.lattice.sparse import CoordIndex, Hash, Triple, dense_limit, kernel_offsets, unique_keys
 
 Pairs = tuple[tuple[int, torch.Tensor, torch.Tensor], ...]
+LOOKUP_ROWS = 1 << 16  # rows of shifted keys per grid gather (≤ 7 MiB at K = 27)
 
 
 class KernelMap:
@@ -122,10 +123,16 @@ def subm_map(coords: torch.Tensor, stride: Triple, kernel: Triple, dilation: Tri
     delta = (offs - (_t(kernel) - 1) // 2) * _t(dilation) * _t(stride)  # [K, 3] physical
     margin = torch.cat([torch.zeros(1, dtype=torch.long), delta.abs().max(dim=0).values])
     index = CoordIndex(coords, Hash.covering([coords], margin))
-    keys = index.keys(coords)
+    keys = index.row_keys
     shift = _offset_keys(index.hash, delta).to(keys.dtype)
-    if index.grid is not None:
-        table = index.rows_of_keys(keys.unsqueeze(1) + shift.unsqueeze(0))
+    if index.grid is not None:  # chunks of rows: the shifted keys stay in cache
+        table = torch.empty(n, volume, dtype=torch.int32)
+        query = torch.empty(min(n, LOOKUP_ROWS), volume, dtype=torch.int32)
+        for start in range(0, n, LOOKUP_ROWS):
+            end = min(n, start + LOOKUP_ROWS)
+            q = query[: end - start]
+            torch.add(keys[start:end].unsqueeze(1), shift.unsqueeze(0), out=q)
+            torch.index_select(index.grid, 0, q.view(-1), out=table[start:end].view(-1))
         return KernelMap(coords, stride, table=table, in_rows=n, pair_order="out")
     position = {tuple(d): k for k, d in enumerate(delta.tolist())}
     searched, partners = [], []

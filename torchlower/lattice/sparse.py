@@ -254,9 +254,11 @@ class CoordIndex:
         if self.volume <= dense_limit(self.size):
             self.grid = torch.full((self.volume,), self.size, dtype=torch.int32)
             self.grid[keys] = torch.arange(self.size, dtype=torch.int32)
+            keys = keys.to(torch.int32)
         else:
             self.sorted_keys, order = torch.sort(keys)
             self.order = order.to(torch.int32)
+        self.row_keys = keys  # ``keys(coords)`` of the indexed rows, computed once
 
     def keys(self, coords: torch.Tensor) -> torch.Tensor:
         """Keys of ``coords`` (inside the hash range), int32 when the grid is dense."""
