@@ -44,7 +44,7 @@ def encoder2() -> nn.Module:
 
 
 class DataDependent(nn.Module):
-    """torch.export refuses the data-dependent branch (and prints a partial graph); jit traces it."""
+    """A data-dependent branch: torch.export refuses it and prints a partial graph to stderr."""
 
     def __init__(self) -> None:
         super().__init__()
