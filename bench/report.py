@@ -195,6 +195,8 @@ def write_markdown(data: dict[str, Any], finished: str | None = None) -> str:
                 spread = f"{min(rs):.3g} – {max(rs):.3g}"
                 rows.append([f"{a} / {b}", metric, str(len(rs)), f"{med:.3g}", f"{geo:.3g}", spread])
     md += [*table(["pair", "metric", "models", "median", "geomean", "range"], rows), ""]
+    md += _families(data["models"], grid, exporters)
+    md += [f"> {note}" for note in data.get("notes", [])] + ([""] if data.get("notes") else [])
     md += _coverage(grid, exporters)
     md += _per_metric_tables(grid, exporters)
     md += _errors_table(grid, exporters)
@@ -203,6 +205,52 @@ def write_markdown(data: dict[str, Any], finished: str | None = None) -> str:
     md += _bigmem(data.get("bigmem", []))
     md += _profile(data.get("profile", []))
     return "\n".join(md) + "\n"
+
+
+# issue 16: tract inference of ours vs torch_to_nnef's per family (goal ≤ 1.0, attention and
+# Hugging Face ≤ 0.85, overall ≤ 0.9, no model above 1.1); onnxruntime as the far anchor
+_FAMILY_GOAL = {"attention": 0.85, "transformers": 0.85}
+
+
+def _families(models: list[Row], grid: dict[str, dict[str, Row]], exporters: list[str]) -> list[str]:
+    if "t2n" not in exporters:
+        return []
+    family = {r["model"]: r["family"] for r in models}
+    get = METRICS["inference time"][0]
+    rows = []
+    for ours in (e for e in ("tl-jit", "tl-export") if e in exporters):
+        per: dict[str, list[tuple[float, str]]] = {}
+        anchor: dict[str, list[float]] = {}
+        for model, row in grid.items():
+            x = get(row[ours]) if ours in row else None
+            y = get(row["t2n"]) if "t2n" in row else None
+            z = get(row["onnx"]) if "onnx" in row else None
+            if x and y:
+                per.setdefault(family[model], []).append((x / y, model))
+            if x and z:
+                anchor.setdefault(family[model], []).append(x / z)
+        every = [r for rs in per.values() for r in rs]
+        for fam, rs in [*sorted(per.items()), ("all", every)]:
+            goal = 0.9 if fam == "all" else _FAMILY_GOAL.get(fam, 1.0)
+            geo = geomean([r for r, _ in rs])
+            worst, name = max(rs)
+            onnx = anchor.get(fam) if fam != "all" else [r for v in anchor.values() for r in v]
+            verdict = "**met**" if geo <= goal else "**missed**"
+            rows.append([
+                ours, fam, str(len(rs)), f"{geo:.3g}", f"≤ {goal}", verdict,
+                f"{worst:.3g} ({name})", f"{geomean(onnx):.3g}" if onnx else "–",
+            ])  # fmt: skip
+    header = ["ours", "family", "models", "vs t2n geomean", "goal", "verdict", "slowest vs t2n",
+              "vs onnxruntime geomean"]  # fmt: skip
+    return [
+        "## Tract inference by family, ours / torch_to_nnef's (issue 16)",
+        "",
+        "Goal: every family ≤ 1.0, attention and transformers ≤ 0.85, all ≤ 0.9, no model above 1.1; "
+        "onnxruntime is the far anchor (ours / onnxruntime, < 1 would mean faster than it).",
+        "",
+        *table(header, rows),
+        "",
+    ]
 
 
 def _coverage(grid: dict[str, dict[str, Row]], exporters: list[str]) -> list[str]:

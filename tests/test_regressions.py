@@ -227,8 +227,9 @@ def test_log1p_expm1_logsigmoid_keep_small_values(tmp_path, frontend):
     reciprocal inf); log_sigmoid's tail went through the same log. Found as ``-2.25 /
     logsigmoid(2 ** v)`` off by 1.19."""
     x = torch.tensor(
-        [0.0, -0.0, 1e-8, -1e-8, 1e-4, 0.5, -0.5, -1.0, -2.0, 3.0, 88.0, 100.0, -100.0, INF, -INF, NAN]
-    )
+        [0.0, -0.0, 1e-8, -1e-8, 1e-4, 0.5, -0.5, -1.0, -2.0, 3.0, 88.0, 100.0, -100.0, INF, -INF, NAN,
+         1e30, 3e38, -0.99999994, 5.960464477539063e-08, -2.9802322387695312e-08]
+    )  # fmt: skip
     verified_or_refused(
         lambda t: (
             torch.log1p(t),

@@ -179,13 +179,14 @@ def log1p(b: Builder, x: Value) -> Value:
 
     ``log(1 + x)`` loses the digits of a small ``x`` to the rounding of ``1 + x``; with
     ``u = 1 + x``, ``log(u) · x / (u − 1)`` divides that rounding back out (Goldberg), exact
-    to a few ulp. ``u == 1`` gives ``x``; ``x == inf`` gives inf.
+    to a few ulp. ``u == 1`` gives ``x``. The ratio is within an ulp of 1 wherever it is a
+    number; at ``x == inf`` it is inf/inf, and tract's ``min`` (which drops NaN) makes it 2, so
+    ``log(inf) · 2`` is inf — one op where a test for inf took three (pointwise chains).
     """
     x = floating(b, x)
     u = binary(b, "add", x, 1.0)
     gap = binary(b, "sub", u, 1.0)
-    plain = binary(b, "or", binary(b, "eq", gap, 0.0), binary(b, "eq", x, math.inf))
-    ratio = select(b, plain, 1.0, binary(b, "div", x, gap))
+    ratio = binary(b, "min", binary(b, "div", x, gap), 2.0)
     return select(b, binary(b, "eq", gap, 0.0), x, binary(b, "mul", unary(b, "log", u), ratio))
 
 
