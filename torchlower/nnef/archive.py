@@ -47,17 +47,26 @@ Chunks = tuple[bytes | memoryview, ...]
 
 
 def members(
-    graph: str, weights: Mapping[str, Weight], quant_text: str | None = None
+    graph: str,
+    weights: Mapping[str, Weight],
+    quant_text: str | None = None,
+    extra: Mapping[str, bytes] | None = None,
 ) -> Iterator[tuple[str, Chunks]]:
-    """(path, chunks) of every file, sorted by path; a tensor's data chunk is a view of its buffer."""
-    files: dict[str, object] = {"graph.nnef": graph}
+    """(path, chunks) of every file, sorted by path; a tensor's data chunk is a view of its buffer.
+
+    ``extra`` files (bundled as-is: an LLM's config and tokenizer) must not shadow graph files.
+    """
+    files: dict[str, object] = dict(extra or {})
+    files["graph.nnef"] = graph
     if quant_text is not None:
         files["graph.quant"] = quant_text
     files.update({f"{label}.dat": tensor for label, tensor in weights.items()})
     for name in sorted(files):
         item = files[name]
-        if isinstance(item, (str, quant.BlockQuantized)):
-            chunks: Chunks = (item.encode(),)  # text, or packed blocks (an eighth of f32 size)
+        if isinstance(item, bytes):
+            chunks: Chunks = (item,)
+        elif isinstance(item, (str, quant.BlockQuantized)):
+            chunks = (item.encode(),)  # text, or packed blocks (an eighth of f32 size)
         else:
             chunks = dat.parts(_to_numpy(item))  # type: ignore[arg-type]
         yield name, chunks
@@ -77,7 +86,11 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def write(
-    path: str | os.PathLike[str], graph: str, weights: Mapping[str, Weight], quant_text: str | None = None
+    path: str | os.PathLike[str],
+    graph: str,
+    weights: Mapping[str, Weight],
+    quant_text: str | None = None,
+    extra: Mapping[str, bytes] | None = None,
 ) -> Path:
     """Write the artifact at ``path`` atomically; returns the final path."""
     target = Path(path)
@@ -88,11 +101,12 @@ def write(
     if not os.access(folder, os.W_OK):
         raise InvalidArgumentError(f"output folder {str(folder)!r} is not writable")
     total = len(graph) + sum(weight_bytes(t) for t in weights.values())
+    total += sum(len(blob) for blob in (extra or {}).values())
     with progress.stage("writing", total=total, unit="bytes"):
         if kind == "dir":
-            _write_directory(target, members(graph, weights, quant_text))
+            _write_directory(target, members(graph, weights, quant_text, extra))
         else:
-            _write_tar(target, members(graph, weights, quant_text), compress=kind == "tgz")
+            _write_tar(target, members(graph, weights, quant_text, extra), compress=kind == "tgz")
     return target
 
 

@@ -1,0 +1,39 @@
+"""Q4_0 for an LLM: linear layers in 4-bit blocks, the embedding table and LM head chosen apart.
+
+The token embedding and the LM head carry most of a small model's error under Q4_0 (one row
+per token, read directly into the logits), so ``embeddings=`` decides them separately, as the
+reference exporter allows. A tied embedding (one tensor used as both gather table and matmul
+weight) has two kinds of use and stays as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlower.nnef import quant
+
+
+def embedding_labels(wrapper: nn.Module) -> set[str]:
+    """Parameter names (labels) of the input embedding and the LM head in the wrapper."""
+    model = wrapper.model  # type: ignore[attr-defined]
+    tables = [
+        m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+    ]
+    ids = {id(t) for t in tables}
+    return {name for name, p in wrapper.named_parameters(remove_duplicate=False) if id(p) in ids}
+
+
+def compress_weights(
+    builder: Any, wrapper: nn.Module, compress: str | None, embeddings: str
+) -> dict[str, torch.Tensor]:
+    """Pack the chosen weights as Q4_0; returns the dequantized HF parameters (for the check)."""
+    params = dict(wrapper.named_parameters())
+    tables = embedding_labels(wrapper)
+    chosen = {
+        k: v for k, v in params.items() if (embeddings == "q4_0" if k in tables else compress == "q4_0")
+    }
+    dequantized = quant.compress_weights(builder, quant.Q4_0, chosen)
+    return {k.removeprefix("model."): v for k, v in dequantized.items()}

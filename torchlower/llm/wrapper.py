@@ -1,0 +1,170 @@
+"""A Hugging Face causal LM as a function of plain tensors: ``(input_ids, *past) -> (logits, *present)``.
+
+The graph tract's ``detect_kv_cache`` transform recognizes (transformers/src/ops/dyn_kv_cache.rs,
+``replace_kv_cache``): each cache input feeds exactly one ``concat`` with the new keys/values
+along a symbolic axis, and that concat *is* a graph output. The names follow the convention of
+tract's causal-LM runner and the reference exporter: ``input_ids`` [1, S], then per layer
+``in_cache_key_{i}`` / ``in_cache_value_{i}`` [1, kv_heads, P, head_dim]; outputs ``outputs``
+(logits) then ``out_cache_key_{i}`` / ``out_cache_value_{i}`` [1, kv_heads, P+S, head_dim].
+The runner takes input 0 as tokens and the remaining inputs/outputs as caches in order.
+
+The wrapper owns positions and the attention mask (from ``arange(P, P+S)`` and
+``arange(P+S)``), so they stay symbolic in P and S and P = 0 (prefill) works; the model's own
+mask code is used only where the architecture derives more than the mask from it (ALiBi).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+MASK_FROM_MODEL = frozenset({"bloom"})  # ALiBi built from the 2-D mask: let the model build both
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Shape of one layer's key/value cache, ``[1, heads, P, head_dim]`` (read from a real run)."""
+
+    layers: int
+    key_heads: int
+    key_dim: int
+    value_heads: int
+    value_dim: int
+
+    def input_names(self) -> list[str]:
+        return ["input_ids"] + [f"in_cache_{t}_{i}" for i in range(self.layers) for t in ("key", "value")]
+
+    def output_names(self) -> list[str]:
+        return ["outputs"] + [f"out_cache_{t}_{i}" for i in range(self.layers) for t in ("key", "value")]
+
+    def empty(self, past: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+        out = []
+        for _ in range(self.layers):
+            out.append(torch.zeros(1, self.key_heads, past, self.key_dim, dtype=dtype))
+            out.append(torch.zeros(1, self.value_heads, past, self.value_dim, dtype=dtype))
+        return out
+
+
+def cache_arg(model: nn.Module) -> str:
+    """The keyword the model's ``forward`` takes its cache by (``cache`` in transformers ≥ 5.2x)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def hf_forward(model: nn.Module, input_ids: torch.Tensor, past: Any = None) -> Any:
+    """The model as HF runs it (its own mask and positions): the reference of every check."""
+    with torch.no_grad():
+        return model(input_ids=input_ids, use_cache=True, **({cache_arg(model): past} if past else {}))
+
+
+def present_cache(out: Any) -> Any:
+    """The cache a model call returned (``cache`` in transformers >= 5.2x, else ``past_key_values``)."""
+    cache = out.get("cache") if hasattr(out, "get") else None
+    return cache if cache is not None else out.past_key_values
+
+
+def cache_tensors(cache: Any) -> list[torch.Tensor]:
+    """Flat ``[k0, v0, k1, v1, ...]`` of a transformers cache object."""
+    out: list[torch.Tensor] = []
+    for layer in cache.layers:
+        out += [layer.keys, layer.values]
+    return out
+
+
+def layout_of(model: nn.Module) -> CacheLayout:
+    """The cache layout, read from the model's own cache after one 2-token step."""
+    device = next(model.parameters()).device
+    out = hf_forward(model, torch.zeros(1, 2, dtype=torch.long, device=device))
+    tensors = cache_tensors(present_cache(out))
+    keys, values = tensors[0::2], tensors[1::2]
+    shapes = {(tuple(k.shape), tuple(v.shape)) for k, v in zip(keys, values, strict=True)}
+    if len(shapes) != 1:
+        raise NotImplementedError(f"layers with different cache shapes: {sorted(shapes)}")
+    ((k, v),) = shapes
+    if k[0] != 1 or k[2] != 2 or v[2] != 2:
+        raise NotImplementedError(f"cache layout {k} is not [batch, heads, seq, head_dim]")
+    return CacheLayout(len(keys), k[1], k[3], v[1], v[3])
+
+
+def dynamic_cache(tensors: tuple[torch.Tensor, ...]) -> Any:
+    """A ``DynamicCache`` holding the given tensors as they are: its update is one ``cat``.
+
+    Built layer by layer (not from the config) so sliding-window layers never crop: tract's
+    cache grows to P+S and the window is applied by the mask.
+    """
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    layers = []
+    for i in range(0, len(tensors), 2):
+        layer = DynamicLayer()
+        layer.keys, layer.values = tensors[i], tensors[i + 1]
+        layer.device, layer.is_initialized = tensors[i].device, True
+        layers.append(layer)
+    cache = DynamicCache()
+    cache.layers = layers
+    return cache
+
+
+class CachedCausalLM(nn.Module):
+    """``forward(input_ids, *past)`` → ``(logits, *present)`` around a transformers causal LM."""
+
+    def __init__(self, model: nn.Module, layout: CacheLayout, logits: str = "last") -> None:
+        super().__init__()
+        self.model = model
+        self.layout = layout
+        self.last_only = logits == "last"
+        config = model.config.get_text_config(decoder=True)
+        self.model_type = str(model.config.model_type)
+        self.window = _sliding_window(config)
+        self.layer_types = list(getattr(config, "layer_types", None) or [])
+        self.cache_arg = cache_arg(model)
+        self.keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def forward(self, input_ids: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        cache = dynamic_cache(past)
+        p, s = past[0].shape[2], input_ids.shape[1]
+        query = torch.arange(p, p + s, device=input_ids.device)
+        options: dict[str, Any] = {self.cache_arg: cache, "use_cache": True}
+        if self.model_type not in MASK_FROM_MODEL:
+            options["attention_mask"] = self._mask(query, p + s)
+            options["position_ids"] = query.unsqueeze(0)
+        if self.keep:
+            options["logits_to_keep"] = 1 if self.last_only else 0
+        out = self.model(input_ids=input_ids, **options)
+        logits = out.logits
+        if self.last_only and logits.shape[1] != 1:
+            logits = logits[:, -1:, :]
+        return (logits, *cache_tensors(present_cache(out)))
+
+    def _mask(self, query: torch.Tensor, total: Any) -> Any:
+        """Additive float masks [1, 1, S, P+S]: causal, and causal within the sliding window."""
+        key = torch.arange(0, total, device=query.device)
+        causal = key[None, :] <= query[:, None]
+        dtype = self.model.dtype
+        full = _additive(causal, dtype)
+        if self.window is None:
+            return full
+        sliding = _additive(causal & (key[None, :] > query[:, None] - self.window), dtype)
+        if not self.layer_types:
+            return sliding
+        return {"full_attention": full, "sliding_attention": sliding}
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    zero = torch.zeros((), dtype=dtype)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)[None, None]
+
+
+def _sliding_window(config: Any) -> int | None:
+    """The attention window, when the architecture applies one (``use_sliding_window`` may veto it)."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types and "sliding_attention" not in types:
+        return None
+    return int(window)
