@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from torchlower.errors import InvalidArgumentError, TorchlowerError
+from torchlower.errors import InvalidArgumentError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 LEGACY_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -26,7 +26,7 @@ TOKENIZER_FILES = (
 )
 
 
-class SourceError(TorchlowerError, ValueError):
+class SourceError(InvalidArgumentError):
     """The model folder cannot be used: missing or unreadable config / weights / tokenizer."""
 
 

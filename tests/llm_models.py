@@ -1,0 +1,57 @@
+"""Tiny random causal LMs built from configs (2 layers, hidden 32-64, vocab ~100-300; never the hub).
+
+No bos/eos/pad ids: ``generate`` then runs the full length without special-token processing,
+so its greedy tokens are the plain arg-max chain tract must reproduce.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+NO_SPECIAL = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+LLAMA_LIKE = {
+    "vocab_size": 160,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 128,
+}
+
+
+def _config(name: str, **fields: Any) -> Any:
+    import transformers
+
+    return getattr(transformers, name)(**(NO_SPECIAL | fields))
+
+
+CONFIGS: dict[str, Callable[[], Any]] = {
+    "llama": lambda: _config("LlamaConfig", **LLAMA_LIKE, num_key_value_heads=2),
+}
+
+
+def build(name: str, seed: int = 0) -> Any:
+    """The model in eval mode with seeded random weights (scaled up so logits are not flat)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = CONFIGS[name]()
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15)
+    return model
+
+
+def greedy(model: Any, prompt: torch.Tensor, n: int) -> list[int]:
+    """HF ``generate(do_sample=False)``: the reference token ids."""
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    return out[0, prompt.shape[1] :].tolist()
