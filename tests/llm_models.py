@@ -31,8 +31,31 @@ def _config(name: str, **fields: Any) -> Any:
     return getattr(transformers, name)(**(NO_SPECIAL | fields))
 
 
+SMALL = {"vocab_size": 160, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
 CONFIGS: dict[str, Callable[[], Any]] = {
     "llama": lambda: _config("LlamaConfig", **LLAMA_LIKE, num_key_value_heads=2),
+    "llama_linear_rope": lambda: _config(
+        "LlamaConfig", **LLAMA_LIKE, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+    ),
+    "llama_dynamic_rope": lambda: _config(
+        "LlamaConfig", **LLAMA_LIKE, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+    ),
+    "qwen2": lambda: _config("Qwen2Config", **LLAMA_LIKE, num_key_value_heads=2, tie_word_embeddings=True),
+    "mistral": lambda: _config("MistralConfig", **LLAMA_LIKE, num_key_value_heads=1, sliding_window=5),
+    "phi3": lambda: _config("Phi3Config", **LLAMA_LIKE, num_key_value_heads=2),
+    "phi": lambda: _config("PhiConfig", **LLAMA_LIKE, num_key_value_heads=4),
+    "gemma": lambda: _config("GemmaConfig", **LLAMA_LIKE, num_key_value_heads=1, head_dim=16),
+    "gpt2": lambda: _config("GPT2Config", vocab_size=160, n_embd=32, n_layer=2, n_head=4, n_positions=128),
+    "gpt_neox": lambda: _config("GPTNeoXConfig", **LLAMA_LIKE),
+    "opt": lambda: _config(
+        "OPTConfig", vocab_size=160, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
+        word_embed_proj_dim=32, max_position_embeddings=128,
+    ),  # fmt: skip
+    "falcon": lambda: _config("FalconConfig", **SMALL, multi_query=True, alibi=False, max_position_embeddings=128),
+    "falcon_alibi": lambda: _config(
+        "FalconConfig", **SMALL, multi_query=False, alibi=True, max_position_embeddings=128
+    ),
+    "bloom": lambda: _config("BloomConfig", vocab_size=160, hidden_size=32, n_layer=2, n_head=4),
 }
 
 

@@ -24,7 +24,7 @@ from torchlower.api import _build, _bytes_by_format, _eval_view
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks
 from torchlower.llm.source import SourceError, check_tokenizer, open_source
-from torchlower.llm.wrapper import CachedCausalLM, CacheLayout, layout_of
+from torchlower.llm.wrapper import CachedCausalLM, CacheLayout, dynamic_rope_limit, layout_of, static_rope
 from torchlower.nnef import archive, guards, passes
 from torchlower.nnef.tract import OutputError
 
@@ -32,6 +32,7 @@ PRECISIONS = ("f32", "f16")
 COMPRESSIONS = (None, "q4_0")
 EMBEDDINGS = (None, "f32", "q4_0")
 LOGITS = ("last", "all")
+UNBOUNDED_CONTEXT = 2048  # default P + S bound of a model without a position limit (ALiBi)
 TRACE_PAST, TRACE_SEQ = 5, 3  # distinct sizes so torch.export keeps P and S apart
 
 
@@ -98,16 +99,15 @@ def export(
         src = open_source(source)
     model = _eval_view(src.model)
     config = src.text_config
-    limit = _max_positions(config)
-    context = limit if max_context is None else max_context
-    if limit is not None and context is not None and context > limit:
+    limit, why = _max_positions(config), "max_position_embeddings"
+    rope_limit = dynamic_rope_limit(model)
+    if rope_limit is not None and (limit is None or rope_limit < limit):
+        limit, why = rope_limit, "dynamic RoPE rescales beyond original_max_position_embeddings"
+    context = max_context or limit or UNBOUNDED_CONTEXT  # ALiBi models have no position table
+    if limit is not None and context > limit:
         raise InvalidArgumentError(
             f"max_context={max_context} exceeds the model's {limit} positions "
-            f"({_where(src.folder)}config.json max_position_embeddings); pass max_context <= {limit}"
-        )
-    if context is None:
-        raise InvalidArgumentError(
-            f"{_where(src.folder)}config.json gives no maximum position count; pass max_context="
+            f"({_where(src.folder)}config.json: {why}); pass max_context <= {limit}"
         )
     vocab = int(config.vocab_size)
     check_tokenizer(src.files, vocab, src.folder)
@@ -120,7 +120,7 @@ def export(
     spec = dynamic.Spec.build(
         validate.dynamic_axes(axes, names_in, [t.dim() for t in example]), names_in, example
     )
-    with progress.stage("tracing (export)", unit="ops"):
+    with progress.stage("tracing (export)", unit="ops"), static_rope(model):
         builder = _build("export", wrapper, example, names_in, names_out, len(names_out), precision, spec)
     dequantized = None
     if compress is not None or embeddings == "q4_0":

@@ -16,13 +16,18 @@ mask code is used only where the architecture derives more than the mask from it
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-MASK_FROM_MODEL = frozenset({"bloom"})  # ALiBi built from the 2-D mask: let the model build both
+
+def mask_from_model(config: Any) -> bool:
+    """ALiBi models build their position bias from the 2-D mask: let the model build both."""
+    return config.model_type == "bloom" or (config.model_type == "falcon" and bool(config.alibi))
 
 
 @dataclass(frozen=True)
@@ -56,9 +61,15 @@ def cache_arg(model: nn.Module) -> str:
 
 
 def hf_forward(model: nn.Module, input_ids: torch.Tensor, past: Any = None) -> Any:
-    """The model as HF runs it (its own mask and positions): the reference of every check."""
+    """The model as HF runs it (its own mask and positions): the reference of every check.
+
+    The cache starts as a plain ``DynamicCache`` (never cropped), like the archive's: with a
+    sliding window HF's own mask code still applies the window.
+    """
+    from transformers.cache_utils import DynamicCache
+
     with torch.no_grad():
-        return model(input_ids=input_ids, use_cache=True, **({cache_arg(model): past} if past else {}))
+        return model(input_ids=input_ids, use_cache=True, **{cache_arg(model): past or DynamicCache()})
 
 
 def present_cache(out: Any) -> Any:
@@ -122,15 +133,19 @@ class CachedCausalLM(nn.Module):
         self.window = _sliding_window(config)
         self.layer_types = list(getattr(config, "layer_types", None) or [])
         self.cache_arg = cache_arg(model)
-        self.keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        params = inspect.signature(model.forward).parameters
+        self.keep = "logits_to_keep" in params
+        self.positions = "position_ids" in params
+        self.own_mask = mask_from_model(model.config)
 
     def forward(self, input_ids: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
         cache = dynamic_cache(past)
         p, s = past[0].shape[2], input_ids.shape[1]
         query = torch.arange(p, p + s, device=input_ids.device)
         options: dict[str, Any] = {self.cache_arg: cache, "use_cache": True}
-        if self.model_type not in MASK_FROM_MODEL:
+        if not self.own_mask:
             options["attention_mask"] = self._mask(query, p + s)
+        if self.positions:
             options["position_ids"] = query.unsqueeze(0)
         if self.keep:
             options["logits_to_keep"] = 1 if self.last_only else 0
@@ -168,3 +183,38 @@ def _sliding_window(config: Any) -> int | None:
     if types and "sliding_attention" not in types:
         return None
     return int(window)
+
+
+def dynamic_rope_limit(model: nn.Module) -> int | None:
+    """Positions up to which a dynamic-NTK rotary embedding keeps its original frequencies."""
+    limits = [int(m.original_max_seq_len) for m in _dynamic_ropes(model)]
+    return min(limits) if limits else None
+
+
+@contextmanager
+def static_rope(model: nn.Module) -> Iterator[None]:
+    """Dynamic RoPE traced with its original frequencies (restored after).
+
+    transformers rescales them when a sequence grows beyond ``original_max_seq_len``, a
+    data-dependent branch torch.export cannot capture; below that length the original
+    frequencies are exactly what it computes, so the export caps ``max_context`` there.
+    """
+    saved = [(m, m.rope_type, m.inv_freq) for m in _dynamic_ropes(model)]
+    try:
+        for m, _, _ in saved:
+            m.rope_type = "default"
+            m.inv_freq = m.original_inv_freq.to(m.inv_freq.device)
+        yield
+    finally:
+        for m, rope_type, inv_freq in saved:
+            m.rope_type, m.inv_freq = rope_type, inv_freq
+
+
+def _dynamic_ropes(model: nn.Module) -> list[nn.Module]:
+    return [
+        m
+        for m in model.modules()
+        if isinstance(getattr(m, "rope_type", None), str)
+        and "dynamic" in m.rope_type
+        and hasattr(m, "original_inv_freq")
+    ]
