@@ -38,7 +38,9 @@ CONFIGS: dict[str, Callable[[], Any]] = {
         "LlamaConfig", **LLAMA_LIKE, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
     ),
     "llama_dynamic_rope": lambda: _config(
-        "LlamaConfig", **LLAMA_LIKE, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+        "LlamaConfig",
+        **LLAMA_LIKE,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
     ),
     "qwen2": lambda: _config("Qwen2Config", **LLAMA_LIKE, num_key_value_heads=2, tie_word_embeddings=True),
     "mistral": lambda: _config("MistralConfig", **LLAMA_LIKE, num_key_value_heads=1, sliding_window=5),
@@ -48,10 +50,18 @@ CONFIGS: dict[str, Callable[[], Any]] = {
     "gpt2": lambda: _config("GPT2Config", vocab_size=160, n_embd=32, n_layer=2, n_head=4, n_positions=128),
     "gpt_neox": lambda: _config("GPTNeoXConfig", **LLAMA_LIKE),
     "opt": lambda: _config(
-        "OPTConfig", vocab_size=160, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
-        word_embed_proj_dim=32, max_position_embeddings=128,
-    ),  # fmt: skip
-    "falcon": lambda: _config("FalconConfig", **SMALL, multi_query=True, alibi=False, max_position_embeddings=128),
+        "OPTConfig",
+        vocab_size=160,
+        hidden_size=32,
+        num_hidden_layers=2,
+        ffn_dim=64,
+        num_attention_heads=4,
+        word_embed_proj_dim=32,
+        max_position_embeddings=128,
+    ),
+    "falcon": lambda: _config(
+        "FalconConfig", **SMALL, multi_query=True, alibi=False, max_position_embeddings=128
+    ),
     "falcon_alibi": lambda: _config(
         "FalconConfig", **SMALL, multi_query=False, alibi=True, max_position_embeddings=128
     ),
@@ -60,7 +70,7 @@ CONFIGS: dict[str, Callable[[], Any]] = {
 
 
 def build(name: str, seed: int = 0) -> Any:
-    """The model in eval mode with seeded random weights (scaled up so logits are not flat)."""
+    """The model in eval mode with seeded random weights (std 0.6: greedy chains that move)."""
     import transformers
 
     torch.manual_seed(seed)
@@ -69,7 +79,7 @@ def build(name: str, seed: int = 0) -> Any:
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:
-                p.normal_(0.0, 0.15)
+                p.normal_(0.0, 0.6)
     return model
 
 
