@@ -88,3 +88,13 @@ def greedy(model: Any, prompt: torch.Tensor, n: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(prompt, max_new_tokens=n, do_sample=False, min_new_tokens=n)
     return out[0, prompt.shape[1] :].tolist()
+
+
+def tokenizer_json(vocab: int) -> str:
+    """A word-level ``tokenizer.json`` (tokenizers library) with ids 0..vocab-1."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {f"w{i}": i for i in range(vocab)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=words, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer.to_str()

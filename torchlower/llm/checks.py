@@ -34,12 +34,13 @@ def reference_cases(
     logits: str,
     weights: dict[str, torch.Tensor] | None = None,
     seed: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> list[Case]:
     """Prefill from an empty cache, a 3-token continuation with past, then one decode step."""
     prompt, more, step = reference_inputs(vocab, seed)
     run = _runner(model, weights)
     cases: list[Case] = []
-    past: list[torch.Tensor] = layout.empty(0)
+    past: list[torch.Tensor] = layout.empty(0, dtype)
     cache = None
     for label, ids in (("prefill P=0", prompt), ("with past P=6", more), ("decode P=9", step)):
         out = run(ids, cache)
@@ -47,7 +48,7 @@ def reference_cases(
         present = [t.detach().clone() for t in cache_tensors(cache)]
         scores = out.logits[:, -1:, :] if logits == "last" else out.logits
         cases.append(Case(label, [ids, *past], [scores.detach().clone(), *present]))
-        past = present
+        past = [t.to(dtype) for t in present]  # what the archive's cache inputs hold
     return cases
 
 
@@ -72,6 +73,7 @@ def samples(
     vocab: int,
     logits: str,
     weights: dict[str, torch.Tensor] | None,
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, bytes]:
     """``io/*.npz`` for any runtime to self-test: prompt, prompt-with-past, and a decode step.
 
@@ -79,7 +81,9 @@ def samples(
     """
     out: dict[str, bytes] = {}
     names = ("io/prompt.npz", "io/prompt_with_past.npz", "io/decode_step.npz")
-    for name, case in zip(names, reference_cases(model, layout, vocab, logits, weights), strict=True):
+    for name, case in zip(
+        names, reference_cases(model, layout, vocab, logits, weights, dtype=dtype), strict=True
+    ):
         arrays: dict[str, np.ndarray] = {}
         for key, t in zip(layout.input_names(), case.inputs, strict=True):
             arrays[key] = t.numpy()

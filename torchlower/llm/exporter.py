@@ -23,6 +23,7 @@ from torchlower import tolerance as tolerances
 from torchlower.api import _build, _bytes_by_format, _eval_view
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks
+from torchlower.llm.precision import cache_dtype, drop_cache_casts
 from torchlower.llm.source import SourceError, check_tokenizer, open_source
 from torchlower.llm.wrapper import CachedCausalLM, CacheLayout, dynamic_rope_limit, layout_of, static_rope
 from torchlower.nnef import archive, guards, passes
@@ -112,10 +113,10 @@ def export(
     vocab = int(config.vocab_size)
     check_tokenizer(src.files, vocab, src.folder)
     layout = layout_of(model)
-    wrapper = CachedCausalLM(model, layout, logits).eval()
+    wrapper = CachedCausalLM(model, layout, logits, cache_dtype(precision)).eval()
 
     names_in, names_out = layout.input_names(), layout.output_names()
-    example = _trace_example(layout, vocab)
+    example = _trace_example(layout, vocab, cache_dtype(precision))
     axes = {"input_ids": {1: "S"}} | {n: {2: "P"} for n in names_in[1:]}
     spec = dynamic.Spec.build(
         validate.dynamic_axes(axes, names_in, [t.dim() for t in example]), names_in, example
@@ -127,6 +128,8 @@ def export(
         from torchlower.llm.compress import compress_weights
 
         dequantized = compress_weights(builder, wrapper, compress, embeddings or "f32")
+    if precision == "f16":
+        drop_cache_casts(builder)
     passes.optimize(builder)
     guards.apply(builder)
     weights = builder.live_weights()
@@ -147,7 +150,7 @@ def export(
     graph = bundle.with_header(builder.graph_text(), bounds, bundle.properties_fragment(props))
     files = dict(src.files)
     if io_samples:
-        files |= checks.samples(model, layout, vocab, logits, dequantized)
+        files |= checks.samples(model, layout, vocab, logits, dequantized, cache_dtype(precision))
     # written beside the target and renamed after the check: a failed export leaves no archive
     staging = target.with_name(f".{os.getpid()}-checking-{target.name}")
     staged = archive.write(staging, graph, weights, builder.quant_text(), files)
@@ -195,7 +198,8 @@ def _check(
     """Three inputs against HF: prefill (P = 0), a continuation with past, one decode step."""
     from torchlower.api import verify
 
-    reference = checks.reference_cases(model, layout, vocab, logits, dequantized)
+    dtype = cache_dtype(precision)
+    reference = checks.reference_cases(model, layout, vocab, logits, dequantized, dtype=dtype)
     for case in reference:
         want = [t.numpy() for t in case.outputs]
         tol = tolerances.f16(want) if precision == "f16" else tolerances.default(want)
@@ -206,7 +210,7 @@ def _check(
     if dequantized is not None:
         from torchlower.nnef.tract import compare, run_in_tract
 
-        for case in checks.reference_cases(model, layout, vocab, logits, None):
+        for case in checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype):
             got = run_in_tract(report.path, [t.numpy() for t in case.inputs])
             names = [f"{n} ({case.label})" for n in layout.output_names()]
             report.original_errors += compare(names, [t.numpy() for t in case.outputs], got, float("inf"))
@@ -241,10 +245,10 @@ def _max_positions(config: Any) -> int | None:
     return None
 
 
-def _trace_example(layout: CacheLayout, vocab: int) -> tuple[torch.Tensor, ...]:
+def _trace_example(layout: CacheLayout, vocab: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (1, TRACE_SEQ), generator=g)
-    past = [torch.randn(t.shape, generator=g) for t in layout.empty(TRACE_PAST)]
+    past = [torch.randn(t.shape, generator=g).to(dtype) for t in layout.empty(TRACE_PAST)]
     return (ids, *past)
 
 

@@ -143,13 +143,13 @@ def load_model(folder: Path, config: Any) -> nn.Module:
     import torch
     import transformers
 
-    files = weight_files(folder)
-    check_weights_readable(files)
     if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
         raise SourceError(
             f"{folder / 'config.json'}: {type(config).__name__} has no causal-LM head in transformers; "
             "torchlower.llm exports decoder-only causal language models"
         )
+    files = weight_files(folder)
+    check_weights_readable(files)
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             str(folder), local_files_only=True, dtype=torch.float32

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlower.errors import LoweringError
+
 
 def mask_from_model(config: Any) -> bool:
     """ALiBi models build their position bias from the 2-D mask: let the model build both."""
@@ -90,14 +92,23 @@ def layout_of(model: nn.Module) -> CacheLayout:
     """The cache layout, read from the model's own cache after one 2-token step."""
     device = next(model.parameters()).device
     out = hf_forward(model, torch.zeros(1, 2, dtype=torch.long, device=device))
-    tensors = cache_tensors(present_cache(out))
+    try:
+        tensors = cache_tensors(present_cache(out))
+    except (AttributeError, TypeError) as exc:
+        raise LoweringError(
+            f"{type(model).__name__} keeps no key/value cache torchlower.llm can expose ({exc}); "
+            "only attention KV caches are supported"
+        ) from exc
     keys, values = tensors[0::2], tensors[1::2]
     shapes = {(tuple(k.shape), tuple(v.shape)) for k, v in zip(keys, values, strict=True)}
+    name = type(model).__name__
     if len(shapes) != 1:
-        raise NotImplementedError(f"layers with different cache shapes: {sorted(shapes)}")
+        raise LoweringError(
+            f"{name}: layers with different cache shapes ({sorted(shapes)}) are not supported"
+        )
     ((k, v),) = shapes
-    if k[0] != 1 or k[2] != 2 or v[2] != 2:
-        raise NotImplementedError(f"cache layout {k} is not [batch, heads, seq, head_dim]")
+    if len(k) != 4 or k[0] != 1 or k[2] != 2 or v[2] != 2:
+        raise LoweringError(f"{name}: cache layout {k} is not [batch, heads, seq, head_dim]")
     return CacheLayout(len(keys), k[1], k[3], v[1], v[3])
 
 
@@ -123,8 +134,15 @@ def dynamic_cache(tensors: tuple[torch.Tensor, ...]) -> Any:
 class CachedCausalLM(nn.Module):
     """``forward(input_ids, *past)`` → ``(logits, *present)`` around a transformers causal LM."""
 
-    def __init__(self, model: nn.Module, layout: CacheLayout, logits: str = "last") -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        layout: CacheLayout,
+        logits: str = "last",
+        cache_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
+        self.cache_dtype = cache_dtype
         self.model = model
         self.layout = layout
         self.last_only = logits == "last"
@@ -139,8 +157,8 @@ class CachedCausalLM(nn.Module):
         self.own_mask = mask_from_model(model.config)
 
     def forward(self, input_ids: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        cache = dynamic_cache(past)
         p, s = past[0].shape[2], input_ids.shape[1]
+        cache = dynamic_cache(tuple(t.to(self.model.dtype) for t in past))
         query = torch.arange(p, p + s, device=input_ids.device)
         options: dict[str, Any] = {self.cache_arg: cache, "use_cache": True}
         if not self.own_mask:
@@ -153,7 +171,7 @@ class CachedCausalLM(nn.Module):
         logits = out.logits
         if self.last_only and logits.shape[1] != 1:
             logits = logits[:, -1:, :]
-        return (logits, *cache_tensors(present_cache(out)))
+        return (logits, *(t.to(self.cache_dtype) for t in cache_tensors(present_cache(out))))
 
     def _mask(self, query: torch.Tensor, total: Any) -> Any:
         """Additive float masks [1, 1, S, P+S]: causal, and causal within the sliding window."""
