@@ -60,7 +60,9 @@ def _runner(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> Any:
     def run(ids: torch.Tensor, cache: Any) -> Any:
         from torchlower.llm.wrapper import cache_arg
 
-        options = {"input_ids": ids, "use_cache": True} | ({cache_arg(model): cache} if cache else {})
+        from transformers.cache_utils import DynamicCache
+
+        options = {"input_ids": ids, "use_cache": True, cache_arg(model): cache or DynamicCache()}
         with torch.no_grad():
             return torch.func.functional_call(model, params, (), options)
 

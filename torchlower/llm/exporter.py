@@ -33,6 +33,9 @@ PRECISIONS = ("f32", "f16")
 COMPRESSIONS = (None, "q4_0")
 EMBEDDINGS = (None, "f32", "q4_0")
 LOGITS = ("last", "all")
+# torch itself running these models in f16 differs from f32 by up to ~3 % of the largest logit
+# (docs/llm.md); the f16 check allows that much, 3x the generic f16 tolerance
+F16_TOLERANCE = 3e-2
 UNBOUNDED_CONTEXT = 2048  # default P + S bound of a model without a position limit (ALiBi)
 TRACE_PAST, TRACE_SEQ = 5, 3  # distinct sizes so torch.export keeps P and S apart
 
@@ -202,7 +205,7 @@ def _check(
     reference = checks.reference_cases(model, layout, vocab, logits, dequantized, dtype=dtype)
     for case in reference:
         want = [t.numpy() for t in case.outputs]
-        tol = tolerances.f16(want) if precision == "f16" else tolerances.default(want)
+        tol = F16_TOLERANCE * tolerances._scale(want) if precision == "f16" else tolerances.default(want)
         if dequantized is not None:
             tol = max(tol, 1e-3 * tolerances._scale(want))  # blocks reorder the f32 sums
         names = [f"{n} ({case.label})" for n in layout.output_names()]
