@@ -58,9 +58,9 @@ def _runner(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> Any:
     params = dict(model.named_parameters()) | dict(model.named_buffers()) | weights
 
     def run(ids: torch.Tensor, cache: Any) -> Any:
-        from torchlower.llm.wrapper import cache_arg
-
         from transformers.cache_utils import DynamicCache
+
+        from torchlower.llm.wrapper import cache_arg
 
         options = {"input_ids": ids, "use_cache": True, cache_arg(model): cache or DynamicCache()}
         with torch.no_grad():

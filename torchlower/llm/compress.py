@@ -8,11 +8,13 @@ weight) has two kinds of use and stays as it is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from torchlower import progress
 from torchlower.nnef import quant
 
 
@@ -27,13 +29,30 @@ def embedding_labels(wrapper: nn.Module) -> set[str]:
 
 
 def compress_weights(
-    builder: Any, wrapper: nn.Module, compress: str | None, embeddings: str
+    builder: Any,
+    wrapper: nn.Module,
+    compress: str | None,
+    embeddings: str,
+    keep: bool = True,
+    release: Callable[[torch.Tensor], None] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Pack the chosen weights as Q4_0; returns the dequantized HF parameters (for the check)."""
+    """Pack the chosen weights as Q4_0; returns the dequantized HF parameters (for the check).
+
+    One parameter at a time, so a memory-mapped checkpoint is read, packed and released tensor
+    by tensor; with ``keep=False`` (no check) the dequantized copies are not kept either.
+    """
     params = dict(wrapper.named_parameters())
     tables = embedding_labels(wrapper)
+    dequantized: dict[str, torch.Tensor] = {}
     chosen = {
-        k: v for k, v in params.items() if (embeddings == "q4_0" if k in tables else compress == "q4_0")
+        label: param
+        for label, param in params.items()
+        if (embeddings == "q4_0" if label in tables else compress == "q4_0")
     }
-    dequantized = quant.compress_weights(builder, quant.Q4_0, chosen)
-    return {k.removeprefix("model."): v for k, v in dequantized.items()}
+    with progress.stage("packing q4_0", total=len(chosen), unit="tensors"):
+        for label, param in chosen.items():
+            packed = quant.compress_weights(builder, quant.Q4_0, {label: param}, release)
+            if keep:
+                dequantized.update({k.removeprefix("model."): v for k, v in packed.items()})
+            progress.advance(1)
+    return dequantized

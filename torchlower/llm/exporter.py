@@ -130,7 +130,9 @@ def export(
     if compress is not None or embeddings == "q4_0":
         from torchlower.llm.compress import compress_weights
 
-        dequantized = compress_weights(builder, wrapper, compress, embeddings or "f32")
+        release = src.mapping.release if src.mapping is not None else None
+        keep = check or io_samples
+        dequantized = compress_weights(builder, wrapper, compress, embeddings or "f32", keep, release)
     if precision == "f16":
         drop_cache_casts(builder)
     passes.optimize(builder)
@@ -156,7 +158,8 @@ def export(
         files |= checks.samples(model, layout, vocab, logits, dequantized, cache_dtype(precision))
     # written beside the target and renamed after the check: a failed export leaves no archive
     staging = target.with_name(f".{os.getpid()}-checking-{target.name}")
-    staged = archive.write(staging, graph, weights, builder.quant_text(), files)
+    release = src.mapping.release if src.mapping is not None else None
+    staged = archive.write(staging, graph, weights, builder.quant_text(), files, release)
     report = ExportReport(
         path=staged,
         model_type=src.model_type,

@@ -38,6 +38,7 @@ class Source:
     config: Any
     folder: Path | None = None
     files: dict[str, bytes] = field(default_factory=dict)  # bundled as-is: config, tokenizer
+    mapping: Any = None  # stream.Mapping when the weights are memory-mapped
 
     @property
     def model_type(self) -> str:
@@ -66,8 +67,8 @@ def open_source(source: str | os.PathLike[str] | nn.Module) -> Source:
     folder = Path(source)
     config = load_config(folder)
     files = bundled_files(folder)
-    model = load_model(folder, config)
-    return Source(model, config, folder, files)
+    model, mapping = load_model(folder, config)
+    return Source(model, config, folder, files, mapping)
 
 
 def load_config(folder: Path) -> Any:
@@ -138,8 +139,12 @@ def check_weights_readable(files: list[Path]) -> None:
             ) from exc
 
 
-def load_model(folder: Path, config: Any) -> nn.Module:
-    """``AutoModelForCausalLM`` from the folder in f32 eval mode, offline."""
+def load_model(folder: Path, config: Any) -> tuple[nn.Module, Any]:
+    """``AutoModelForCausalLM`` from the folder in f32 eval mode, offline, and its memory map.
+
+    All-f32 safetensors checkpoints are memory-mapped (``stream.py``: nothing is read until
+    written); others load into memory through transformers.
+    """
     import torch
     import transformers
 
@@ -150,13 +155,19 @@ def load_model(folder: Path, config: Any) -> nn.Module:
         )
     files = weight_files(folder)
     check_weights_readable(files)
+    from torchlower.llm import stream
+
+    try:
+        return stream.mapped_model(files, config)
+    except stream.NotStreamable:
+        pass
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             str(folder), local_files_only=True, dtype=torch.float32
         )
     except Exception as exc:
         raise SourceError(f"{files[0]}: transformers cannot load the checkpoint: {exc}") from exc
-    return model.eval()
+    return model.eval(), None
 
 
 def bundled_files(folder: Path) -> dict[str, bytes]:

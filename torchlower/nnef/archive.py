@@ -13,7 +13,7 @@ import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -51,10 +51,12 @@ def members(
     weights: Mapping[str, Weight],
     quant_text: str | None = None,
     extra: Mapping[str, bytes] | None = None,
+    release: Callable[[Weight], None] | None = None,
 ) -> Iterator[tuple[str, Chunks]]:
     """(path, chunks) of every file, sorted by path; a tensor's data chunk is a view of its buffer.
 
     ``extra`` files (bundled as-is: an LLM's config and tokenizer) must not shadow graph files.
+    ``release(weight)`` runs once a weight is written (memory-mapped weights drop their pages).
     """
     files: dict[str, object] = dict(extra or {})
     files["graph.nnef"] = graph
@@ -71,6 +73,8 @@ def members(
             chunks = dat.parts(_to_numpy(item))  # type: ignore[arg-type]
         yield name, chunks
         progress.advance(sum(len(c) if isinstance(c, bytes) else c.nbytes for c in chunks))
+        if release is not None and isinstance(item, torch.Tensor):
+            release(item)
         del chunks, item  # the next tensor's chunks must not share the peak with this one
 
 
@@ -91,6 +95,7 @@ def write(
     weights: Mapping[str, Weight],
     quant_text: str | None = None,
     extra: Mapping[str, bytes] | None = None,
+    release: Callable[[Weight], None] | None = None,
 ) -> Path:
     """Write the artifact at ``path`` atomically; returns the final path."""
     target = Path(path)
@@ -104,9 +109,9 @@ def write(
     total += sum(len(blob) for blob in (extra or {}).values())
     with progress.stage("writing", total=total, unit="bytes"):
         if kind == "dir":
-            _write_directory(target, members(graph, weights, quant_text, extra))
+            _write_directory(target, members(graph, weights, quant_text, extra, release))
         else:
-            _write_tar(target, members(graph, weights, quant_text, extra), compress=kind == "tgz")
+            _write_tar(target, members(graph, weights, quant_text, extra, release), compress=kind == "tgz")
     return target
 
 

@@ -18,7 +18,7 @@ The vendor bytes are ``52 54`` ("RT" little-endian: tract's vendor id) and bits 
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -140,7 +140,10 @@ class _Use:
 
 
 def compress_weights(
-    builder: Any, fmt: BlockFormat, params: Mapping[str, torch.Tensor]
+    builder: Any,
+    fmt: BlockFormat,
+    params: Mapping[str, torch.Tensor],
+    release: Callable[[torch.Tensor], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Store eligible weights of ``builder`` in ``fmt``; returns the dequantized parameters.
 
@@ -149,6 +152,7 @@ def compress_weights(
     the filter of a ``conv``, or the table of a ``tract_core_gather`` on axis 0 (embedding), with
     the reduced size a multiple of 32. ``x @ W`` stores ``Wᵀ`` and flips ``transposeB`` so the
     blocks run along the reduced dim, as tract's block-quantized matmul needs.
+    ``release(param)`` runs after a parameter is packed (memory-mapped weights drop their pages).
     """
     import torch
 
@@ -191,6 +195,8 @@ def compress_weights(
                 u.assignment.attrs["datum_type"] = builder.dtype_name(torch.float32)
         builder.weights[label] = packed
         dequantized[label] = values.reshape(param.shape).to(param.dtype)
+        if release is not None:
+            release(param)
     return dequantized
 
 
