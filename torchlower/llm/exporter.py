@@ -115,7 +115,9 @@ def export(
         )
     vocab = int(config.vocab_size)
     check_tokenizer(src.files, vocab, src.folder)
-    layout = layout_of(model)
+    layout = layout_of(model)  # one 2-token forward: reads every weight once
+    if src.mapping is not None:
+        src.mapping.release_all()
     wrapper = CachedCausalLM(model, layout, logits, cache_dtype(precision)).eval()
 
     names_in, names_out = layout.input_names(), layout.output_names()
@@ -137,6 +139,8 @@ def export(
         drop_cache_casts(builder)
     passes.optimize(builder)
     guards.apply(builder)
+    if src.mapping is not None:
+        src.mapping.release_all()  # folds and passes may have read some weights
     weights = builder.live_weights()
     parameters = sum(p.numel() for p in model.parameters())
     props: dict[str, str | int | float] = {

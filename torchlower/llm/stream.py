@@ -45,6 +45,7 @@ class Mapping:
     def __init__(self) -> None:
         self.files: list[tuple[Any, mmap.mmap]] = []
         self.by_pointer: dict[int, _Mapped] = {}
+        self._bases: list[tuple[int, int, mmap.mmap]] = []
 
     def tensor(
         self, path: Path, key: str, meta: dict[str, Any], data_start: int, memory: mmap.mmap
@@ -61,15 +62,41 @@ class Mapping:
         self.by_pointer[out.data_ptr()] = _Mapped(memory, data_start + begin, end - begin)
         return out
 
-    def release(self, tensor: Any) -> None:
-        """Drop the resident pages of a mapped tensor (it stays valid: a later read maps them again)."""
-        mapped = self.by_pointer.get(tensor.data_ptr()) if isinstance(tensor, torch.Tensor) else None
-        if mapped is None or not hasattr(mmap, "MADV_DONTNEED"):
+    def release(self, data: Any) -> None:
+        """Drop the resident pages under a mapped tensor or a memoryview of one (data stays valid:
+        the private map re-reads the file on the next access)."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
             return
-        first = (mapped.start + PAGE - 1) // PAGE * PAGE  # whole pages inside the tensor only
-        last = (mapped.start + mapped.length) // PAGE * PAGE
-        if last > first:
-            mapped.memory.madvise(mmap.MADV_DONTNEED, first, last - first)
+        if isinstance(data, torch.Tensor):
+            start, length = data.data_ptr(), data.numel() * data.element_size()
+        elif isinstance(data, memoryview) and data.nbytes >= PAGE:
+            import numpy as np
+
+            start, length = np.frombuffer(data, dtype=np.uint8).ctypes.data, data.nbytes
+        else:
+            return
+        for base, size, memory in self.bases():
+            if base <= start < base + size:
+                first = (start - base + PAGE - 1) // PAGE * PAGE  # whole pages inside only
+                last = (start - base + length) // PAGE * PAGE
+                if last > first:
+                    memory.madvise(mmap.MADV_DONTNEED, first, last - first)
+                return
+
+    def bases(self) -> list[tuple[int, int, mmap.mmap]]:
+        if len(self._bases) != len(self.files):
+            import ctypes
+
+            self._bases = [
+                (ctypes.addressof(ctypes.c_char.from_buffer(m)), len(m), m) for _h, m in self.files
+            ]
+        return self._bases
+
+    def release_all(self) -> None:
+        """Drop every resident page of the checkpoint (after a step that read the whole model)."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            for _handle, memory in self.files:
+                memory.madvise(mmap.MADV_DONTNEED)
 
     def close(self) -> None:
         self.by_pointer.clear()

@@ -90,8 +90,7 @@ def cache_tensors(cache: Any) -> list[torch.Tensor]:
 
 def layout_of(model: nn.Module) -> CacheLayout:
     """The cache layout, read from the model's own cache after one 2-token step."""
-    device = next(model.parameters()).device
-    out = hf_forward(model, torch.zeros(1, 2, dtype=torch.long, device=device))
+    out = _shape_run(model)
     try:
         tensors = cache_tensors(present_cache(out))
     except (AttributeError, TypeError) as exc:
@@ -110,6 +109,25 @@ def layout_of(model: nn.Module) -> CacheLayout:
     if len(k) != 4 or k[0] != 1 or k[2] != 2 or v[2] != 2:
         raise LoweringError(f"{name}: cache layout {k} is not [batch, heads, seq, head_dim]")
     return CacheLayout(len(keys), k[1], k[3], v[1], v[3])
+
+
+def _shape_run(model: nn.Module) -> Any:
+    """A 2-token forward for the cache shapes, on ``meta`` copies of the weights when possible.
+
+    Shapes are all it needs, so no weight is read (a memory-mapped checkpoint stays on disk);
+    a model whose code cannot run on ``meta`` runs for real.
+    """
+    from transformers.cache_utils import DynamicCache
+
+    state = {k: v.to("meta") for k, v in [*model.named_parameters(), *model.named_buffers()]}
+    ids = torch.zeros(1, 2, dtype=torch.long, device="meta")
+    try:
+        with torch.no_grad():
+            options = {"input_ids": ids, "use_cache": True, cache_arg(model): DynamicCache()}
+            return torch.func.functional_call(model, state, (), options, tie_weights=False)
+    except Exception:  # any failure on meta: measure with the real weights
+        device = next(model.parameters()).device
+        return hf_forward(model, torch.zeros(1, 2, dtype=torch.long, device=device))
 
 
 def dynamic_cache(tensors: tuple[torch.Tensor, ...]) -> Any:
