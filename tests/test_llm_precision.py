@@ -48,3 +48,12 @@ def test_q4_0_linear_and_embeddings(tmp_path: Path) -> None:
     assert both.errors and all(e.ok for e in both.errors)
     assert both.weight_bytes_by_format["q4_0"] > linear.weight_bytes_by_format["q4_0"]
     assert both.weight_bytes < linear.weight_bytes < 0.6 * 4 * model.num_parameters()
+
+
+def test_f16_embeddings_in_f32_graph(tmp_path: Path) -> None:
+    model = llm_models.build("llama")
+    report = llm.export(model, tmp_path / "e.nnef.tgz", embeddings="f16")
+    assert report.errors and all(e.ok for e in report.errors)  # vs HF with f16-rounded tables
+    tables = 2 * 160 * 32 * 2  # embedding + LM head, f16
+    assert report.weight_bytes_by_format["float16"] == tables
+    assert llm.generate(report.path, PROMPT, 16) == llm_models.greedy(model, PROMPT, 16)

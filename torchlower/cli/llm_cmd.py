@@ -26,7 +26,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="archive path (.nnef.tgz, .nnef.tar or .nnef dir)")
     p.add_argument("--precision", choices=["f32", "f16"], default="f32", help="weights, compute and cache")
     p.add_argument("--compress", choices=["q4_0"], help="linear layers in 4-bit blocks")
-    p.add_argument("--embeddings", choices=["f32", "q4_0"], help="storage of the embedding and LM head")
+    p.add_argument("--embeddings", choices=["f32", "f16", "q4_0"], help="embedding and LM head storage")
     p.add_argument(
         "--logits", choices=["last", "all"], default="last", help="logits of the last or every position"
     )

@@ -56,3 +56,30 @@ def compress_weights(
                 dequantized.update({k.removeprefix("model."): v for k, v in packed.items()})
             progress.advance(1)
     return dequantized
+
+
+def store_f16(builder: Any, wrapper: nn.Module) -> dict[str, torch.Tensor]:
+    """The embedding table and LM head stored as f16 in an f32 graph, cast back where they are read.
+
+    tract folds the cast when it loads the archive, so this halves the file, not the memory.
+    Returns the f16-rounded HF parameters (what the check runs PyTorch with).
+    """
+    from torchlower.nnef import text
+    from torchlower.values import Value
+
+    tables = embedding_labels(wrapper)
+    rounded: dict[str, torch.Tensor] = {}
+    for a in list(builder.assignments):
+        label = a.attrs.get("label") if a.op.startswith("variable") else None
+        weight = builder.weights.get(label) if label in tables else None
+        if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32:
+            continue
+        builder.weights[label] = weight.half()
+        out = a.outputs[0]
+        stored = Value(builder.fresh(f"{out.name}_f16"), torch.float16, out.shape, label=label)
+        a.outputs = [stored]
+        cast = text.Assignment([out], "tract_core_cast", [stored], {"to": "f32"})
+        builder.assignments.insert(builder.assignments.index(a) + 1, cast)
+        param = wrapper.get_parameter(label)
+        rounded[label.removeprefix("model.")] = weight.half().float().reshape(param.shape)
+    return rounded

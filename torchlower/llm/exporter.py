@@ -31,7 +31,7 @@ from torchlower.nnef.tract import OutputError
 
 PRECISIONS = ("f32", "f16")
 COMPRESSIONS = (None, "q4_0")
-EMBEDDINGS = (None, "f32", "q4_0")
+EMBEDDINGS = (None, "f32", "f16", "q4_0")
 LOGITS = ("last", "all")
 # torch itself running these models in f16 differs from f32 by up to ~3 % of the largest logit
 # (docs/llm.md); the f16 check allows that much, 3x the generic f16 tolerance
@@ -135,6 +135,10 @@ def export(
         release = src.mapping.release if src.mapping is not None else None
         keep = check or io_samples
         dequantized = compress_weights(builder, wrapper, compress, embeddings or "f32", keep, release)
+    if embeddings == "f16" and precision == "f32":
+        from torchlower.llm.compress import store_f16
+
+        dequantized = (dequantized or {}) | store_f16(builder, wrapper)
     if precision == "f16":
         drop_cache_casts(builder)
     passes.optimize(builder)
