@@ -5,8 +5,8 @@ Artifacts are untrusted: ``load`` validates the container (``nnef/reader.py``), 
 member, line or field. Only numpy is needed, except ``check(model=...)`` which runs torch.
 
 Lattice folders (``graph.mlir`` + ``weights.safetensors``) are handed to
-``torchlower.lattice.io`` (functions ``load``, ``inspect``, ``check`` with the same signatures)
-when that module exists; until then they get a clear ``ArtifactError``.
+``torchlower.lattice.io`` (functions ``load``, ``inspect``, ``check`` with the same signatures;
+``check`` runs the lattice reference executor instead of tract).
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def check(
 
     target = Path(path)
     if _is_lattice(target):
-        return _lattice().check(target, inputs, expected, model, tolerance)
+        return _lattice().check(target, inputs, expected, model, tolerance, seed=seed)
     if expected is not None and model is not None:
         raise InvalidArgumentError("give either expected= or model=, not both")
     with reader.extracted(target) as folder:  # tract reads exactly the bytes we validated

@@ -10,7 +10,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from torchlower.cli import specs
+from torchlower.cli import lattice_cmd, specs
 from torchlower.cli.console import Output, show_progress
 from torchlower.cli.factory import build_model
 from torchlower.cli.failures import output_error, short, usage_error
@@ -44,6 +44,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     target = Path(args.archive)
     if not target.exists():
         raise usage_error(f"artifact {args.archive!r} does not exist")
+    if lattice_cmd.is_lattice(target):
+        return lattice_cmd.check(args, out)
     inputs = specs.read_npz(args.inputs, "--inputs") if args.inputs else None
     expected = specs.read_npz(args.expected, "--expected") if args.expected else None
     if (args.weights or args.trust) and not args.model:

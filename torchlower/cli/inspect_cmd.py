@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from torchlower.cli import lattice_cmd
 from torchlower.cli.console import Output
 from torchlower.cli.failures import usage_error
 
@@ -37,6 +38,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
     target = Path(args.archive)
     if not target.exists():
         raise usage_error(f"artifact {args.archive!r} does not exist")
+    if lattice_cmd.is_lattice(target):
+        return lattice_cmd.inspect(args, out)
     data = dict(torchlower.inspect(target))
     picture = args.svg or args.png or args.dot
     if picture:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from torchlower.errors import InvalidArgumentError
-from torchlower.lattice import kernels
+from torchlower.lattice import kernels, targets
 from torchlower.lattice.sparse import SparseTensor, Triple, triple
 
 IntOr3 = int | Sequence[int]
@@ -45,12 +45,15 @@ class _ConvBase(nn.Module):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
+    def _features(self, feats: torch.Tensor, kmap: kernels.KernelMap) -> torch.Tensor:
+        return kernels.apply_conv(feats, kmap, self.weight, self.bias)
+
     def _run(self, x: SparseTensor, kmap: kernels.KernelMap) -> SparseTensor:
         if x.num_channels != self.in_channels:
             raise InvalidArgumentError(
                 f"{type(self).__name__} expects {self.in_channels} channels, got {x.num_channels}"
             )
-        feats = kernels.apply_conv(x.feats, kmap, self.weight, self.bias)
+        feats = self._features(x.feats, kmap)
         if kmap.out_coords is x.coords:
             return x.replace(feats)
         return SparseTensor(feats, kmap.out_coords, kmap.out_stride, supports=x.supports, check=False)
@@ -91,15 +94,22 @@ class Conv3d(_ConvBase):
         self.stride, self.padding = triple(stride, "stride"), triple(padding, "padding")
         self.dilation = triple(dilation, "dilation")
 
-    def forward(self, x: SparseTensor) -> SparseTensor:
+    def forward(self, x: SparseTensor, target: SparseTensor | None = None) -> SparseTensor:
+        """``conv(x)`` creates its output support; ``conv(x, target)`` writes onto ``target``'s."""
         geometry = (self.kernel_size, self.stride, self.padding, self.dilation)
+        if target is not None:
+            return self._run(x, targets.target_conv_map(x, target, *geometry))
         return self._run(x, _cached(x, kernels.conv_map, *geometry))
 
 
 class ConvTranspose3d(Conv3d):
-    """Inverse of a ``Conv3d`` with the same geometry: the output is the support that conv read."""
+    """Inverse of a ``Conv3d`` with the same geometry: the output is the support that conv read,
+    or ``target``'s when called as ``conv(x, target)``."""
 
-    def forward(self, x: SparseTensor) -> SparseTensor:
+    def forward(self, x: SparseTensor, target: SparseTensor | None = None) -> SparseTensor:  # type: ignore[override]
+        if target is not None:
+            geometry = (self.kernel_size, self.stride, self.padding, self.dilation)
+            return self._run(x, targets.target_transpose_map(x, target, *geometry))
         if any(a % b for a, b in zip(x.stride, self.stride, strict=True)):
             raise InvalidArgumentError(
                 f"ConvTranspose3d stride {self.stride} does not divide input stride {x.stride}"
@@ -124,7 +134,11 @@ class GenerativeConvTranspose3d(_ConvBase):
         super().__init__(in_channels, out_channels, kernel_size, bias)
         self.stride = triple(stride, "stride")
 
-    def forward(self, x: SparseTensor) -> SparseTensor:
+    def forward(self, x: SparseTensor, target: SparseTensor | None = None) -> SparseTensor:
+        """``conv(x, target)``: onto ``target``'s voxels instead (a target transposed conv)."""
+        if target is not None:
+            geometry = (self.kernel_size, self.stride, (0, 0, 0), (1, 1, 1))
+            return self._run(x, targets.target_transpose_map(x, target, *geometry))
         return self._run(x, _cached(x, kernels.generative_map, self.kernel_size, self.stride))
 
 

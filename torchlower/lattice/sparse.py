@@ -97,17 +97,39 @@ class SparseTensor:
     def __add__(self, other: object) -> SparseTensor:
         from torchlower.lattice import functional
 
+        if _is_number(other):
+            return self.replace(self.feats + other)  # type: ignore[operator]
         return functional.add(self, other)  # type: ignore[arg-type]
 
     def __sub__(self, other: object) -> SparseTensor:
         from torchlower.lattice import functional
 
+        if _is_number(other):
+            return self.replace(self.feats - other)  # type: ignore[operator]
         return functional.sub(self, other)  # type: ignore[arg-type]
 
     def __mul__(self, other: object) -> SparseTensor:
         from torchlower.lattice import functional
 
+        if _is_number(other):
+            return self.replace(self.feats * other)  # type: ignore[operator]
         return functional.mul(self, other)  # type: ignore[arg-type]
+
+    # a number on the left, division and negation act on the features
+    def __radd__(self, other: float) -> SparseTensor:
+        return self.replace(other + self.feats)
+
+    def __rsub__(self, other: float) -> SparseTensor:
+        return self.replace(other - self.feats)
+
+    def __rmul__(self, other: float) -> SparseTensor:
+        return self.replace(other * self.feats)
+
+    def __truediv__(self, other: float) -> SparseTensor:
+        return self.replace(self.feats / other)
+
+    def __neg__(self) -> SparseTensor:
+        return self.replace(-self.feats)
 
     @classmethod
     def __torch_function__(
@@ -120,6 +142,10 @@ class SparseTensor:
         if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == source.feats.shape[0]:
             return source.replace(out)
         return out
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def check_divisible(coords: torch.Tensor, stride: Triple) -> None:
