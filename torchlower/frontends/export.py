@@ -123,7 +123,7 @@ def _grouped_varargs(module: nn.Module, dynamic_shapes: Any) -> Any:
     except (TypeError, ValueError):
         return dynamic_shapes
     star = [i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_POSITIONAL]
-    if not star or len(dynamic_shapes) < star[0]:
+    if not star or len(dynamic_shapes) <= len(params):  # one entry per parameter already
         return dynamic_shapes
     return (*dynamic_shapes[: star[0]], tuple(dynamic_shapes[star[0] :]))
 
