@@ -90,3 +90,12 @@ def test_user_rule_through_the_lattice_extension_point(tmp_path: Path) -> None:
         )
     finally:
         del LATTICE_RULES.functions[shift]
+
+
+def test_torch_function_on_unaligned_sparse_tensors_is_refused() -> None:
+    from torchlower.errors import InvalidArgumentError
+
+    a, b = cloud(), cloud()
+    assert torch.equal(torch.mul(a, a).feats, a.feats * a.feats)  # same voxels: row by row
+    with pytest.raises(InvalidArgumentError, match="different voxels"):
+        torch.mul(a, b)

@@ -22,6 +22,11 @@ class TraceError(TorchlowerError):
     """A front end could not capture the model's graph (tracing / export failed)."""
 
 
+class ValueDependentTraceError(TraceError):
+    """The graph would depend on tensor values (a branch, loop count or scale taken from a
+    tensor into Python); the message names the model's source line and how to rewrite it."""
+
+
 class LoweringError(TorchlowerError):
     """A rule exists but cannot honour the arguments it was given."""
 

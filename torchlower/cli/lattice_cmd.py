@@ -161,7 +161,7 @@ def check(args: argparse.Namespace, out: Output) -> int:
     inputs = specs.read_npz(args.inputs, "--inputs") if args.inputs else None
     expected = specs.read_npz(args.expected, "--expected") if args.expected else None
     model = build_model(args.model, args.weights, args.trust).eval() if args.model else None
-    result = io.check(target, inputs, expected, model, args.tolerance, seed=args.seed)
+    result = io.check(target, inputs, expected, model, args.tolerance, seed=args.seed or 0)
     summary = io.inspect(target)
     if args.save_outputs:
         arrays: dict[str, np.ndarray] = {}

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from torchlower.errors import ArtifactError, InvalidArgumentError, LoweringError, UnsupportedOpsError
 from torchlower.lattice import verify
 from torchlower.lattice.builder import WEIGHT_FILE, LatticeBuilder
-from torchlower.lattice.executor import Artifact, execute, parse_artifact
+from torchlower.lattice.executor import Artifact, execute
 from torchlower.lattice.rules import LATTICE_RULES
 from torchlower.lattice.sparse import SparseTensor
 from torchlower.nnef.tract import OutputError
@@ -230,6 +230,9 @@ def write(folder: Path, text: str, weights: dict[str, torch.Tensor]) -> Path:
             str(tmp / WEIGHT_FILE),
             metadata={"format": "torch"},
         )
+        from torchlower.nnef.archive import publish_mode
+
+        publish_mode(tmp, directory=True)  # mkdtemp made it 0700; the artifact honours the umask
         old = None
         if folder.exists():
             old = folder.parent / f".{folder.name}.old"
@@ -245,13 +248,10 @@ def write(folder: Path, text: str, weights: dict[str, torch.Tensor]) -> Path:
 
 
 def load(folder: str | os.PathLike[str]) -> Artifact:
-    """Parse ``graph.mlir`` and load ``weights.safetensors`` (packed weights dequantized)."""
-    from safetensors.torch import load_file
+    """Parse and validate the folder (``lattice.io.load``); packed weights come back dequantized."""
+    from torchlower.lattice import io
 
-    path = Path(folder)
-    if not (path / GRAPH_FILE).is_file() or not (path / WEIGHT_FILE).is_file():
-        raise ArtifactError(f"{path} is not a lattice artifact (needs {GRAPH_FILE} and {WEIGHT_FILE})")
-    return parse_artifact((path / GRAPH_FILE).read_text(encoding="utf-8"), load_file(str(path / WEIGHT_FILE)))
+    return io.load(folder).artifact
 
 
 def run(artifact: Artifact | str | os.PathLike[str], inputs: Any) -> list[Any]:

@@ -149,7 +149,7 @@ def _shape_dtype(type_text: str) -> dict[str, Any]:
     m = re.fullmatch(r"tensor<((?:[0-9?]+x)*)(\w+)>", type_text)
     if m is None:
         dtype = re.search(r"dtype = (\w+)", type_text)
-        return {"shape": ["?", "C"], "dtype": dtype.group(1) if dtype else "?", "sparse": True}
+        return {"shape": ["?", "?"], "dtype": dtype.group(1) if dtype else "?", "sparse": True}
     dims = [d if d == "?" else int(d) for d in m.group(1).split("x")[:-1]]
     return {"shape": dims, "dtype": m.group(2), "sparse": False}
 

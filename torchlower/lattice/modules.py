@@ -1,13 +1,15 @@
 """Sparse modules in plain PyTorch. Conv weights are stored in the artifact's layout,
 ``[O, kx, ky, kz, I]`` (offsets x-major, z fastest), so lowering writes them unchanged.
 
-Kernel maps are cached on the input tensor (``SparseTensor.cache``), so layers with the same
-geometry on the same voxels share one map.
+Kernel maps are cached on the input's coordinate set (``SparseTensor.cache``), so layers with
+the same geometry on the same voxels share one map, and a ``ConvTranspose3d`` inverts the map of
+the ``Conv3d`` it undoes instead of searching again.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,18 +18,34 @@ from torch import nn
 
 from torchlower.errors import InvalidArgumentError
 from torchlower.lattice import kernels, targets
-from torchlower.lattice.sparse import SparseTensor, Triple, triple
+from torchlower.lattice.sparse import SparseTensor, Triple, coord_cache, triple
 
 IntOr3 = int | Sequence[int]
 
 
-def _cached(x: SparseTensor, build: Callable[..., kernels.KernelMap], *args: Any) -> kernels.KernelMap:
-    """``build(x.coords, x.stride, *args)``, computed once per voxel set (``x.cache``)."""
+def _cached(
+    x: SparseTensor, build: Callable[..., kernels.KernelMap], *args: Any, **extra: Any
+) -> kernels.KernelMap:
+    """``build(x.coords, x.stride, *args, **extra)``, computed once per voxel set (``x.cache``).
+    Tensor arguments key by identity; ``(key, "tensors")`` keeps them so a reused id cannot match."""
+    tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
     key = (build.__name__, *(id(a) if isinstance(a, torch.Tensor) else a for a in args))
     kmap = x.cache.get(key)
-    if kmap is None:
-        kmap = x.cache[key] = build(x.coords, x.stride, *args)
+    held = x.cache.get((key, "tensors"), ())
+    if kmap is not None and len(held) == len(tensors) and all(map(operator.is_, held, tensors)):
+        return kmap
+    kmap = x.cache[key] = build(x.coords, x.stride, *args, **extra)
+    if tensors:
+        x.cache[(key, "tensors")] = tensors
     return kmap
+
+
+def _inverted(x: SparseTensor, target: torch.Tensor, geometry: tuple) -> kernels.KernelMap | None:
+    """The cached map of the conv from ``target`` with ``geometry`` whose outputs are ``x``'s."""
+    conv = coord_cache(target).get(("conv_map", *geometry))
+    if conv is not None and (conv.out_coords is x.coords or torch.equal(conv.out_coords, x.coords)):
+        return conv
+    return None
 
 
 class _ConvBase(nn.Module):
@@ -122,7 +140,8 @@ class ConvTranspose3d(Conv3d):
                 f"(known: {sorted(x.supports)}); use GenerativeConvTranspose3d to create voxels"
             )
         geometry = (self.kernel_size, self.stride, self.padding, self.dilation)
-        return self._run(x, _cached(x, kernels.transpose_map, target, *geometry))
+        conv = _inverted(x, target, geometry)
+        return self._run(x, _cached(x, kernels.transpose_map, target, *geometry, conv=conv))
 
 
 class GenerativeConvTranspose3d(_ConvBase):

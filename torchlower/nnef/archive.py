@@ -13,6 +13,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -125,6 +126,23 @@ def _pieces(data: bytes | memoryview) -> list[memoryview]:
     return [view[i : i + _PIECE] for i in range(0, len(view), _PIECE)] or [view]
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask (read by setting and restoring it: there is no getter)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def publish_mode(path: Path, directory: bool) -> None:
+    """Temporary files and folders are private (0600 / 0700) while written; the finished
+    artifact gets the permissions a plain ``open()`` / ``mkdir`` would have given it."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
+
+
 class _ChunkReader(io.RawIOBase):
     """A read-only file over chunks, handing out slices (views, not copies) to ``tarfile``."""
 
@@ -184,6 +202,7 @@ def _write_tar(
                     tar.addfile(info, _ChunkReader(chunks, done))
             if compress:
                 stream.close()
+        publish_mode(Path(tmp), directory=False)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -203,6 +222,7 @@ def _write_directory(
                     out.write(chunk)
                     if done is not None:
                         done(memoryview(chunk))
+        publish_mode(tmp, directory=True)
         old = None
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
