@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from torchlower.cli import check_cmd, export_cmd, inspect_cmd, ops_cmd, run_cmd
+from torchlower.cli import check_cmd, export_cmd, inspect_cmd, llm_cmd, ops_cmd, run_cmd
 from torchlower.cli.console import Output, setup_logging
 from torchlower.cli.failures import BAD_INPUT, describe, short, usage_error
 
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_cmd.add_parser(sub, common)
     inspect_cmd.add_parser(sub, common)
     ops_cmd.add_parser(sub, common)
+    llm_cmd.add_parser(sub, common)
     demo = sub.add_parser(
         "demo", parents=[common], help="export a small CNN, run it in tract, print the table"
     )

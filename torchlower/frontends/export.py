@@ -10,6 +10,7 @@ Parameters, buffers and constants become constant values labelled by their modul
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 import warnings
 from collections.abc import Sequence
@@ -112,6 +113,24 @@ def _simple(value: Any) -> bool:
     return isinstance(value, _SIMPLE)
 
 
+def _grouped_varargs(module: nn.Module, dynamic_shapes: Any) -> Any:
+    """Per-argument ``dynamic_shapes`` with the ``*args`` entries as one tuple.
+
+    torch.export matches ``dynamic_shapes`` to ``forward``'s parameters, so a ``forward(x, *past)``
+    called with five tensors wants ``(dx, (dp0, dp1, dp2, dp3))``, not five entries.
+    """
+    if not isinstance(dynamic_shapes, tuple):
+        return dynamic_shapes
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return dynamic_shapes
+    star = [i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_POSITIONAL]
+    if not star or len(dynamic_shapes) <= len(params):  # one entry per parameter already
+        return dynamic_shapes
+    return (*dynamic_shapes[: star[0]], tuple(dynamic_shapes[star[0] :]))
+
+
 def _export(
     module: nn.Module,
     args: Sequence[Any],
@@ -122,6 +141,7 @@ def _export(
     """``torch.export`` the module; decompose (keeping ops with rules) only when that completes it."""
     # dynamic shapes: recurrent layers as one op, not their decomposition unrolled over time
     routing = recurrent_as_one_op() if dynamic_shapes is not None else contextlib.nullcontext()
+    dynamic_shapes = _grouped_varargs(module, dynamic_shapes)
     try:
         with warnings.catch_warnings(), routing, torch_output_to_debug_log("torch.export"):
             warnings.simplefilter("ignore")

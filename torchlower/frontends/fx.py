@@ -121,7 +121,13 @@ class Interpreter(fx.Interpreter):
             from torchlower.frontends.export import lower_call
 
             return lower_call(self.builder, self.session, target, args, kwargs, example, self._where())
-        return self._apply(pycalls.resolve_function(target, args, kwargs), target, args, kwargs)
+        call = pycalls.resolve_function(target, args, kwargs)
+        if call.bound is None and any(isinstance(a, SymDim) for a in args):
+            # torch.export writes `arange(S) + P` as add.Tensor(tensor, SymInt): a size in a
+            # tensor slot becomes a rank-0 i64 tensor holding it
+            args = tuple(_size_tensor(self.builder, a) if isinstance(a, SymDim) else a for a in args)
+            call = pycalls.resolve_function(target, args, kwargs)
+        return self._apply(call, target, args, kwargs)
 
     def call_method(self, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self_arg = args[0]
@@ -163,6 +169,13 @@ class Interpreter(fx.Interpreter):
 
     def _metas(self) -> list[Meta] | None:
         return node_metas(self._node, self.symbols) if self._node is not None else None
+
+
+def _size_tensor(b: Any, d: SymDim) -> Value:
+    """A rank-0 i64 tensor holding the size ``d`` (tract_core_range over [d, d + 1))."""
+    one = b.call("tract_core_range", [d, d + 1, 1], dtype=torch.int64, shape=(1,))
+    one = b.call("tract_core_cast", [one], {"to": "i64"}, dtype=torch.int64, shape=(1,))
+    return b.call("squeeze", [one], {"axes": [0]}, dtype=torch.int64, shape=())
 
 
 def _dim(d: Any, symbols: dict[str, str]) -> Any:

@@ -14,7 +14,7 @@ import shutil
 import tarfile
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -48,19 +48,33 @@ Chunks = tuple[bytes | memoryview, ...]
 
 
 def members(
-    graph: str, weights: Mapping[str, Weight], quant_text: str | None = None
+    graph: str,
+    weights: Mapping[str, Weight],
+    quant_text: str | None = None,
+    extra: Mapping[str, bytes] | None = None,
+    release: Callable[[memoryview], None] | None = None,
 ) -> Iterator[tuple[str, Chunks]]:
-    """(path, chunks) of every file, sorted by path; a tensor's data chunk is a view of its buffer."""
-    files: dict[str, object] = {"graph.nnef": graph}
+    """(path, chunks) of every file, sorted by path; a tensor's data chunk is a view of its buffer.
+
+    ``extra`` files (bundled as-is: an LLM's config and tokenizer) must not shadow graph files.
+    With ``release``, tensor data comes in pieces of 16 MiB that the writer hands to
+    ``release(piece)`` once written (memory-mapped weights drop their pages as they go).
+    """
+    files: dict[str, object] = dict(extra or {})
+    files["graph.nnef"] = graph
     if quant_text is not None:
         files["graph.quant"] = quant_text
     files.update({f"{label}.dat": tensor for label, tensor in weights.items()})
     for name in sorted(files):
         item = files[name]
-        if isinstance(item, (str, quant.BlockQuantized)):
-            chunks: Chunks = (item.encode(),)  # text, or packed blocks (an eighth of f32 size)
+        if isinstance(item, bytes):
+            chunks: Chunks = (item,)
+        elif isinstance(item, (str, quant.BlockQuantized)):
+            chunks = (item.encode(),)  # text, or packed blocks (an eighth of f32 size)
         else:
             chunks = dat.parts(_to_numpy(item))  # type: ignore[arg-type]
+        if release is not None and isinstance(item, torch.Tensor):
+            chunks = (chunks[0], *_pieces(chunks[1]))  # the writer releases each piece once written
         yield name, chunks
         progress.advance(sum(len(c) if isinstance(c, bytes) else c.nbytes for c in chunks))
         del chunks, item  # the next tensor's chunks must not share the peak with this one
@@ -78,7 +92,12 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def write(
-    path: str | os.PathLike[str], graph: str, weights: Mapping[str, Weight], quant_text: str | None = None
+    path: str | os.PathLike[str],
+    graph: str,
+    weights: Mapping[str, Weight],
+    quant_text: str | None = None,
+    extra: Mapping[str, bytes] | None = None,
+    release: Callable[[memoryview], None] | None = None,
 ) -> Path:
     """Write the artifact at ``path`` atomically; returns the final path."""
     target = Path(path)
@@ -89,15 +108,24 @@ def write(
     if not os.access(folder, os.W_OK):
         raise InvalidArgumentError(f"output folder {str(folder)!r} is not writable")
     total = len(graph) + sum(weight_bytes(t) for t in weights.values())
+    total += sum(len(blob) for blob in (extra or {}).values())
     with progress.stage("writing", total=total, unit="bytes"):
         if kind == "dir":
-            _write_directory(target, members(graph, weights, quant_text))
+            _write_directory(target, members(graph, weights, quant_text, extra, release), release)
         else:
-            _write_tar(target, members(graph, weights, quant_text), compress=kind == "tgz")
+            _write_tar(target, members(graph, weights, quant_text, extra, release), kind == "tgz", release)
     return target
 
 
 _COPY_BUFFER = 1 << 20
+_PIECE = 1 << 24
+
+
+def _pieces(data: bytes | memoryview) -> list[memoryview]:
+    view = memoryview(data).cast("B")
+    return [view[i : i + _PIECE] for i in range(0, len(view), _PIECE)] or [view]
+
+
 _UMASK_LOCK = threading.Lock()
 
 
@@ -118,10 +146,11 @@ def publish_mode(path: Path, directory: bool) -> None:
 class _ChunkReader(io.RawIOBase):
     """A read-only file over chunks, handing out slices (views, not copies) to ``tarfile``."""
 
-    def __init__(self, chunks: Chunks) -> None:
+    def __init__(self, chunks: Chunks, done: Callable[[memoryview], None] | None = None) -> None:
         self._views = [memoryview(c).cast("B") for c in chunks]
         self._index = 0
         self._offset = 0
+        self._done = done
 
     def readable(self) -> bool:
         return True
@@ -139,6 +168,8 @@ class _ChunkReader(io.RawIOBase):
             self._offset = end
             if end == len(view):
                 self._index, self._offset = self._index + 1, 0
+                if self._done is not None:  # safe while tar still holds a slice: pages re-read
+                    self._done(view)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
@@ -146,7 +177,12 @@ def _size(chunks: Chunks) -> int:
     return sum(memoryview(c).nbytes for c in chunks)
 
 
-def _write_tar(target: Path, files: Iterator[tuple[str, Chunks]], compress: bool) -> None:
+def _write_tar(
+    target: Path,
+    files: Iterator[tuple[str, Chunks]],
+    compress: bool,
+    done: Callable[[memoryview], None] | None = None,
+) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
@@ -163,7 +199,7 @@ def _write_tar(target: Path, files: Iterator[tuple[str, Chunks]], compress: bool
                     info.size, info.mtime, info.mode = _size(chunks), 0, 0o644
                     info.uid = info.gid = 0
                     info.uname = info.gname = ""
-                    tar.addfile(info, _ChunkReader(chunks))
+                    tar.addfile(info, _ChunkReader(chunks, done))
             if compress:
                 stream.close()
         publish_mode(Path(tmp), directory=False)
@@ -173,7 +209,9 @@ def _write_tar(target: Path, files: Iterator[tuple[str, Chunks]], compress: bool
         raise
 
 
-def _write_directory(target: Path, files: Iterator[tuple[str, Chunks]]) -> None:
+def _write_directory(
+    target: Path, files: Iterator[tuple[str, Chunks]], done: Callable[[memoryview], None] | None = None
+) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         for name, chunks in files:
@@ -182,6 +220,8 @@ def _write_directory(target: Path, files: Iterator[tuple[str, Chunks]]) -> None:
             with file.open("wb") as out:
                 for chunk in chunks:
                     out.write(chunk)
+                    if done is not None:
+                        done(memoryview(chunk))
         publish_mode(tmp, directory=True)
         old = None
         if target.exists():

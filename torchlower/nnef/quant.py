@@ -18,7 +18,7 @@ The vendor bytes are ``52 54`` ("RT" little-endian: tract's vendor id) and bits 
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,7 +83,10 @@ def quantize(fmt: BlockFormat, array: np.ndarray) -> BlockQuantized:
         raise ValueError(f"{fmt.name} needs rank >= 2 and trailing size a multiple of {BLOCK}: {shape}")
     blocks = np.asarray(array, np.float32).reshape(-1, BLOCK)
     pack = _pack_q4_0 if fmt is Q4_0 else _pack_q8_1
-    return BlockQuantized(fmt, shape, pack(blocks))
+    # blocks are independent: packing 2^17 at a time bounds the temporaries (~16 MiB of input)
+    step = 1 << 17
+    data = b"".join(pack(blocks[i : i + step]) for i in range(0, len(blocks), step))
+    return BlockQuantized(fmt, shape, data)
 
 
 def _pack_q4_0(blocks: np.ndarray) -> bytes:
@@ -115,13 +118,18 @@ def dequantize(fmt: BlockFormat, data: bytes, shape: tuple[int, ...]) -> np.ndar
     if count % BLOCK or raw.size != count // BLOCK * fmt.block_bytes:
         raise ArtifactError(f"{fmt.name}: {raw.size} bytes cannot hold a tensor of shape {list(shape)}")
     raw = raw.reshape(-1, fmt.block_bytes)
-    scale = raw[:, :2].copy().view(np.float16).astype(np.float32)
-    if fmt is Q4_0:
-        nib = raw[:, 2:]
-        codes = np.concatenate([nib & 0x0F, nib >> 4], axis=1).astype(np.float32) - 8.0
-    else:
-        codes = raw[:, 4:].copy().view(np.int8).astype(np.float32)
-    return (codes * scale).reshape(shape)
+    out = np.empty((len(raw), BLOCK), np.float32)
+    step = 1 << 17  # blocks at a time: bounded temporaries for large tensors
+    for i in range(0, len(raw), step):
+        part = raw[i : i + step]
+        scale = part[:, :2].copy().view(np.float16).astype(np.float32)
+        if fmt is Q4_0:
+            nib = part[:, 2:]
+            codes = np.concatenate([nib & 0x0F, nib >> 4], axis=1).astype(np.float32) - 8.0
+        else:
+            codes = part[:, 4:].copy().view(np.int8).astype(np.float32)
+        out[i : i + step] = codes * scale
+    return out.reshape(shape)
 
 
 def header_format(blob: bytes) -> BlockFormat | None:
@@ -140,7 +148,10 @@ class _Use:
 
 
 def compress_weights(
-    builder: Any, fmt: BlockFormat, params: Mapping[str, torch.Tensor]
+    builder: Any,
+    fmt: BlockFormat,
+    params: Mapping[str, torch.Tensor],
+    release: Callable[[torch.Tensor], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Store eligible weights of ``builder`` in ``fmt``; returns the dequantized parameters.
 
@@ -149,6 +160,7 @@ def compress_weights(
     the filter of a ``conv``, or the table of a ``tract_core_gather`` on axis 0 (embedding), with
     the reduced size a multiple of 32. ``x @ W`` stores ``Wᵀ`` and flips ``transposeB`` so the
     blocks run along the reduced dim, as tract's block-quantized matmul needs.
+    ``release(param)`` runs after a parameter is packed (memory-mapped weights drop their pages).
     """
     import torch
 
@@ -191,6 +203,8 @@ def compress_weights(
                 u.assignment.attrs["datum_type"] = builder.dtype_name(torch.float32)
         builder.weights[label] = packed
         dequantized[label] = values.reshape(param.shape).to(param.dtype)
+        if release is not None:
+            release(param)
     return dequantized
 
 

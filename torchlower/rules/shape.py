@@ -123,6 +123,9 @@ def cat(b: Builder, tensors: Sequence[Value], dim: int) -> Value:
     Legacy empty 1-D operands are skipped; mixed dtypes are promoted like torch does.
     """
     parts = [v for v in tensors if not (v.rank == 1 and shape_of(v)[0] == 0)]
+    if parts and parts[0].rank > 1:  # empty pieces (an empty slice is an empty constant)
+        axis = normalize_dim(dim, parts[0].rank)
+        parts = [v for v in parts if not (v.is_const and v.const.shape[axis] == 0)] or parts[:1]
     if not parts:
         return tensors[0]
     rank = parts[0].rank

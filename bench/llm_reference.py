@@ -1,0 +1,172 @@
+"""torchlower.llm against the reference LLM exporter (torch-to-nnef-llm 0.24.12), side by side.
+
+``python -m bench.llm_reference WORKDIR [--repeats N]`` (dev venv; needs ``.venv-llmref`` with
+``torch==2.13.0``, ``transformers>=4.57,<4.58``, ``torch-to-nnef-llm==0.24.12``, ``tract``:
+the reference crashes with transformers 5). One run, interleaved, single-threaded:
+
+1. a Llama checkpoint of ~16 M parameters (hidden 256, 4 layers, vocab 32000) written by the
+   reference venv's transformers 4.57, so both exporters read the same files;
+2. export wall time of each CLI in a fresh process (imports included), f32 and Q4_0:
+   ``torchlower llm export DIR -o X --no-check [--compress q4_0]`` and
+   ``t2n_export_llm_to_tract -d DIR -e X -nv [-c min_max_q4_0]`` (shim tract binary printing
+   ``tract 0.23.8``: nothing downloaded), median of ``--repeats``;
+3. both f32 archives loaded in the same tract (Python package), decode ms/token at P = 128 and
+   P = 1024 (S = 1, explicit cache tensors), prefill of 128 tokens (P = 0), medians.
+Prints a markdown table with ``os.getloadavg()``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT / ".venv-llmref" / "bin"
+SINGLE = {"RAYON_NUM_THREADS": "1", "TRACT_FLASH_SDPA_ST": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+MAKE = """
+import sys, torch, transformers
+torch.manual_seed(0)
+c = transformers.LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False)
+transformers.LlamaForCausalLM(c).eval().save_pretrained(sys.argv[1])
+from tokenizers import Tokenizer, models, pre_tokenizers
+tok = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(32000)}, unk_token="w0"))
+tok.pre_tokenizer = pre_tokenizers.Whitespace()
+fast = transformers.PreTrainedTokenizerFast(
+    tokenizer_object=tok, unk_token="w0", bos_token="w1", eos_token="w2")
+fast.save_pretrained(sys.argv[1])
+"""
+
+
+def _run(cmd: list[str]) -> float:
+    env = dict(os.environ, **SINGLE)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return seconds
+
+
+def _ours(folder: Path, out: Path, compress: str | None) -> list[str]:
+    extra = ["--compress", compress] if compress else []
+    return [
+        sys.executable,
+        "-m",
+        "torchlower",
+        "llm",
+        "export",
+        str(folder),
+        "-o",
+        str(out),
+        "--no-check",
+        "-q",
+        *extra,
+    ]
+
+
+def _reference(folder: Path, out: Path, shim: Path, compress: str | None) -> list[str]:
+    extra = ["-c", "min_max_q4_0"] if compress else []
+    return [
+        str(REF / "t2n_export_llm_to_tract"),
+        "-d",
+        str(folder),
+        "-e",
+        str(out),
+        "-nv",
+        "-iaed",
+        "--tract-specific-path",
+        str(shim),
+        *extra,
+    ]
+
+
+def _decode_times(archive: Path, repeats: int) -> dict[str, float]:
+    import tract
+
+    nnef = tract.nnef().with_tract_extra().with_tract_transformers()
+    model = nnef.load(str(archive))
+    facts = [str(model.input_fact(i)) for i in range(1, model.input_count())]
+    runnable = model.into_runnable()
+    rng = np.random.default_rng(0)
+    out: dict[str, float] = {}
+    for label, past, seq in (("decode P=128", 128, 1), ("decode P=1024", 1024, 1), ("prefill 128", 0, 128)):
+        kv = []
+        for fact in facts:
+            dims = [int(d) if d.isdigit() else past for d in fact.split(",")[:-1]]
+            kv.append(rng.standard_normal(dims).astype(np.float32))
+        ids = rng.integers(0, 32000, (1, seq)).astype(np.int64)
+        runnable.run([ids, *kv])  # warm up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            runnable.run([ids, *kv])
+            times.append((time.perf_counter() - t0) * 1000)
+        out[label] = statistics.median(times)
+    return out
+
+
+def _find_archive(folder: Path) -> Path:
+    found = sorted(folder.rglob("*.nnef.tgz"))
+    if not found:
+        raise RuntimeError(f"no .nnef.tgz under {folder}")
+    return found[0]
+
+
+def main(work: Path, repeats: int) -> None:
+    from bench.exporters import tract_shim
+
+    os.environ.update(SINGLE)
+    work.mkdir(parents=True, exist_ok=True)
+    folder = work / "llama16m"
+    if not (folder / "config.json").exists():
+        subprocess.run(
+            [str(REF / "python"), "-c", MAKE, str(folder)], check=True, env=dict(os.environ, **SINGLE)
+        )
+    shim = tract_shim(Path(tempfile.mkdtemp(prefix="shim-", dir=work)))
+    rows: dict[str, list[float]] = {}
+    for i in range(repeats):
+        for compress in (None, "q4_0"):
+            tag = compress or "f32"
+            pairs = [
+                ("torchlower", _ours(folder, work / f"tl-{tag}.nnef.tgz", compress)),
+                ("reference", _reference(folder, work / f"ref-{tag}", shim, compress)),
+            ]
+            for name, cmd in pairs if i % 2 == 0 else pairs[::-1]:
+                rows.setdefault(f"export {tag} s ({name})", []).append(_run(cmd))
+    lines = [
+        f"load average before timing decode: {os.getloadavg()}",
+        "",
+        "| measure | torchlower | reference | ratio |",
+        "|---|---|---|---|",
+    ]
+    for tag in ("f32", "q4_0"):
+        ours = statistics.median(rows[f"export {tag} s (torchlower)"])
+        ref = statistics.median(rows[f"export {tag} s (reference)"])
+        lines.append(
+            f"| export {tag} wall s (CLI, fresh process) | {ours:.2f} | {ref:.2f} | {ours / ref:.2f} |"
+        )
+    ours_t = _decode_times(work / "tl-f32.nnef.tgz", 20)
+    ref_t = _decode_times(_find_archive(work / "ref-f32"), 20)
+    for label in ours_t:
+        lines.append(
+            f"| {label} ms | {ours_t[label]:.2f} | {ref_t[label]:.2f} | {ours_t[label] / ref_t[label]:.2f} |"
+        )
+    sizes = [(work / "tl-f32.nnef.tgz").stat().st_size, _find_archive(work / "ref-f32").stat().st_size]
+    lines.append(f"| f32 archive bytes | {sizes[0]:,} | {sizes[1]:,} | {sizes[0] / sizes[1]:.2f} |")
+    q4 = [(work / "tl-q4_0.nnef.tgz").stat().st_size, _find_archive(work / "ref-q4_0").stat().st_size]
+    lines.append(f"| q4_0 archive bytes | {q4[0]:,} | {q4[1]:,} | {q4[0] / q4[1]:.2f} |")
+    lines.append(f"\nload average at the end: {os.getloadavg()}")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    n = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 3
+    main(Path(sys.argv[1]), n)

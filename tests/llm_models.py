@@ -1,0 +1,100 @@
+"""Tiny random causal LMs built from configs (2 layers, hidden 32-64, vocab ~100-300; never the hub).
+
+No bos/eos/pad ids: ``generate`` then runs the full length without special-token processing,
+so its greedy tokens are the plain arg-max chain tract must reproduce.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+NO_SPECIAL = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+LLAMA_LIKE = {
+    "vocab_size": 160,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 128,
+}
+
+
+def _config(name: str, **fields: Any) -> Any:
+    import transformers
+
+    return getattr(transformers, name)(**(NO_SPECIAL | fields))
+
+
+SMALL = {"vocab_size": 160, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+CONFIGS: dict[str, Callable[[], Any]] = {
+    "llama": lambda: _config("LlamaConfig", **LLAMA_LIKE, num_key_value_heads=2),
+    "llama_linear_rope": lambda: _config(
+        "LlamaConfig", **LLAMA_LIKE, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+    ),
+    "llama_dynamic_rope": lambda: _config(
+        "LlamaConfig",
+        **LLAMA_LIKE,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+    ),
+    "qwen2": lambda: _config("Qwen2Config", **LLAMA_LIKE, num_key_value_heads=2, tie_word_embeddings=True),
+    "mistral": lambda: _config("MistralConfig", **LLAMA_LIKE, num_key_value_heads=1, sliding_window=5),
+    "phi3": lambda: _config("Phi3Config", **LLAMA_LIKE, num_key_value_heads=2),
+    "phi": lambda: _config("PhiConfig", **LLAMA_LIKE, num_key_value_heads=4),
+    "gemma": lambda: _config("GemmaConfig", **LLAMA_LIKE, num_key_value_heads=1, head_dim=16),
+    "gpt2": lambda: _config("GPT2Config", vocab_size=160, n_embd=32, n_layer=2, n_head=4, n_positions=128),
+    "gpt_neox": lambda: _config("GPTNeoXConfig", **LLAMA_LIKE),
+    "opt": lambda: _config(
+        "OPTConfig",
+        vocab_size=160,
+        hidden_size=32,
+        num_hidden_layers=2,
+        ffn_dim=64,
+        num_attention_heads=4,
+        word_embed_proj_dim=32,
+        max_position_embeddings=128,
+    ),
+    "falcon": lambda: _config(
+        "FalconConfig", **SMALL, multi_query=True, alibi=False, max_position_embeddings=128
+    ),
+    "falcon_alibi": lambda: _config(
+        "FalconConfig", **SMALL, multi_query=False, alibi=True, max_position_embeddings=128
+    ),
+    "bloom": lambda: _config("BloomConfig", vocab_size=160, hidden_size=32, n_layer=2, n_head=4),
+}
+
+
+def build(name: str, seed: int = 0) -> Any:
+    """The model in eval mode with seeded random weights (std 0.6: greedy chains that move)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = CONFIGS[name]()
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.6)
+    return model
+
+
+def greedy(model: Any, prompt: torch.Tensor, n: int) -> list[int]:
+    """HF ``generate(do_sample=False)``: the reference token ids."""
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    return out[0, prompt.shape[1] :].tolist()
+
+
+def tokenizer_json(vocab: int) -> str:
+    """A word-level ``tokenizer.json`` (tokenizers library) with ids 0..vocab-1."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {f"w{i}": i for i in range(vocab)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=words, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tokenizer.to_str()

@@ -1,0 +1,101 @@
+"""``torchlower.llm``: a tiny Llama exported with its KV cache, decoded in tract like HF generates.
+
+One export (a ``save_pretrained`` folder, with I/O samples) serves every test here; the CLI
+test exports the same folder again and must write the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests import llm_models
+from tests.test_cli import cli_json
+
+pytest.importorskip("transformers")
+from torchlower import llm
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    model = llm_models.build("llama")
+    path = tmp_path_factory.mktemp("llama") / "hf"
+    model.save_pretrained(path)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def exported(folder: tuple[Path, Any]) -> llm.ExportReport:
+    path = folder[0].parent / "llama.nnef.tgz"
+    return llm.export(folder[0], path, io_samples=True)
+
+
+def test_check_covers_prefill_past_and_decode(exported: llm.ExportReport) -> None:
+    labels = {e.name.split(" (")[1] for e in exported.errors}
+    assert labels == {"prefill P=0)", "with past P=6)", "decode P=9)"}
+    assert len(exported.errors) == 3 * (1 + 2 * exported.layers)
+    assert all(e.ok for e in exported.errors) and exported.logit_error < 1e-4
+
+
+@pytest.mark.parametrize("kv", ["state", "explicit"])
+def test_greedy_tokens_equal_hf_generate(
+    folder: tuple[Path, Any], exported: llm.ExportReport, kv: str
+) -> None:
+    model = folder[1]
+    prompt = torch.tensor([[3, 17, 42, 9, 101]])
+    want = llm_models.greedy(model, prompt, 40)
+    got = llm.generate(exported.path, prompt, 40, kv=kv)
+    assert got == want
+    assert len(set(want)) > 3  # a chain that moves, not one token repeated
+
+
+def test_graph_io_follows_tract_kv_cache_convention(exported: llm.ExportReport) -> None:
+    import tract
+
+    nnef = tract.nnef().with_tract_extra().with_tract_transformers()
+    model = nnef.load(str(exported.path))
+    names = [model.input_name(i) for i in range(model.input_count())]
+    outs = [model.output_name(i) for i in range(model.output_count())]
+    assert names == ["input_ids", "in_cache_key_0", "in_cache_value_0", "in_cache_key_1", "in_cache_value_1"]
+    assert outs == ["outputs", "out_cache_key_0", "out_cache_value_0", "out_cache_key_1", "out_cache_value_1"]
+    assert str(model.input_fact(0)) == "1,S,i64" and str(model.input_fact(1)) == "1,2,P,8,f32"
+    assert int(model.property("torchlower.llm.parameters").to_numpy()) == exported.parameters
+    model.transform("detect_kv_cache")  # every cache becomes tract state: only the ids remain
+    assert model.input_count() == 1 and model.output_count() == 1
+
+
+def test_bundle_and_io_samples_run_in_tract(folder: tuple[Path, Any], exported: llm.ExportReport) -> None:
+    import tract
+
+    with tarfile.open(exported.path) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    assert files["config.json"] == (folder[0] / "config.json").read_bytes()
+    graph = files["graph.nnef"].decode()
+    assert "extension tract_assert P + S <= 128;" in graph and "tract_core_properties" in graph
+    runnable = (
+        tract.nnef().with_tract_extra().with_tract_transformers().load(str(exported.path)).into_runnable()
+    )
+    for name in ("io/prompt.npz", "io/prompt_with_past.npz", "io/decode_step.npz"):
+        sample = np.load(io.BytesIO(files[name]))
+        inputs = [sample[k] for k in ("input_ids", "in_cache_key_0", "in_cache_value_0", "in_cache_key_1",
+                                      "in_cache_value_1")]  # fmt: skip
+        got = runnable.run(inputs)
+        for key, value in zip(("outputs", "out_cache_key_0"), got, strict=False):
+            assert np.abs(value.to_numpy() - sample[key]).max() < 1e-4
+    assert np.load(io.BytesIO(files["io/prompt.npz"]))["in_cache_key_0"].shape[2] == 0  # P = 0
+    generation = np.load(io.BytesIO(files["io/generation.npz"]))
+    assert llm.generate(exported.path, generation["input_ids"], 16) == generation["tokens"][0].tolist()
+
+
+def test_cli_export_is_byte_identical(folder: tuple[Path, Any], exported: llm.ExportReport) -> None:
+    again = exported.path.with_name("again.nnef.tgz")
+    data = cli_json("llm", "export", folder[0], "-o", again, "--io-samples", "--no-check")
+    assert data["ok"] and data["model_type"] == "llama" and not data["checked"]
+    assert "io/generation.npz" in data["bundled"]
+    assert again.read_bytes() == exported.path.read_bytes()

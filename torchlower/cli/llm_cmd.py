@@ -1,0 +1,109 @@
+"""``torchlower llm export DIR -o model.nnef.tgz``: a Hugging Face causal LM folder → tract archive."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from torchlower.cli.console import Output, show_progress
+from torchlower.cli.failures import output_error, short
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    llm = sub.add_parser("llm", help="language models: export a Hugging Face causal LM with KV cache")
+    verbs = llm.add_subparsers(dest="llm_command", metavar="VERB", parser_class=type(sub._parser_class()))
+    p = verbs.add_parser(
+        "export",
+        parents=[common],
+        help="export a save_pretrained folder to an NNEF archive tract decodes with a KV cache",
+        description="Load DIR (config.json + safetensors), export the causal LM with explicit KV-cache "
+        "inputs/outputs (tract's detect_kv_cache naming), check it against Hugging Face in tract.",
+    )
+    p.add_argument("folder", metavar="DIR", help="model folder written by save_pretrained")
+    p.add_argument("-o", "--output", required=True, help="archive path (.nnef.tgz, .nnef.tar or .nnef dir)")
+    p.add_argument("--precision", choices=["f32", "f16"], default="f32", help="weights, compute and cache")
+    p.add_argument("--compress", choices=["q4_0"], help="linear layers in 4-bit blocks")
+    p.add_argument("--embeddings", choices=["f32", "f16", "q4_0"], help="embedding and LM head storage")
+    p.add_argument(
+        "--logits", choices=["last", "all"], default="last", help="logits of the last or every position"
+    )
+    p.add_argument("--max-context", type=int, help="largest P + S (default: the config's positions)")
+    p.add_argument("--no-check", action="store_true", help="write without comparing with Hugging Face")
+    p.add_argument("--io-samples", action="store_true", help="bundle io/*.npz input/output samples")
+    p.set_defaults(run=run)
+    llm.set_defaults(run=None)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    from torchlower import llm
+
+    with show_progress(out):
+        report = llm.export(
+            args.folder,
+            args.output,
+            precision=args.precision,
+            compress=args.compress,
+            embeddings=args.embeddings,
+            logits=args.logits,
+            max_context=args.max_context,
+            check=not args.no_check,
+            io_samples=args.io_samples,
+        )
+    data = report_json(report)
+    out.emit(data, lambda console: render(console, data))
+    return 0
+
+
+def report_json(report: Any) -> dict[str, Any]:
+    return {
+        "ok": True,
+        "path": str(report.path),
+        "model_type": report.model_type,
+        "parameters": report.parameters,
+        "layers": report.layers,
+        "max_context": report.max_context,
+        "precision": report.precision,
+        "compress": report.compress,
+        "embeddings": report.embeddings,
+        "logits": report.logits,
+        "weight_bytes": report.weight_bytes,
+        "weight_bytes_by_format": report.weight_bytes_by_format,
+        "artifact_bytes": report.archive_bytes,
+        "bundled": report.bundled,
+        "seconds": round(report.seconds, 3),
+        "checked": bool(report.errors),
+        "max_abs_error": report.max_abs_error if report.errors else None,
+        "logit_error_vs_original": report.logit_error if report.errors else None,
+        "outputs_checked": [output_error(e) for e in report.errors],
+    }
+
+
+def render(console: Console, data: dict[str, Any]) -> None:
+    table = Table(title=f"exported {data['path']}", show_header=False, title_justify="left")
+    table.add_column("item", style="bold")
+    table.add_column("value")
+    table.add_row(
+        "model", f"{data['model_type']}, {data['parameters']:,} parameters, {data['layers']} layers"
+    )
+    table.add_row("options", f"precision {data['precision']}, compress {data['compress'] or 'none'}, "
+                  f"embeddings {data['embeddings'] or 'f32'}, logits {data['logits']}")  # fmt: skip
+    table.add_row("context", f"P + S <= {data['max_context']}")
+    formats = ", ".join(f"{k} {v:,}" for k, v in data["weight_bytes_by_format"].items())
+    table.add_row("weights", f"{data['weight_bytes']:,} bytes ({formats})")
+    table.add_row("artifact", f"{data['artifact_bytes']:,} bytes; bundled {', '.join(data['bundled'])}")
+    if data["checked"]:
+        logits = [e for e in data["outputs_checked"] if e["name"].startswith("outputs")]
+        for e in logits:
+            table.add_row(
+                f"check {e['name']}", f"max abs {short(e['max_abs'])}, rel {short(e['max_rel'])}  ✓"
+            )
+        table.add_row("check caches", f"{len(data['outputs_checked']) - len(logits)} outputs ✓, max abs "
+                      f"{short(data['max_abs_error'])}")  # fmt: skip
+        table.add_row("logits vs original", short(data["logit_error_vs_original"]))
+    table.add_row("time", f"{data['seconds']:.1f} s")
+    console.print(table)
+    if not data["checked"]:
+        console.print("not checked (--no-check)")

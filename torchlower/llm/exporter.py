@@ -1,0 +1,288 @@
+"""``torchlower.llm.export``: a Hugging Face causal LM → an NNEF archive tract decodes with a KV cache.
+
+Built on the ``export`` front end of ``torchlower.export`` (same builder, passes, guards and
+atomic writer); this module adds what an LLM needs around it: the cache I/O convention
+(``wrapper.py``), symbol bounds, provenance, bundled files, and a check against the model as
+Hugging Face runs it on more than one input (prefill from an empty cache, a continuation
+with past, one decode step).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlower import __version__, dynamic, progress, validate
+from torchlower import tolerance as tolerances
+from torchlower.api import _build, _bytes_by_format, _eval_view
+from torchlower.errors import InvalidArgumentError
+from torchlower.llm import bundle, checks
+from torchlower.llm.precision import cache_dtype, drop_cache_casts
+from torchlower.llm.source import SourceError, check_tokenizer, open_source
+from torchlower.llm.wrapper import CachedCausalLM, CacheLayout, dynamic_rope_limit, layout_of, static_rope
+from torchlower.nnef import archive, guards, passes
+from torchlower.nnef.tract import OutputError
+
+PRECISIONS = ("f32", "f16")
+COMPRESSIONS = (None, "q4_0")
+EMBEDDINGS = (None, "f32", "f16", "q4_0")
+LOGITS = ("last", "all")
+# torch itself running these models in f16 differs from f32 by up to ~3 % of the largest logit
+# (docs/llm.md); the f16 check allows that much, 3x the generic f16 tolerance
+F16_TOLERANCE = 3e-2
+UNBOUNDED_CONTEXT = 2048  # default P + S bound of a model without a position limit (ALiBi)
+TRACE_PAST, TRACE_SEQ = 5, 3  # distinct sizes so torch.export keeps P and S apart
+
+
+@dataclass
+class ExportReport:
+    """What was written, from what, and how far tract is from Hugging Face on the checked inputs."""
+
+    path: Path
+    model_type: str
+    parameters: int
+    layers: int
+    max_context: int
+    precision: str
+    compress: str | None
+    embeddings: str | None
+    logits: str
+    weight_bytes: int
+    weight_bytes_by_format: dict[str, int]
+    archive_bytes: int
+    seconds: float
+    bundled: list[str]
+    errors: list[OutputError] = field(default_factory=list)  # vs the checked reference
+    original_errors: list[OutputError] = field(default_factory=list)  # with compress: vs the original
+    properties: dict[str, str | int | float] = field(default_factory=dict)
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((e.max_abs for e in self.errors), default=0.0)
+
+    @property
+    def logit_error(self) -> float:
+        """max |HF − tract| over the logits of every checked input (original model for q4_0)."""
+        errors = self.original_errors or self.errors
+        return max((e.max_abs for e in errors if e.name.startswith("outputs")), default=0.0)
+
+
+def export(
+    source: str | os.PathLike[str] | nn.Module,
+    path: str | os.PathLike[str],
+    *,
+    precision: str = "f32",
+    compress: str | None = None,
+    embeddings: str | None = None,
+    logits: str = "last",
+    max_context: int | None = None,
+    check: bool = True,
+    io_samples: bool = False,
+) -> ExportReport:
+    """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract.
+
+    Graph inputs ``input_ids`` [1, S] and per layer ``in_cache_key_{i}``/``in_cache_value_{i}``
+    [1, kv_heads, P, head_dim]; outputs ``outputs`` (logits: [1, 1, vocab] with
+    ``logits="last"``, [1, S, vocab] with ``"all"``) and ``out_cache_key_{i}``/
+    ``out_cache_value_{i}`` [1, kv_heads, P+S, head_dim], with ``P + S <= max_context``.
+    ``compress="q4_0"`` stores the linear layers in 4-bit blocks; ``embeddings`` picks the
+    storage of the token embedding and LM head separately (default: f32).
+    ``check`` compares with the model as Hugging Face runs it; a failed export writes nothing.
+    """
+    started = time.perf_counter()
+    _validate_options(precision, compress, embeddings, logits, max_context, check, io_samples)
+    target = Path(path)
+    archive.archive_kind(target)  # a bad suffix fails before the model loads
+    with progress.stage("loading model"):
+        src = open_source(source)
+    model = _eval_view(src.model)
+    config = src.text_config
+    limit, why = _max_positions(config), "max_position_embeddings"
+    rope_limit = dynamic_rope_limit(model)
+    if rope_limit is not None and (limit is None or rope_limit < limit):
+        limit, why = rope_limit, "dynamic RoPE rescales beyond original_max_position_embeddings"
+    context = max_context or limit or UNBOUNDED_CONTEXT  # ALiBi models have no position table
+    if limit is not None and context > limit:
+        raise InvalidArgumentError(
+            f"max_context={max_context} exceeds the model's {limit} positions "
+            f"({_where(src.folder)}config.json: {why}); pass max_context <= {limit}"
+        )
+    vocab = int(config.vocab_size)
+    check_tokenizer(src.files, vocab, src.folder)
+    layout = layout_of(model)  # one 2-token forward: reads every weight once
+    if src.mapping is not None:
+        src.mapping.release_all()
+    wrapper = CachedCausalLM(model, layout, logits, cache_dtype(precision)).eval()
+
+    names_in, names_out = layout.input_names(), layout.output_names()
+    example = _trace_example(layout, vocab, cache_dtype(precision))
+    axes = {"input_ids": {1: "S"}} | {n: {2: "P"} for n in names_in[1:]}
+    spec = dynamic.Spec.build(
+        validate.dynamic_axes(axes, names_in, [t.dim() for t in example]), names_in, example
+    )
+    with progress.stage("tracing (export)", unit="ops"), static_rope(model):
+        builder = _build("export", wrapper, example, names_in, names_out, len(names_out), precision, spec)
+    dequantized = None
+    if compress is not None or embeddings == "q4_0":
+        from torchlower.llm.compress import compress_weights
+
+        release = src.mapping.release if src.mapping is not None else None
+        keep = check or io_samples
+        dequantized = compress_weights(builder, wrapper, compress, embeddings or "f32", keep, release)
+    if embeddings == "f16" and precision == "f32":
+        from torchlower.llm.compress import store_f16
+
+        dequantized = (dequantized or {}) | store_f16(builder, wrapper)
+    if precision == "f16":
+        drop_cache_casts(builder)
+    passes.optimize(builder)
+    guards.apply(builder)
+    if src.mapping is not None:
+        src.mapping.release_all()  # folds and passes may have read some weights
+    weights = builder.live_weights()
+    parameters = sum(p.numel() for p in model.parameters())
+    props: dict[str, str | int | float] = {
+        "torchlower.version": __version__,
+        "torchlower.llm.model_type": src.model_type,
+        "torchlower.llm.architecture": type(model).__name__,
+        "torchlower.llm.parameters": parameters,
+        "torchlower.llm.layers": layout.layers,
+        "torchlower.llm.max_context": int(context),
+        "torchlower.llm.precision": precision,
+        "torchlower.llm.compress": compress or "none",
+        "torchlower.llm.embeddings": embeddings or "f32",
+        "torchlower.llm.logits": logits,
+    }
+    bounds = [f"tract_assert P + S <= {context}", "tract_assert S >= 1", "tract_assert P >= 0"]
+    graph = bundle.with_header(builder.graph_text(), bounds, bundle.properties_fragment(props))
+    files = dict(src.files)
+    if io_samples:
+        files |= checks.samples(model, layout, vocab, logits, dequantized, cache_dtype(precision))
+    # written beside the target and renamed after the check: a failed export leaves no archive
+    staging = target.with_name(f".{os.getpid()}-checking-{target.name}")
+    release = src.mapping.release if src.mapping is not None else None
+    staged = archive.write(staging, graph, weights, builder.quant_text(), files, release)
+    report = ExportReport(
+        path=staged,
+        model_type=src.model_type,
+        parameters=parameters,
+        layers=layout.layers,
+        max_context=int(context),
+        precision=precision,
+        compress=compress,
+        embeddings=embeddings,
+        logits=logits,
+        weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
+        weight_bytes_by_format=_bytes_by_format(weights),
+        archive_bytes=_size_on_disk(staged),
+        seconds=0.0,
+        bundled=sorted(files),
+        properties=props,
+    )
+    try:
+        if check:
+            with progress.stage("checking in tract"):
+                _check(report, model, layout, vocab, logits, precision, dequantized)
+        if target.is_dir() and not staged.is_dir():
+            _remove(target)
+        os.replace(staged, target)
+    except BaseException:
+        _remove(staged)
+        raise
+    report.path = target
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _check(
+    report: ExportReport,
+    model: nn.Module,
+    layout: CacheLayout,
+    vocab: int,
+    logits: str,
+    precision: str,
+    dequantized: dict[str, torch.Tensor] | None,
+) -> None:
+    """Three inputs against HF: prefill (P = 0), a continuation with past, one decode step."""
+    from torchlower.api import verify
+
+    dtype = cache_dtype(precision)
+    reference = checks.reference_cases(model, layout, vocab, logits, dequantized, dtype=dtype)
+    for case in reference:
+        want = [t.numpy() for t in case.outputs]
+        tol = F16_TOLERANCE * tolerances._scale(want) if precision == "f16" else tolerances.default(want)
+        if dequantized is not None:
+            tol = max(tol, 1e-3 * tolerances._scale(want))  # blocks reorder the f32 sums
+        names = [f"{n} ({case.label})" for n in layout.output_names()]
+        report.errors += verify(report.path, case.inputs, case.outputs, names, tol)
+    if dequantized is not None:
+        from torchlower.nnef.tract import compare, run_in_tract
+
+        for case in checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype):
+            got = run_in_tract(report.path, [t.numpy() for t in case.inputs])
+            names = [f"{n} ({case.label})" for n in layout.output_names()]
+            report.original_errors += compare(names, [t.numpy() for t in case.outputs], got, float("inf"))
+
+
+def _validate_options(
+    precision: str, compress: str | None, embeddings: str | None, logits: str, max_context: int | None,
+    check: bool, io_samples: bool,
+) -> None:  # fmt: skip
+    for name, value, allowed in (
+        ("precision", precision, PRECISIONS),
+        ("compress", compress, COMPRESSIONS),
+        ("embeddings", embeddings, EMBEDDINGS),
+        ("logits", logits, LOGITS),
+    ):
+        if value not in allowed:
+            raise InvalidArgumentError(f"{name} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+    if max_context is not None and (
+        isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2
+    ):
+        raise InvalidArgumentError(f"max_context must be an int >= 2, got {max_context!r}")
+    for name, flag in (("check", check), ("io_samples", io_samples)):
+        if not isinstance(flag, bool):
+            raise InvalidArgumentError(f"{name} must be True or False, got {flag!r}")
+
+
+def _max_positions(config: Any) -> int | None:
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _trace_example(layout: CacheLayout, vocab: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (1, TRACE_SEQ), generator=g)
+    past = [torch.randn(t.shape, generator=g).to(dtype) for t in layout.empty(TRACE_PAST)]
+    return (ids, *past)
+
+
+def _where(folder: Path | None) -> str:
+    return f"{folder}/" if folder is not None else "the model's "
+
+
+def _size_on_disk(path: Path) -> int:
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return path.stat().st_size
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+__all__ = ["ExportReport", "SourceError", "export"]

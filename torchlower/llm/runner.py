@@ -1,0 +1,153 @@
+"""``torchlower.llm.generate``: prefill + decode of an exported LLM in tract, from Python.
+
+Two ways to carry the cache, both what tract's own causal-LM runner does:
+- ``kv="state"``: tract's ``detect_kv_cache`` transform turns each cache input/output pair
+  into a stateful op, so every step feeds only the new token ids;
+- ``kv="explicit"``: the cache tensors go out of one step and into the next.
+``"auto"`` uses the state when the transform recognized every cache, else explicit tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from torchlower.errors import InvalidArgumentError
+
+KV_MODES = ("auto", "state", "explicit")
+
+
+class Decoder:
+    """An exported LLM loaded in tract, ready to run steps (one per call of ``step``)."""
+
+    def __init__(self, artifact: str | os.PathLike[str], kv: str = "auto") -> None:
+        import tract
+
+        if kv not in KV_MODES:
+            raise InvalidArgumentError(f"kv must be one of {', '.join(KV_MODES)}; got {kv!r}")
+        path = Path(artifact)
+        if not path.exists():
+            raise InvalidArgumentError(f"{path}: no such artifact")
+        nnef = tract.nnef().with_tract_extra().with_tract_transformers()
+        model = nnef.load(str(path))
+        self.n_inputs = model.input_count()
+        if self.n_inputs < 3 or model.input_name(0) != "input_ids":
+            raise InvalidArgumentError(
+                f"{path}: not an LLM export (inputs must be input_ids then the caches); "
+                "write one with torchlower.llm.export"
+            )
+        self.cache_facts = [str(model.input_fact(i)) for i in range(1, self.n_inputs)]
+        self.dtypes = [_dtype(f) for f in self.cache_facts]
+        self.shapes = [_empty_shape(f) for f in self.cache_facts]
+        self.mode = kv
+        if kv in ("auto", "state"):
+            stateful = nnef.load(str(path))
+            stateful.transform("detect_kv_cache")
+            if stateful.input_count() == 1:
+                model, self.mode = stateful, "state"
+            elif kv == "state":
+                raise InvalidArgumentError(
+                    f"{path}: tract's detect_kv_cache recognized {self.n_inputs - stateful.input_count()} "
+                    f"of {self.n_inputs - 1} caches; use kv='explicit'"
+                )
+            else:
+                self.mode = "explicit"
+        self.runnable = model.into_runnable()
+        self.reset()
+
+    def reset(self) -> None:
+        self.state = self.runnable.spawn_state()
+        self.past = [np.zeros(s, dtype=d) for s, d in zip(self.shapes, self.dtypes, strict=True)]
+
+    def step(self, ids: np.ndarray) -> np.ndarray:
+        """Logits of the last position after feeding ``ids`` [1, S] (the cache grows by S)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1)
+        if self.mode == "state":
+            out = self.state.run([ids])
+            return out[0].to_numpy()[0, -1]
+        out = self.state.run([ids, *self.past])
+        self.past = [t.to_numpy() for t in out[1:]]
+        return out[0].to_numpy()[0, -1]
+
+
+def generate(
+    artifact: str | os.PathLike[str],
+    input_ids: Any,
+    max_new_tokens: int,
+    *,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    kv: str = "auto",
+) -> list[int]:
+    """The new token ids after ``input_ids`` (a list, or a [1, S] array/tensor), run in tract.
+
+    Greedy by default (``do_sample=False``: the arg-max, ties to the lowest id as torch does);
+    ``do_sample=True`` samples from softmax(logits / temperature), optionally over the
+    ``top_k`` best, with ``seed`` for reproducibility. Stops early at ``eos_token_id``.
+    """
+    prompt = _as_ids(input_ids)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise InvalidArgumentError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if temperature <= 0:
+        raise InvalidArgumentError(f"temperature must be > 0, got {temperature!r}")
+    stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    decoder = Decoder(artifact, kv=kv)
+    rng = np.random.default_rng(seed)
+    tokens: list[int] = []
+    feed = prompt
+    for _ in range(max_new_tokens):
+        logits = decoder.step(feed).astype(np.float64)
+        token = _pick(logits, do_sample, temperature, top_k, rng)
+        tokens.append(token)
+        if token in stops:
+            break
+        feed = np.array([[token]], dtype=np.int64)
+    return tokens
+
+
+def _pick(logits: np.ndarray, sample: bool, temperature: float, top_k: int | None, rng: Any) -> int:
+    if not sample:
+        return int(np.argmax(logits))
+    scores = logits / temperature
+    if top_k is not None and 0 < top_k < scores.size:
+        cut = np.partition(scores, -top_k)[-top_k]
+        scores = np.where(scores >= cut, scores, -np.inf)
+    probs = np.exp(scores - scores.max())
+    return int(rng.choice(scores.size, p=probs / probs.sum()))
+
+
+def _as_ids(input_ids: Any) -> np.ndarray:
+    try:
+        array = np.asarray(input_ids.detach().cpu().numpy() if hasattr(input_ids, "detach") else input_ids)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"input_ids must be token ids, got {type(input_ids).__name__}") from exc
+    if (
+        array.dtype.kind not in "iu"
+        or array.size == 0
+        or array.ndim > 2
+        or (array.ndim == 2 and array.shape[0] != 1)
+    ):
+        raise InvalidArgumentError(
+            f"input_ids must be a non-empty list or [1, S] array of integer ids; got shape {array.shape}, "
+            f"dtype {array.dtype}"
+        )
+    return array.reshape(1, -1).astype(np.int64)
+
+
+def _dtype(fact: str) -> Any:
+    """``1,2,P,8,f32`` (tract's fact text) → numpy dtype."""
+    kind = fact.rsplit(",", 1)[-1].strip()
+    return {"f32": np.float32, "f16": np.float16}.get(kind, np.float32)
+
+
+def _empty_shape(fact: str) -> tuple[int, ...]:
+    """The cache's shape with the symbolic past axis at 0."""
+    dims = [d.strip() for d in fact.split(",")[:-1]]
+    return tuple(int(d) if d.lstrip("-").isdigit() else 0 for d in dims)
