@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from torchlower import progress
 from torchlower.errors import InvalidArgumentError, LoweringError
-from torchlower.frontends import fx_dynamic, pycalls
+from torchlower.frontends import fx_dynamic, fx_views, pycalls
 from torchlower.frontends.fx_index import fold as _fold
 from torchlower.frontends.fx_index import lower_getitem, lower_setitem, static
 from torchlower.frontends.fx_trace import EXAMPLE, ShapePass, Tracer, trace
@@ -38,7 +38,7 @@ class Interpreter(fx.Interpreter):
     def __init__(
         self, module: nn.Module, builder: Any, session: Session | None = None, *, prefix: str = ""
     ) -> None:
-        super().__init__(module)
+        super().__init__(module, garbage_collect_values=False)  # writes through views read old values
         self.builder = builder
         self.owns_session = session is None
         self.session = session if session is not None else Session(builder, "fx")
@@ -46,6 +46,7 @@ class Interpreter(fx.Interpreter):
         self.extra_traceback = False
         self._node: fx.Node | None = None
         self._inplace = False
+        self.inplace_nodes: set[fx.Node] = set()
         self.symbols: dict[str, str] = {}  # torch.export's symbol names → the user's (dynamic axes)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
@@ -59,7 +60,8 @@ class Interpreter(fx.Interpreter):
         self._node, self._inplace = n, False
         result = super().run_node(n)
         if self._inplace and n.args and isinstance(n.args[0], fx.Node):
-            self.env[n.args[0]] = result  # in-place op: later readers of the operand see the result
+            self.inplace_nodes.add(n)  # later readers of the operand (and of its base) see the result
+            fx_views.write_through(self, n, result)
         return result
 
     # ---- opcodes ------------------------------------------------------------------------

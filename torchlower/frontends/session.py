@@ -78,7 +78,7 @@ class Session:
                 self.record_missing(describe(normalize_key(key)), where)
             return MISSING
         if fold is not None and _foldable(key, args):
-            folded = _try_fold(fold, args)
+            folded = _try_fold(fold, args, inplace=_is_inplace(key))
             if folded is not _FAILED:
                 return _wrap_constants(folded)
         if rule is None:
@@ -146,10 +146,20 @@ def _foldable(key: object, args: Sequence[Any]) -> bool:
     return not _contains(args, Value, only_non_const=True)
 
 
-def _try_fold(fold: Callable[..., Any], args: Sequence[Any]) -> Any:
+def _is_inplace(key: object) -> bool:
+    name = str(normalize_key(key)).split("::")[-1].split(".")[0]
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _try_fold(fold: Callable[..., Any], args: Sequence[Any], inplace: bool = False) -> Any:
+    """``fold(*args)`` on the constants' tensors; an in-place op works on a copy of its target,
+    which may be a model's buffer or a view of one (the front end writes the result back)."""
+    unwrapped = [_unwrap(a) for a in args]
+    if inplace and unwrapped and isinstance(unwrapped[0], torch.Tensor):
+        unwrapped[0] = unwrapped[0].clone()
     try:
         with torch.no_grad():
-            return fold(*[_unwrap(a) for a in args])
+            return fold(*unwrapped)
     except Exception:  # folding is an optimisation: the rule handles what torch refuses
         return _FAILED
 

@@ -27,6 +27,9 @@ TRACT_DTYPES = {
     torch.int32: "i32",
     torch.int64: "i64",
     torch.uint8: "u8",
+    torch.uint16: "u16",
+    torch.uint32: "u32",
+    torch.uint64: "u64",
     torch.bool: "bool",
 }
 
@@ -420,7 +423,7 @@ def _dtype_kind(dtype: torch.dtype) -> str:
         return "b"
     if dtype.is_floating_point or dtype.is_complex:
         return "f"
-    return "u" if dtype == torch.uint8 else "i"
+    return "u" if dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64) else "i"
 
 
 def _scalar_meta(value: float | int | bool) -> tuple[torch.dtype, Shape]:

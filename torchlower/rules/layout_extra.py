@@ -14,7 +14,7 @@ import torch
 
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, reshape
+from torchlower.rules.common import Builder, cast, reshape
 from torchlower.rules.creation import filled
 from torchlower.rules.indexing import gather
 from torchlower.rules.layout import broadcast_to, concat, dims_of, gather_axis, slice_dim, transpose
@@ -25,6 +25,26 @@ from torchlower.values import Value, constant, normalize_dim
 def fill(b: Builder, x: Value, value: float | int | bool) -> Value:
     """fill.Scalar(Tensor self, Scalar value) -> Tensor"""
     return filled(b, value, dims_of(x), x.dtype)
+
+
+@rule("aten::fill.Tensor", "aten::fill_.Tensor")
+def fill_tensor(b: Builder, x: Value, value: Value) -> Value:
+    """fill.Tensor(Tensor self, Tensor value) -> Tensor: a 0-d ``value`` (a graph value too)."""
+    if value.is_const:
+        return filled(b, value.const.item(), dims_of(x), x.dtype)
+    return broadcast_to(b, cast(b, value, x.dtype), dims_of(x), x.dtype)
+
+
+@rule("aten::copy", "aten::copy_")
+def copy(b: Builder, x: Value, src: Value, non_blocking: bool) -> Value:
+    """copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
+
+    ``x[...] = src``: ``src`` broadcast to ``x``'s shape, in ``x``'s dtype (the front ends
+    scatter the result back when ``x`` is a view).
+    """
+    if isinstance(src, Value) and src.is_const and src.const.dim() == 0:
+        return filled(b, src.const.item(), dims_of(x), x.dtype)
+    return broadcast_to(b, cast(b, src, x.dtype), dims_of(x), x.dtype)
 
 
 @rule("aten::zero", "aten::zero_")

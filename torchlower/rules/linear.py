@@ -59,12 +59,20 @@ def addmm(b: Builder, bias: Value, x: Value, w: Value, beta: Scalar, alpha: Scal
     one matmul and one add.
     """
     if alpha != 1:
-        w = constant(w.const * alpha, label=w.label) if w.is_const else b.call("mul", [w, float(alpha)])
+        w = (
+            constant(w.const * alpha, label=w.label)
+            if w.is_const
+            else b.call("mul", [w, float(alpha)], dtype=w.dtype, shape=w.shape)
+        )
     out = matmul(b, x, w)
     if beta == 0:
         return out
     if beta != 1:
-        bias = constant(bias.const * beta) if bias.is_const else b.call("mul", [bias, float(beta)])
+        bias = (
+            constant(bias.const * beta)
+            if bias.is_const
+            else b.call("mul", [bias, float(beta)], dtype=bias.dtype, shape=bias.shape)
+        )
     out_rank = len(out.shape) if out.shape is not None else 2
     return b.call("add", [out, unsqueeze_to(b, bias, out_rank)], dtype=x.dtype, shape=out.shape)
 
