@@ -17,7 +17,15 @@ from torchlower.rules import rule
 from torchlower.rules.common import Builder, cast, reshape
 from torchlower.rules.creation import filled
 from torchlower.rules.indexing import gather
-from torchlower.rules.layout import broadcast_to, concat, dims_of, gather_axis, slice_dim, transpose
+from torchlower.rules.layout import (
+    broadcast_to,
+    concat,
+    dims_of,
+    gather_axis,
+    slice_dim,
+    transpose,
+    unsqueeze,
+)
 from torchlower.values import Value, constant, normalize_dim
 
 
@@ -134,7 +142,8 @@ def repeat_interleave(
     """repeat_interleave.self_int(Tensor self, SymInt repeats, int? dim=None, *,
     SymInt? output_size=None) -> Tensor  (also .self_Tensor)
 
-    Limits: repeats must be static (an int or a constant tensor).
+    Limits: repeats must be static (an int or a constant tensor). A single count on a dynamic
+    dim is a broadcast over a new axis and a reshape, so the size stays symbolic.
     """
     if isinstance(repeats, Value):
         if not repeats.is_const:
@@ -143,6 +152,13 @@ def repeat_interleave(
     if dim is None:
         x, dim = reshape(b, x, [_numel(x)]), 0
     dim = normalize_dim(dim, x.rank)
+    count = repeats if isinstance(repeats, int) else int(repeats) if repeats.numel() == 1 else None
+    if count is not None and not isinstance(dims_of(x)[dim], int):
+        shape = list(dims_of(x))
+        wide_shape = [*shape[: dim + 1], count, *shape[dim + 1 :]]
+        wide = broadcast_to(b, unsqueeze(b, x, [dim + 1]), wide_shape, x.dtype)
+        shape[dim] = shape[dim] * count
+        return reshape(b, wide, shape)
     index = torch.arange(dims_of(x)[dim]).repeat_interleave(repeats)
     return gather_axis(b, x, constant(index), dim)
 
