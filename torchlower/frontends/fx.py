@@ -99,6 +99,8 @@ class Interpreter(fx.Interpreter):
                 return target(*args, **kwargs)
             except TypeError:
                 pass  # e.g. ``S / 2``: the rules materialize it
+        if target is getattr and args[1] in ("real", "imag"):  # complex parts: ops, not attributes
+            return self.session.apply(f"aten::{args[1]}", [args[0]], self._where(), self._metas())
         if target is getattr:
             return _value_attr(args[0], args[1])
         if target is len:

@@ -84,8 +84,22 @@ class Session:
         if rule is None:
             self.record_missing(describe(normalize_key(key)), where)
             return MISSING
+        if _contains_complex(args) and not getattr(rule.fn, "complex_aware", False):
+            return self._complex(key, args, where, metas)
         self.used.add(describe(rule.key))
         return self.invoke(rule.fn, describe(normalize_key(key)), args, where, metas)
+
+    def _complex(self, key: object, args: Sequence[Any], where: str, metas: Sequence[Meta] | None) -> Any:
+        """A call with a complex operand: only rules that read the ``[re, im]`` layout may run
+        (``rules/complex_parts.py``); any other is reported, never fed a complex tensor."""
+        from torchlower.rules.complex_parts import COMPLEX_OVERRIDES
+
+        name = describe(normalize_key(key))
+        fn = COMPLEX_OVERRIDES.get(name.split("::")[-1].split(".")[0])
+        if fn is None:
+            self.record_missing(f"{name} (on a complex tensor)", where)
+            return MISSING
+        return self.invoke(fn, name, args, where, metas)
 
     def apply_module(
         self, module: Any, args: Sequence[Any], where: str, metas: Sequence[Meta] | None = None
@@ -178,6 +192,14 @@ def _wrap_constants(result: Any) -> Any:
     if isinstance(result, (list, tuple)):
         return type(result)(_wrap_constants(r) for r in result)
     return result
+
+
+def _contains_complex(args: Any) -> bool:
+    if isinstance(args, Value):
+        return args.dtype is not None and args.dtype.is_complex
+    if isinstance(args, (list, tuple)):
+        return any(_contains_complex(a) for a in args)
+    return False
 
 
 def _contains(args: Any, kind: type, only_non_const: bool = False) -> bool:

@@ -144,6 +144,11 @@ class NNEFBuilder:
             ident = text.identifier(name)
             if ident != name:
                 raise InvalidArgumentError(f"output name {name!r} is not a valid NNEF identifier")
+            if value.dtype is not None and value.dtype.is_complex:
+                raise LoweringError(
+                    f"output {name!r} is a complex tensor, which tract has no type for; return "
+                    "torch.view_as_real(...) (a trailing [re, im] axis) or its .abs() / .real / .imag"
+                )
             value = self.tensor(value)
             if self._narrows(value.dtype):  # the caller gets f32 back
                 value = self.call(
