@@ -61,7 +61,12 @@ class Interpreter(fx.Interpreter):
         result = super().run_node(n)
         if self._inplace and n.args and isinstance(n.args[0], fx.Node):
             self.inplace_nodes.add(n)  # later readers of the operand (and of its base) see the result
-            fx_views.write_through(self, n, result)
+            fx_views.write_through(self, n, n.args[0], result)
+        writes, self.session.writes[:] = list(self.session.writes), []
+        for old, new in writes:  # a wrapped function wrote into its argument (MViT's _add_shortcut)
+            for target in n.all_input_nodes:
+                if self.env.get(target) is old:
+                    fx_views.write_through(self, n, target, new)
         return result
 
     # ---- opcodes ------------------------------------------------------------------------

@@ -240,7 +240,8 @@ class ShapePass(ShapeProp):
 
 
 def lowered_by_export(target: Any, args: Any, kwargs: dict[str, Any], rules: Registry) -> bool:
-    """A torch Python function call (``F.interpolate``, ``torch.norm(p="fro")``) that reaches no rule.
+    """A torch Python function call (``F.interpolate``, ``torch.norm(p="fro")``) that reaches no
+    rule, or a function a library wrapped for FX (``torch.fx.wrap``).
 
     FX records such calls whole; the interpreter lowers them through ``torch.export`` of the call
     alone, which yields the ATen ops the Python code dispatches to. Decided on the real call,
@@ -248,8 +249,10 @@ def lowered_by_export(target: Any, args: Any, kwargs: dict[str, Any], rules: Reg
     """
     if not isinstance(target, types.FunctionType) or target in pycalls.OPERATORS:
         return False
-    if not getattr(target, "__module__", "").startswith("torch.") or rules.lookup_function(target):
+    if rules.lookup_function(target):
         return False
+    if not getattr(target, "__module__", "").startswith("torch."):
+        return True  # a library's ``torch.fx.wrap``-ed function (torchvision's stochastic_depth…)
     probe = lambda t: Value("probe", t.dtype, tuple(t.shape))  # noqa: E731
     args, kwargs = pytree.tree_map_only(torch.Tensor, probe, (tuple(args), dict(kwargs)))
     try:

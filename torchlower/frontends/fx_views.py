@@ -78,9 +78,9 @@ def levels(interp: Any, n: fx.Node) -> list[Level] | None:
     return [(call.bound.args[0], op, list(call.bound.args[1:]))]
 
 
-def write_through(interp: Any, n: fx.Node, result: Any) -> None:
-    """``n`` wrote ``result`` into its first argument: update the storage owner and its views."""
-    node, new = n.args[0], result
+def write_through(interp: Any, n: fx.Node, target: fx.Node, result: Any) -> None:
+    """``n`` wrote ``result`` into ``target``: update the storage owner and its views."""
+    node, new = target, result
     while isinstance(node, fx.Node) and not isinstance(new, Missing):
         found = levels(interp, node)
         if found is None:

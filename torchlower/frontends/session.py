@@ -58,6 +58,8 @@ class Session:
     missing: Counter[str] = field(default_factory=Counter)
     first_use: dict[str, str] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)  # registered keys of the rules that ran
+    # (old, new) values of tensors a call wrote in place (export of an FX-wrapped function)
+    writes: list[tuple[Any, Any]] = field(default_factory=list)
 
     def apply(
         self,
