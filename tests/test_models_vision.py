@@ -4,7 +4,8 @@ held-out set refused (Swin, Swin-V2, MViTv2, RAFT, LeViT, MobileNetV3, Efficient
 torchvision 0.28.0 (the release pinned to torch 2.13.0) is published only as a CUDA build; its
 ``_C.so`` cannot load with the CPU torch. None of these models calls a torchvision C++ op, so
 the import works once the two operator schemas torchvision registers fake kernels for
-(``torchvision::nms`` / ``qnms``) are defined first with ``torch.library`` (``_torchvision``).
+(``torchvision::nms`` / ``qnms``) are defined first with ``torch.library``
+(``tests/torchvision_shim.py``, installed by conftest).
 Batch norms get statistics from one training-mode pass, so activations (and the compared
 outputs) are of order one instead of vanishing through a stack of random layers.
 """
@@ -21,23 +22,18 @@ import torch
 from torch import nn
 
 import torchlower
+from tests import torchvision_shim
 from tests.conftest import frontend_limit
 from torchlower.errors import TraceError
 
 
 @cache
 def _torchvision() -> ModuleType:
+    torchvision_shim.install()
     try:
-        import torchvision  # a CPU build imports as it is
-    except (ImportError, OSError, RuntimeError):
-        try:
-            lib = torch.library.Library("torchvision", "DEF")
-            lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-            lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-            _torchvision.library = lib  # type: ignore[attr-defined]  # keep the schemas registered
-            import torchvision
-        except ImportError as exc:
-            pytest.skip(f"torchvision cannot be imported: {exc}")
+        import torchvision
+    except (ImportError, OSError, RuntimeError) as exc:
+        pytest.skip(f"torchvision cannot be imported: {exc}")
     return torchvision
 
 
