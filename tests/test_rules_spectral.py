@@ -1,4 +1,4 @@
-"""FFT, STFT and complex values (a trailing [re, im] axis in tract) through every front end, and
+"""FFT, STFT / ISTFT and complex values (a trailing [re, im] axis in tract) through every front end, and
 the speech front ends built on them — Spectrogram → MelSpectrogram → log-mel / MFCC written with
 torchaudio's formulas in plain torch (torchaudio is not a dependency), on a dynamic time axis.
 """
@@ -82,6 +82,20 @@ CASES: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
     "stft_1d_two_sided": (
         lambda x: _vr(torch.stft(x, 8, hop_length=2, center=False, onesided=False, return_complex=True)),
         (_r(40),),
+    ),
+    "istft_roundtrip": (
+        lambda x: torch.istft(torch.stft(x, 16, 4, window=HANN16, return_complex=True), 16, 4, window=HANN16),
+        (_r(2, 64),),
+    ),
+    "istft_length": (
+        lambda x: torch.istft(
+            torch.stft(x, 16, 4, window=HANN16, return_complex=True), 16, 4, window=HANN16, length=60
+        ),
+        (_r(2, 64),),
+    ),
+    "istft_of_any_spectrum": (  # not Hermitian at DC: torch's C2R ignores those imaginary parts
+        lambda z: torch.istft(_vc(z), 16, 4, window=torch.hamming_window(16), center=False, normalized=True),
+        (torch.randn(1, 9, 17, 2),),
     ),
     "stft_constant_pad": (
         lambda x: torch.stft(x, 16, 8, window=HANN16, pad_mode="constant", return_complex=True).abs(),

@@ -29,6 +29,8 @@ from torchlower.rules.complex_parts import (
     scale,
     to_complex,
 )
+from torchlower.rules.creation import filled
+from torchlower.rules.indexing import scatter_elements
 from torchlower.rules.layout import concat, dims_of, gather_axis, slice_dim, transpose
 from torchlower.values import Value, constant, normalize_dim
 
@@ -311,3 +313,62 @@ def stft(
         y = scale(b, y, 1 / math.sqrt(int(n_fft)))
     perm = [*range(axis), axis + 1, axis, axis + 2]  # (…, frames, freq, 2) → (…, freq, frames, 2)
     return logical(transpose(b, y, perm))
+
+
+@rule("aten::istft")
+@complex_aware
+def istft(
+    b: Builder, x: Value, n_fft: int, hop_length: int | None, win_length: int | None, window: Value | None,
+    center: bool, normalized: bool, onesided: bool | None, length: int | None, return_complex: bool,
+) -> Value:  # fmt: skip
+    """istft(Tensor self, int n_fft, int? hop_length=None, int? win_length=None, Tensor? window=None,
+    bool center=True, bool normalized=False, bool? onesided=None, int? length=None,
+    bool return_complex=False) -> Tensor
+
+    Inverse transform of every frame (``irfft`` over the frequency axis), the window applied,
+    overlap-added with one scatter-add of constant positions and divided by the summed squared
+    window, as torch does; then ``center`` trimming and ``length``. Needs a static frame count.
+    """
+    if return_complex or not is_complex(x):
+        raise LoweringError("istft: expects a complex spectrum and return_complex=False")
+    n, hop = int(n_fft), int(hop_length) if hop_length is not None else int(n_fft) // 4
+    win = int(win_length) if win_length is not None else n
+    if window is not None and not window.is_const:
+        raise LoweringError("istft: the window must be a constant tensor")
+    w = window.const.to(torch.float64) if window is not None else torch.ones(win, dtype=torch.float64)
+    left = (n - win) // 2
+    w = torch.nn.functional.pad(w, (left, n - win - left))
+    p = physical(x)
+    freq_axis, frame_axis = p.rank - 3, p.rank - 2
+    frames = _static(p, frame_axis, "istft")
+    if onesided is None or onesided:
+        full = _hermitian(b, p, freq_axis, n)
+    else:
+        full = p
+    signal = part(b, _fft(b, full, freq_axis, True, 2), 0)  # (…, n_fft, frames), ifft's 1/n
+    if normalized:
+        signal = scale(b, signal, math.sqrt(n))
+    lead = list(dims_of(signal)[:-2])
+    weighted = b.call("mul", [signal, constant(w.to(torch.float32).reshape([1] * len(lead) + [n, 1]))],
+                      dtype=signal.dtype, shape=signal.shape)  # fmt: skip
+    total = n + hop * (frames - 1)
+    positions = (torch.arange(n)[:, None] + hop * torch.arange(frames)[None, :]).reshape(1, -1)
+    flat = b.call("reshape", [weighted], {"shape": [*lead, n * frames]}, dtype=signal.dtype,
+                  shape=(*lead, n * frames))  # fmt: skip
+    plane = filled(b, 0, [*lead, total], signal.dtype)
+    index = constant(positions.reshape([1] * len(lead) + [-1]).expand(*lead, -1).contiguous())
+    y = scatter_elements(b, plane, len(lead), index, flat, "add")
+    envelope = torch.zeros(total, dtype=torch.float64)
+    for t in range(frames):
+        envelope[t * hop : t * hop + n] += w**2
+    start = n // 2 if center else 0
+    end = total - n // 2 if center else total
+    if length is not None:
+        end = start + int(length)
+    if end > total:
+        raise LoweringError(f"istft: length {length} exceeds the {total - start} samples the frames hold")
+    if bool((envelope[start:end].abs() < 1e-11).any()):
+        raise LoweringError("istft: the window overlap-add is zero somewhere (torch fails there too)")
+    y = slice_dim(b, y, len(lead), start, end)
+    inverse = constant((1.0 / envelope[start:end]).to(torch.float32).reshape([1] * len(lead) + [-1]))
+    return b.call("mul", [y, inverse], dtype=y.dtype, shape=y.shape)
