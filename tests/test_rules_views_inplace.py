@@ -108,6 +108,18 @@ def _nested_views_base_is_view(x: torch.Tensor) -> torch.Tensor:
     return y + inner.sum()
 
 
+def _alias_or_copy(x: torch.Tensor) -> torch.Tensor:
+    """``to`` / ``contiguous`` return their input itself when nothing changes (a write through
+    them reaches it) and a copy otherwise (it does not)."""
+    y = x * 1
+    same = y.to(torch.float32)
+    same[0] = 5.0
+    y.contiguous().mul_(2)
+    other = y.to(torch.float64)
+    other[1] = -7.0
+    return y + other.float()
+
+
 CASES: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
     "swin_mask": (_swin_mask, (_r(2, 6, 6),)),
     "fill_tensor": (_fill_tensor, (_r(3, 5),)),
@@ -121,6 +133,7 @@ CASES: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
     "through_transpose_and_view": (_through_transpose_and_view, (_r(3, 4),)),
     "unsqueezed_view": (_unsqueezed_view, (_r(3, 4),)),
     "nested_views": (_nested_views_base_is_view, (_r(4, 3),)),
+    "alias_or_copy": (_alias_or_copy, (_r(3, 4),)),
 }
 
 

@@ -24,6 +24,7 @@ from torchlower.values import Value
 
 Level = tuple[Any, str, list[Any]]  # (base value, view op, the op's other arguments)
 _READ_VIEWS = views.INVERTIBLE | {"expand", "expand_as", "unfold", "as_strided", "T", "mT"}
+_CANDIDATES = views.INVERTIBLE | views.ALIASING
 
 
 def _name(n: fx.Node) -> str:
@@ -40,13 +41,16 @@ def is_view(interp: Any, n: fx.Node) -> bool:
         base = interp.env.get(n.args[0]) if isinstance(n.args[0], fx.Node) else None
         index = interp.map_nodes_to_values(n.args[1], n)
         return isinstance(base, Value) and not any(isinstance(i, Value) for i in pytree.tree_leaves(index))
+    if n.op in ("call_method", "call_function") and _name(n) in views.ALIASING:
+        first = n.args[0] if n.args else None
+        return views.aliases(_name(n), interp.env.get(n), interp.env.get(first))
     return n.op in ("call_method", "call_function") and _name(n) in _READ_VIEWS
 
 
 def _maybe_view(n: fx.Node) -> bool:
     if n.op == "call_function" and n.target is operator.getitem:
         return True
-    return n.op in ("call_method", "call_function") and _name(n) in views.INVERTIBLE
+    return n.op in ("call_method", "call_function") and _name(n) in _CANDIDATES
 
 
 def levels(interp: Any, n: fx.Node) -> list[Level] | None:
@@ -73,7 +77,10 @@ def levels(interp: Any, n: fx.Node) -> list[Level] | None:
         call = pycalls.resolve_function(n.target, args, kwargs)
     else:
         return None
-    if call.bound is None or (op := views.op_name(call.bound.key)) not in views.INVERTIBLE:
+    if call.bound is None:
+        return None
+    op = views.op_name(call.bound.key)
+    if not views.aliases(op, interp.env.get(n), call.bound.args[0]):
         return None
     return [(call.bound.args[0], op, list(call.bound.args[1:]))]
 
@@ -91,8 +98,8 @@ def write_through(interp: Any, n: fx.Node, target: fx.Node, result: Any) -> None
         node = node.args[0]
     if not isinstance(node, fx.Node):
         return
-    interp.env[node] = new
-    _refresh(interp, node, n)
+    old, interp.env[node] = interp.env.get(node), new
+    _refresh(interp, node, old, n)
 
 
 def _refuse_hidden_write(writer: fx.Node, view: fx.Node) -> None:
@@ -108,25 +115,28 @@ def _refuse_hidden_write(writer: fx.Node, view: fx.Node) -> None:
         )
 
 
-def _refresh(interp: Any, root: fx.Node, writer: fx.Node) -> None:
+def _refresh(interp: Any, root: fx.Node, old_root: Any, writer: fx.Node) -> None:
     """Run again the views of ``root`` (and of those) taken before ``writer``; earlier in-place
-    results on them are aliases and take the new value."""
-    changed = {root}
+    results on them are aliases and take the new value. Aliasing ops (``to``, ``contiguous``)
+    count as views when they were, judged on the values from before the write."""
+    before = {root: old_root}
     current = interp._node
     try:
         for m in root.graph.nodes:
             if m is writer:
                 break
             first = m.args[0] if m.args else None
-            if first not in changed or m not in interp.env:
+            if first not in before or m not in interp.env:
                 continue
-            if m in interp.inplace_nodes:
+            previous = interp.env[m]
+            aliasing = _name(m) in views.ALIASING
+            if m in interp.inplace_nodes or (aliasing and views.aliases(_name(m), previous, before[first])):
                 interp.env[m] = interp.env[first]
-            elif is_view(interp, m):
+            elif not aliasing and is_view(interp, m):
                 interp._node = m
                 interp.env[m] = getattr(interp, m.op)(m.target, *interp.fetch_args_kwargs_from_env(m))
             else:
                 continue
-            changed.add(m)
+            before[m] = previous
     finally:
         interp._node = current

@@ -231,7 +231,7 @@ def _write_through(node: torch._C.Node, env: dict[Any, Any], result: Any, sessio
     inverse (expand, unfold, split…) into a tensor read later is refused.
     """
     value, new = next(iter(node.inputs())), result
-    while value.node().kind().startswith("aten::") and views.op_name(value.node().kind()) in views.INVERTIBLE:
+    while _is_view(value, env):
         producer, op = value.node(), views.op_name(value.node().kind())
         base = next(iter(producer.inputs()))
         args = _normalize_args(producer.schema(), [env[i] for i in producer.inputs()])[1:]
@@ -246,27 +246,42 @@ def _write_through(node: torch._C.Node, env: dict[Any, Any], result: Any, sessio
                 f"({producer.kind()}) into a tensor read later, and that view has no functional "
                 "inverse; write into the tensor itself instead"
             )
-    env[value] = new  # not other values of the same name: ``clone`` lowers to its input itself
-    _refresh_views(value, node, env, session)
+    old, env[value] = env[value], new  # not the same-named values: ``clone`` lowers to its input
+    _refresh_views(value, old, node, env, session)
 
 
-def _refresh_views(root: torch._C.Value, node: torch._C.Node, env: dict[Any, Any], session: Session) -> None:
+def _is_view(value: torch._C.Value, env: dict[Any, Any]) -> bool:
+    """Whether ``value`` aliases the first input of the node that made it (views.aliases)."""
+    producer = value.node()
+    if not producer.kind().startswith("aten::") or value not in env:
+        return False
+    base = next(iter(producer.inputs()), None)
+    return base is not None and views.aliases(views.op_name(producer.kind()), env[value], env.get(base))
+
+
+def _refresh_views(
+    root: torch._C.Value, old_root: Any, node: torch._C.Node, env: dict[Any, Any], session: Session
+) -> None:
     """Recompute the views of ``root`` (and views of those) taken before ``node`` wrote into it;
-    earlier in-place results on them are aliases and take the new value."""
-    stack = [root]
+    earlier in-place results on them are aliases and take the new value. Whether an aliasing op
+    (``to``, ``contiguous``) was a view is decided on the values from before the write."""
+    stack = [(root, old_root)]
     while stack:
-        for use in stack.pop().uses():
+        value, old_value = stack.pop()
+        for use in value.uses():
             user = use.user
             if use.offset != 0 or user is node or user.isAfter(node) or len(list(user.outputs())) != 1:
                 continue
             out = user.output()
-            if user.kind() in _VIEW_OPS:
+            previous = env.get(out)
+            aliasing = user.kind().startswith("aten::") and views.op_name(user.kind()) in views.ALIASING
+            if user.kind() in _VIEW_OPS or (aliasing and views.aliases("to", previous, old_value)):
                 env[out] = _lower_node(user, [env[i] for i in user.inputs()], session)
             elif _is_inplace(user.kind()):
                 env[out] = env[next(iter(user.inputs()))]
             else:
                 continue
-            stack.append(out)
+            stack.append((out, previous))
 
 
 def _is_inplace(kind: str) -> bool:

@@ -23,6 +23,10 @@ INVERTIBLE = {
     "squeeze", "flatten", "unflatten", "transpose", "t", "permute", "swapaxes", "swapdims", "alias",
     "detach", "movedim", "moveaxis",
 }  # fmt: skip
+# ops that return their input itself when nothing changes (``x.to(x.dtype)``, ``contiguous`` of a
+# contiguous tensor): views then, copies otherwise — a front end treats them as views only when
+# the rule returned the same value (same name)
+ALIASING = {"contiguous", "to", "type_as"}
 
 
 def op_name(key: str) -> str:
@@ -67,11 +71,18 @@ def write_back(session: Session, where: str, base: Any, op: str, args: Sequence[
     if op in ("movedim", "moveaxis"):
         overload = "int" if isinstance(args[0], int) else "intlist"
         return call(f"aten::{op}.{overload}", [view, args[1], args[0]])
-    if op in ("alias", "detach", "contiguous"):
+    if op in ("alias", "detach") or op in ALIASING:
         return view
     if base.shape is None:
         raise LoweringError(f"{where}: a write through {op} into a tensor of unknown shape")
     return call("aten::reshape", [view, list(base.shape)])  # view / reshape / (un)squeeze / flatten…
+
+
+def aliases(op: str, view: Any, base: Any) -> bool:
+    """Whether ``view = op(base, …)`` shares ``base``'s storage (so a write through it reaches ``base``)."""
+    if op in INVERTIBLE:
+        return True
+    return op in ALIASING and isinstance(view, Value) and isinstance(base, Value) and view.name == base.name
 
 
 def _fold(aten: Any) -> Any:
