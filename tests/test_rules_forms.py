@@ -56,6 +56,7 @@ CASES: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
     "to_uint32": (_unsigned(torch.uint32), (_r(2, 5),)),
     "to_uint64": (_unsigned(torch.uint64), (_r(2, 5),)),
     "vstack": (lambda x, y, z: torch.vstack([x, y, z]), (_r(2, 5), _r(3, 5), _r(5))),
+    "row_stack": (lambda x, y: torch.row_stack([x, y]), (_r(2, 5), _r(5))),
     "hstack": (lambda x, y: torch.hstack([x, y]), (_r(2, 5), _r(2, 3))),
     "hstack_1d": (lambda x, y: torch.hstack([x, y]), (_r(5), _r(3))),
     "dstack": (lambda x, y: torch.dstack([x, y]), (_r(2, 5), _r(2, 5))),

@@ -55,6 +55,20 @@ def test_grid_sample_flow_warp(tmp_path, frontend) -> None:
     export_and_check(Fn(warp), (torch.randn(2, 3, 6, 5), torch.randn(2, 2, 6, 5)), tmp_path, frontend)
 
 
+def test_grid_sampler_aten_overloads(tmp_path, frontend) -> None:
+    """The dimension-specific ATen ops (what some graphs call directly)."""
+
+    def both(
+        x: torch.Tensor, g: torch.Tensor, x3: torch.Tensor, g3: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        return torch.ops.aten.grid_sampler_2d(x, g, 0, 2, False), torch.ops.aten.grid_sampler_3d(
+            x3, g3, 1, 1, True
+        )
+
+    args = (torch.randn(1, 2, 4, 5), _grid(1, 3, 3, 2), torch.randn(1, 2, 3, 4, 5), _grid(1, 2, 2, 2, 3))
+    export_and_check(Fn(both), args, tmp_path, frontend)
+
+
 def test_grid_sample_bicubic_border_is_refused(tmp_path) -> None:
     with pytest.raises(LoweringError, match="bicubic"):
         torchlower.export(

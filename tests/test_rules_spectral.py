@@ -50,6 +50,19 @@ CASES: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
     "irfft_odd_n": (lambda x: torch.fft.irfft(_vc(x), n=9, norm="ortho"), (_c(2, 6),)),
     "irfft_even_n_forward": (lambda x: torch.fft.irfft(_vc(x), n=8, norm="forward"), (_c(2, 5),)),
     "fftn_abs": (lambda x: torch.fft.fftn(x, dim=(0, 1)).abs(), (_r(4, 6),)),
+    "ifftn": (lambda x: _vr(torch.fft.ifftn(_vc(x), s=(4, 6), dim=(0, 1), norm="ortho")), (_c(3, 5),)),
+    "aten_fft_primitives": (  # what torch.export decomposes torch.fft.* into
+        lambda x: (
+            _vr(torch.ops.aten._fft_r2c(x, [1], 1, True)),
+            _vr(torch.ops.aten._fft_c2c(torch.ops.aten._fft_r2c(x, [1], 0, False), [0, 1], 2, False)),
+            torch.ops.aten._fft_c2r(torch.ops.aten._fft_r2c(x, [1], 0, True), [1], 2, 8),
+        ),
+        (_r(3, 8),),
+    ),
+    "conj_physical_resolve_conj": (
+        lambda x: (_vr(torch.conj_physical(_vc(x))), _vr(_vc(x).conj().resolve_conj())),
+        (_c(2, 3),),
+    ),
     "fft2_ifft2_real": (lambda x: torch.fft.ifft2(torch.fft.fft2(x)).real, (_r(2, 4, 6),)),
     "abs_angle": (lambda x: (torch.fft.rfft(x).abs(), torch.fft.rfft(x).angle()), (_r(3, 10),)),
     "real_imag": (lambda x: (torch.fft.rfft(x).real, torch.fft.rfft(x).imag), (_r(3, 10),)),

@@ -151,10 +151,18 @@ def angle(b: Builder, z: Value) -> Value:
     return atan2(b, part(b, p, 1), part(b, p, 0))
 
 
-@rule("aten::conj_physical", "aten::resolve_conj", "aten::conj", "aten::_conj")
+@rule("aten::resolve_conj", "aten::resolve_neg")
+@complex_aware
+def resolve_conj(b: Builder, z: Value) -> Value:
+    """resolve_conj(Tensor(a) self) -> Tensor(a): materializes a lazy conjugate; the values (what
+    the lowering carries) are already conjugated by ``conj``, so nothing changes."""
+    return z
+
+
+@rule("aten::conj_physical", "aten::conj", "aten::_conj")
 @complex_aware
 def conj(b: Builder, z: Value) -> Value:
-    """conj_physical(Tensor self) -> Tensor (also conj, resolve_conj: real tensors unchanged)."""
+    """conj_physical(Tensor self) -> Tensor (also conj, _conj; real tensors unchanged)."""
     if not is_complex(z) or z.dtype is None:
         return z
     return logical(conj_physical(b, physical(z)))
