@@ -53,8 +53,8 @@ $(BENCH_STAMP): bench/requirements.txt bench/constraints.txt pyproject.toml
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/run.py $(BENCH_ARGS)
 
-# A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000
+# A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000 [MODE=values]
 N ?= 10000
 fuzz: $(STAMP)
-	$(BIN)/python -m tests.fuzz_campaign -n $(N)
+	$(BIN)/python -m tests.fuzz_campaign -n $(N) --mode $(or $(MODE),ops)
 .PHONY: fuzz

@@ -1,53 +1,301 @@
-"""Benchmark (not a test): SubmConv3d 32→32, kernel 3, on ~100k active voxels, CPU, 2 threads.
+"""Benchmark (not a test) of the sparse engine: map build and per-call time of SubmConv3d 32→32
+k3, Conv3d 32→32 k2 s2, ConvTranspose3d 32→32 k2 s2 (inverting that conv) and MaxPool3d k2 s2
+on ~10k / 100k / 1M-voxel surface clouds, at 1 and 2 threads, median of 5, side by side with
+the engine before issue 17 (``tests/lattice_kernels_oracle.py``, 1 thread, ≤ 100k) and
+spconv's CPU build (1 thread — with 2 it returns wrong rows, spconv issue #679) when installed.
+Every output is checked against a float64 dense reference (≤ 100k voxels).
 
-Reports the kernel-map build time and the per-call time with the map cached (the usual case:
-every layer on the same voxels shares one map). Run:
-    PYTHONPATH=. python bench/lattice_subm_conv.py
+"× floor" is the median over repeats of call time / floor time, the floor timed right before
+each call: for a conv, dense cache-resident ``mm``s of its useful FLOPs (2·pairs·I·O); for the
+pool, a dense ``amax`` over the same number of elements. Run:
+    PYTHONPATH=. OMP_NUM_THREADS=2 nice .venv/bin/python bench/lattice_subm_conv.py [--sizes 10k,100k]
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from bench import lattice_reference as R
 from torchlower import lattice as L
 from torchlower.lattice import kernels
 
+VOXEL = {"10k": 0.066, "100k": 0.03, "1M": 0.013}
+ONE, TWO, NOPAD = (1, 1, 1), (2, 2, 2), (0, 0, 0)
 
-def cloud(target: int = 100_000) -> L.SparseTensor:
-    """A random surface-like cloud: points on two noisy spheres, voxelized at 2 cm."""
+
+def cloud(target: int = 100_000, voxel: float = 0.03) -> L.SparseTensor:
+    """A random surface-like cloud: points on two noisy unit spheres (2 batches), voxelized."""
     g = torch.Generator().manual_seed(0)
-    pts = torch.randn(4 * target, 3, generator=g)
-    pts = pts / pts.norm(dim=1, keepdim=True) * (1 + 0.02 * torch.randn(4 * target, 1, generator=g))
-    batch = torch.randint(0, 2, (4 * target,), generator=g, dtype=torch.int32)
-    active = torch.tensor([4 * target], dtype=torch.int32)
-    x = L.voxelize(pts, torch.randn(4 * target, 32, generator=g), batch, active, 0.03, -1.2)
-    return x
+    n = 4 * target
+    pts = torch.randn(n, 3, generator=g)
+    pts = pts / pts.norm(dim=1, keepdim=True) * (1 + 0.02 * torch.randn(n, 1, generator=g))
+    batch = torch.randint(0, 2, (n,), generator=g, dtype=torch.int32)
+    active = torch.tensor([n], dtype=torch.int32)
+    return L.voxelize(pts, torch.randn(n, 32, generator=g), batch, active, voxel, -1.2)
+
+
+def sample_ms(fn: Callable[[], object], min_seconds: float = 0.06) -> float:
+    """Mean ms of ``fn`` over a loop of at least ``min_seconds`` (long enough that a shared
+    machine's preemptions average out instead of landing on one short call)."""
+    count, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        count += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_seconds:
+            return elapsed / count * 1e3
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    return statistics.median(sample_ms(fn) for _ in range(repeats))
+
+
+def load() -> str:
+    return "/".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def floor_fn(kmap: kernels.KernelMap, volume: int, pool: bool) -> Callable[[], object]:
+    """The op's arithmetic floor as a dense op: for a conv, ``mm``s of a cache-resident
+    ``[4096, K·32] @ [K·32, 32]`` totalling its useful FLOPs (2·pairs·32·32); for the pool an
+    ``amax`` over the same number of elements, already laid out contiguously."""
+    if pool:
+        t = torch.randn(kmap.rows, max(1, kmap.pair_count // max(1, kmap.rows)), 32)
+        return lambda: torch.amax(t, 1)
+    a, b = torch.randn(4096, volume * 32), torch.randn(volume * 32, 32)
+    c = torch.empty(4096, 32)
+    rows = kmap.pair_count * 32 // (volume * 32)  # same FLOPs: rows·(K·32)·32 = pairs·32·32
+    full, rest = divmod(rows, 4096)
+
+    def run() -> None:
+        for _ in range(full):
+            torch.mm(a, b, out=c)
+        if rest:
+            torch.mm(a[:rest], b, out=c[:rest])
+
+    return run
+
+
+def paired_ms(
+    fn: Callable[[], object], floor: Callable[[], object], repeats: int
+) -> tuple[float, float, float]:
+    """Median call ms, median floor ms and the median of the per-repeat ratios (the floor runs
+    right before each call, so both see the same machine load)."""
+    fn(), floor()
+    calls, floors = [], []
+    for _ in range(repeats):
+        floors.append(sample_ms(floor))
+        calls.append(sample_ms(fn))
+    ratio = statistics.median(c / f for c, f in zip(calls, floors, strict=True))
+    return statistics.median(calls), statistics.median(floors), ratio
+
+
+class Case:
+    """Our modules on one cloud, their maps, references and (optional) spconv twins."""
+
+    def __init__(self, x: L.SparseTensor) -> None:
+        torch.manual_seed(0)
+        self.x = x
+        self.subm = L.SubmConv3d(32, 32, 3).eval()
+        self.down = L.Conv3d(32, 32, 2, 2).eval()
+        self.up = L.ConvTranspose3d(32, 32, 2, 2).eval()
+        self.pool = L.MaxPool3d(2, 2).eval()
+        with torch.no_grad():
+            self.d = self.down(x)
+        self.maps = {
+            "subm": kernels.subm_map(x.coords, x.stride, (3, 3, 3), ONE),
+            "down": kernels.conv_map(x.coords, x.stride, TWO, TWO, NOPAD, ONE),
+        }
+        self.maps["up"] = kernels.transpose_map(
+            self.d.coords, self.d.stride, x.coords, TWO, TWO, NOPAD, ONE, conv=self.maps["down"]
+        )
+        self.maps["pool"] = self.maps["down"]
+
+    def builders(self) -> dict[str, Callable[[], object]]:
+        x, d = self.x, self.d
+        down = self.maps["down"]
+        return {
+            "subm": lambda: kernels.subm_map(x.coords, x.stride, (3, 3, 3), ONE),
+            "down": lambda: kernels.conv_map(x.coords, x.stride, TWO, TWO, NOPAD, ONE),
+            "up": lambda: kernels.transpose_map(
+                d.coords, d.stride, x.coords, TWO, TWO, NOPAD, ONE, conv=down
+            ),
+            "pool": lambda: kernels.conv_map(x.coords, x.stride, TWO, TWO, NOPAD, ONE),
+        }
+
+    def calls(self) -> dict[str, Callable[[], L.SparseTensor]]:
+        return {
+            "subm": lambda: self.subm(self.x),
+            "down": lambda: self.down(self.x),
+            "up": lambda: self.up(self.d),
+            "pool": lambda: self.pool(self.x),
+        }
+
+    def references(self) -> dict[str, torch.Tensor]:
+        x, d = self.x, self.d
+        return {
+            "subm": R.ref_subm(x, self.subm.weight),
+            "down": R.ref_down(x, self.down.weight, d),
+            "up": R.ref_up(d, self.up.weight, x),
+            "pool": R.ref_maxpool(x, 2, d),
+        }
+
+
+def old_engine(case: Case, repeats: int) -> dict[str, tuple[float, float]]:
+    """(map ms, call ms) of the engine before issue 17 (the frozen copy in ``tests/``)."""
+    from tests import lattice_kernels_oracle as O
+
+    x, d = case.x, case.d
+    w = {k: getattr(case, k).weight for k in ("subm", "down", "up")}
+    builds = {
+        "subm": lambda: O.subm_map(x.coords, x.stride, (3, 3, 3), ONE),
+        "down": lambda: O.conv_map(x.coords, x.stride, TWO, TWO, NOPAD, ONE),
+        "up": lambda: O.transpose_map(d.coords, d.stride, x.coords, TWO, TWO, NOPAD, ONE),
+    }
+    maps = {k: b() for k, b in builds.items()}
+    out = {}
+    for k in ("subm", "down", "up"):
+        out[k] = (
+            median_ms(builds[k], repeats),
+            median_ms(lambda k=k: O.apply_conv((d if k == "up" else x).feats, maps[k], w[k], None), repeats),
+        )
+    out["pool"] = (out["down"][0], median_ms(lambda: O.apply_pool(x.feats, maps["down"], "max"), repeats))
+    return out
+
+
+def spconv_engine(case: Case, repeats: int, refs: dict[str, torch.Tensor] | None) -> dict[str, tuple]:
+    """(map ms, call ms, max err) of spconv's CPU build on the same voxels and weights."""
+    w = {k: getattr(case, k).weight.detach() for k in ("subm", "down", "up")}
+    ops = R.spconv_ops(case.x, w)
+    if ops is None:
+        return {}
+    subm, down, up, pool, tensor, grid = (ops[k] for k in ("subm", "down", "up", "pool", "tensor", "grid"))
+    base = tensor()  # type: ignore[operator]
+    with torch.no_grad():
+        d = down(base)  # type: ignore[operator]
+        results = {"subm": subm(base), "down": d, "up": up(d), "pool": pool(base)}  # type: ignore[operator]
+        # spconv keeps index pairs in the *output's* indice_dict: reuse them for the cached calls
+        warm = tensor()  # type: ignore[operator]
+        warm.indice_dict = dict(results["subm"].indice_dict)  # type: ignore[attr-defined]
+
+        def fresh(k: str) -> Callable[[], object]:
+            def run() -> object:
+                t = tensor()  # type: ignore[operator]
+                if k == "up":
+                    return up(down(t))  # type: ignore[operator]
+                return {"subm": subm, "down": down, "pool": pool}[k](t)  # type: ignore[operator]
+
+            return run
+
+        cached = {
+            "subm": lambda: subm(warm),  # type: ignore[operator]
+            "down": lambda: down(tensor()),  # type: ignore[operator]  # spconv reuses subm indices only
+            "up": lambda: up(d),  # type: ignore[operator]
+            "pool": lambda: pool(tensor()),  # type: ignore[operator]  # builds its map every call
+        }
+        out: dict[str, tuple] = {}
+        for k in ("subm", "down", "up", "pool"):
+            call = median_ms(cached[k], repeats)
+            total = median_ms(fresh(k), repeats)
+            if k == "up":  # the fresh run also built + ran the down conv
+                total -= median_ms(fresh("down"), repeats)
+            if k in ("down", "pool"):
+                total = call
+            err = None
+            if refs is not None:
+                stride = 1 if k in ("subm", "up") else 2
+                coords, feats = R.spconv_rows(results[k], stride, grid)  # type: ignore[arg-type]
+                target = case.x.coords if k in ("subm", "up") else case.d.coords
+                aligned = R.align_rows(coords, feats, target)
+                want = refs[k].clamp(min=0) if k == "pool" else refs[k]  # spconv's max starts from 0
+                err = float("inf") if aligned is None else R.max_err(aligned, want)
+            out[k] = (None if k in ("down", "pool") else max(0.0, total - call), call, err, cached[k])
+    return out
+
+
+def spconv_cell(s: tuple | None) -> str:
+    if not s:
+        return "–"
+    return f"{s[0]:.1f} / {s[1]:.1f}" if s[0] is not None else f"(in call) / {s[1]:.1f}"
+
+
+NAMES = {
+    "subm": "SubmConv3d k3",
+    "down": "Conv3d k2 s2",
+    "up": "ConvTranspose3d k2 s2",
+    "pool": "MaxPool3d k2 s2",
+}
+
+
+def run(sizes: list[str], threads: list[int], repeats: int, spconv: bool, before: bool) -> list[str]:
+    lines = [
+        "| voxels | op | thr | rows in→out | pairs (fill) | map ms | call ms | floor ms | × floor "
+        "| before map / call | spconv map / call | call vs spconv | max err ours / spconv | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for size in sizes:
+        x = cloud(int(float(size.rstrip("kM")) * (1e3 if size.endswith("k") else 1e6)), VOXEL[size])
+        case = Case(x)
+        refs = case.references() if len(x.coords) <= 200_000 else None
+        torch.set_num_threads(1)
+        old = old_engine(case, max(1, repeats // 2)) if before and len(x.coords) <= 200_000 else {}
+        theirs = spconv_engine(case, repeats, refs) if spconv else {}
+        for thr in threads:
+            torch.set_num_threads(thr)
+            with torch.no_grad():
+                for k, call in case.calls().items():
+                    kmap = case.maps[k]
+                    volume = 8 if k != "subm" else 27
+                    map_ms = median_ms(case.builders()[k], repeats)
+                    call_ms, floor, ratio = paired_ms(call, floor_fn(kmap, volume, k == "pool"), repeats)
+                    err = "" if refs is None else f"{R.max_err(call().feats, refs[k]):.1e}"
+                    o = old.get(k) if thr == 1 else None
+                    s = theirs.get(k) if thr == 1 else None
+                    vs = paired_ms(call, s[3], repeats)[2] if s else None  # ours / spconv, paired
+                    n_in = len(case.d.coords) if k == "up" else len(x.coords)
+                    lines.append(
+                        f"| {len(x.coords):,} | {NAMES[k]} | {thr} | {n_in:,}→{kmap.rows:,} "
+                        f"| {kmap.pair_count:,} ({kmap.fill(volume):.0%}) | {map_ms:.1f} | {call_ms:.1f} "
+                        f"| {floor:.1f} | {ratio:.2f} "
+                        f"| {f'{o[0]:.0f} / {o[1]:.0f}' if o else '–'} "
+                        f"| {spconv_cell(s)} "
+                        f"| {f'{vs:.2f}×' if vs else '–'} "
+                        f"| {err or '–'} / {(f'{s[2]:.1e}' if s[2] is not None else '–') if s else '–'} "
+                        f"| {load()} |"
+                    )
+                    print(lines[-1], flush=True)
+    return lines
 
 
 def main() -> None:
-    torch.set_num_threads(2)
-    x = cloud()
-    conv = L.SubmConv3d(32, 32, 3).eval()
-    print(f"active voxels: {len(x.coords)}")
-    t0 = time.perf_counter()
-    for _ in range(3):
-        kernels.subm_map(x.coords, x.stride, (3, 3, 3), (1, 1, 1))
-    map_ms = (time.perf_counter() - t0) / 3 * 1e3
-    with torch.no_grad():
-        conv(x)  # builds and caches the map
-        t0 = time.perf_counter()
-        for _ in range(5):
-            conv(x)
-        call_ms = (time.perf_counter() - t0) / 5 * 1e3
-        fresh = L.SparseTensor(x.feats, x.coords.clone(), check=False)
-        t0 = time.perf_counter()
-        conv(fresh)
-        cold_ms = (time.perf_counter() - t0) * 1e3
-    print(f"kernel map build: {map_ms:.1f} ms")
-    print(f"SubmConv3d 32->32 k3, map cached: {call_ms:.1f} ms/call")
-    print(f"SubmConv3d 32->32 k3, map built in the call: {cold_ms:.1f} ms")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10k,100k,1M")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-spconv", action="store_true")
+    parser.add_argument("--no-before", action="store_true")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table here")
+    a = parser.parse_args()
+    print(
+        f"torch {torch.__version__}, load average {load()} (1/5/15 min), {os.cpu_count()} cores", flush=True
+    )
+    lines = run(
+        a.sizes.split(","),
+        [int(t) for t in a.threads.split(",")],
+        a.repeats,
+        not a.no_spconv,
+        not a.no_before,
+    )
+    print(f"load average at the end: {load()}")
+    if a.out:
+        a.out.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

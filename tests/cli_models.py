@@ -34,3 +34,32 @@ class Determinant(nn.Module):
 
 def broken() -> nn.Module:
     raise RuntimeError("factory exploded on purpose")
+
+
+def encoder2() -> nn.Module:
+    """A 2-layer transformer encoder (d=16, 2 heads): the grouped picture has one cluster per layer."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+
+
+class DataDependent(nn.Module):
+    """torch.export refuses the data-dependent branch (and prints a partial graph); jit traces it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = 2.0 if bool(x.sum() > -1e9) else 3.0
+        return self.proj(x) * scale
+
+
+def q4_mlp() -> nn.Module:
+    """Linear layers whose weights Q4_0 compresses (sizes multiples of 32), seeded: the same
+    weights in every process, so ``check --model`` sees the model the archive came from."""
+    from tests.models_compress import MLP
+
+    torch.manual_seed(3)
+    return MLP().eval()

@@ -33,11 +33,13 @@ def export_and_check(
     tmp_path: Path,
     frontend: str = "jit",
     tolerance: float | None = None,
+    allow_value_dependent_trace: bool = False,
 ) -> ExportReport:
     """Export, run in tract, and assert that every output matches PyTorch."""
     report = torchlower.export(
-        model.eval(), args, tmp_path / "model.nnef.tgz", frontend=frontend, tolerance=tolerance
-    )
+        model.eval(), args, tmp_path / "model.nnef.tgz", frontend=frontend, tolerance=tolerance,
+        allow_value_dependent_trace=allow_value_dependent_trace,
+    )  # fmt: skip
     assert report.errors, "the export was not checked"
     for err in report.errors:
         assert err.ok, f"{err.name}: max |torch - tract| = {err.max_abs}"

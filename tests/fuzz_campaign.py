@@ -25,9 +25,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=25, help="cases per exported model")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-ops", type=int, default=5)
+    parser.add_argument(
+        "--mode",
+        choices=["ops", "values"],
+        default="ops",
+        help="ops: random op chains; values: op chains with a branch / .item() / loop count inserted",
+    )
+    parser.add_argument("--frontends", default="jit,fx,export", help="values mode: front ends to run")
     opts = parser.parse_args(argv)
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
+    if opts.mode == "values":
+        return values_campaign(opts.n, opts.seed, opts.max_ops, tuple(opts.frontends.split(",")))
     runner = Runner()
     started = time.monotonic()
     batches_needed = -(-opts.n // opts.batch)
@@ -76,6 +85,49 @@ def report(runner: Runner, seconds: float) -> str:
     for outcome, case in runner.failures:
         lines += ["", f"--- {outcome.status} ({outcome.frontend}): {outcome.detail[:800]}", case.describe()]
     return "\n".join(lines)
+
+
+def values_campaign(n: int, seed: int, max_ops: int, frontends: tuple[str, ...]) -> int:
+    """``--mode values``: every case must end typed or verified, never verified-but-wrong."""
+    from tests.fuzz_values import ValueRunner, value_cases
+
+    runner = ValueRunner(frontends)
+    started = time.monotonic()
+
+    @settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(value_cases(max_ops))
+    def campaign(case: object) -> None:
+        runner.run(case)  # type: ignore[arg-type]
+        done = sum(runner.counts.values()) // len(runner.frontends)
+        if done % 250 == 0:
+            print(f"  {done} cases, {dict(runner.counts)} ({time.monotonic() - started:.0f} s)", flush=True)
+
+    campaign._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
+    campaign()
+    runs = sum(runner.counts.values())
+    lines = [
+        f"value-dependence cases: {runs // len(runner.frontends)} generated, {runs} case runs over"
+        f" {', '.join(runner.frontends)} in {time.monotonic() - started:.0f} s (seed {seed})",
+        "outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(runner.counts.items())),
+        f"silent wrong (verified, then wrong at fresh inputs): {runner.counts['silent']};"
+        f" raw exceptions: {runner.counts['raw']}",
+        "typed errors: " + ", ".join(f"{k} {v}" for k, v in runner.typed.most_common()),
+        "by construct: "
+        + "; ".join(
+            f"{kind}: " + ", ".join(f"{s} {c}" for (k, s), c in sorted(runner.by_kind.items()) if k == kind)
+            for kind in sorted({k for k, _ in runner.by_kind})
+        ),
+    ]
+    for outcome, case in runner.failures:
+        lines += ["", f"--- {outcome.status} ({outcome.frontend}): {outcome.detail[:800]}", case.describe()]
+    print("\n".join(lines))
+    return 1 if runner.failures else 0
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def test_inspect_json(exported: tuple[Path, dict[str, Any]]) -> None:
     path, _ = exported
     data = cli_json("inspect", path)
     assert data["format"] == "nnef" and data["container"] == "tgz"
-    assert data["inputs"] == [{"name": "x", "shape": [2, 8], "dtype": "f32"}]
+    assert data["inputs"] == [{"name": "x", "shape": [2, 8], "dtype": "float32"}]
     assert data["weights"]["bytes_by_dtype"] == {"float32": 848}
     assert data["op_count"] == sum(data["ops"].values())
 
@@ -108,7 +108,7 @@ def test_picture_svg_png_one_node_per_op(exported: tuple[Path, dict[str, Any]], 
     if shutil.which("dot") is None:
         pytest.skip("Graphviz `dot` is not installed (make setup installs it)")
     path, _ = exported
-    svg = cli_json("inspect", path, "--svg", tmp_path / "g.svg")
+    svg = cli_json("inspect", path, "--svg", tmp_path / "g.svg", "--detail", "ops")
     text = (tmp_path / "g.svg").read_text()
     assert text.lstrip().startswith("<?xml") and "<svg" in text and text.rstrip().endswith("</svg>")
     assert text.count('class="node"') == svg["op_count"] == svg["picture"]["nodes"]
@@ -118,7 +118,7 @@ def test_picture_svg_png_one_node_per_op(exported: tuple[Path, dict[str, Any]], 
     for op in svg["ops"]:
         if op not in ("variable", "tract_core_external"):
             assert f">{op}<" in text
-    png = cli_json("inspect", path, "--png", tmp_path / "g.png")
+    png = cli_json("inspect", path, "--png", tmp_path / "g.png", "--detail", "ops")
     blob = (tmp_path / "g.png").read_bytes()
     assert blob[:8] == b"\x89PNG\r\n\x1a\n" and blob[12:16] == b"IHDR"
     width, height = struct.unpack(">II", blob[16:24])
@@ -127,14 +127,13 @@ def test_picture_svg_png_one_node_per_op(exported: tuple[Path, dict[str, Any]], 
     assert png["picture"]["nodes"] == png["op_count"]
 
 
-def test_picture_without_graphviz_is_a_clear_error(
-    exported: tuple[Path, dict[str, Any]], tmp_path: Path
-) -> None:
+def test_png_without_graphviz_is_a_clear_error(exported: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """SVG is drawn without Graphviz (tests/test_picture.py); PNG needs it and says so."""
     path, _ = exported
-    proc = cli("inspect", path, "--svg", tmp_path / "g.svg", PATH=str(tmp_path))
+    proc = cli("inspect", path, "--png", tmp_path / "g.png", PATH=str(tmp_path))
     assert proc.returncode == 2
-    assert "Graphviz" in proc.stderr and "apt-get install graphviz" in proc.stderr
-    assert not (tmp_path / "g.svg").exists()
+    assert "Graphviz" in proc.stderr and "apt-get install graphviz" in proc.stderr and "--svg" in proc.stderr
+    assert not (tmp_path / "g.png").exists()
 
 
 def test_two_inputs_two_outputs_directory_no_check(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def test_mlp_q4_0_matches_dequantized_model(frontend: str, tmp_path: Path) -> No
         "q4_0": 9 * 18 * (128 * 2 + 96 * 4 + 32 * 3) // 9,
     }
     art = torchlower.load(report.path)
-    assert art.formats["0.weight"] == "q4_0" and art.formats["0.bias"] == "f32"
+    assert art.formats["0.weight"] == "q4_0" and art.formats["0.bias"] == "float32"
     assert art.weights["0.weight"].shape == (128, 64) and art.weights["0.weight"].dtype == np.float32
     info = torchlower.inspect(report.path)
     assert info["weights"]["bytes_by_format"]["q4_0"] == report.weight_bytes_by_format["q4_0"]
@@ -65,7 +65,7 @@ def test_cnn_q4_0_compresses_only_eligible_convs(frontend: str, tmp_path: Path) 
     report = torchlower.export(model, x, tmp_path / "c.nnef.tgz", frontend=frontend, compress="q4_0")
     assert all(e.max_abs <= 1e-5 for e in report.errors), report.errors
     formats = torchlower.load(report.path).formats
-    assert formats["stem.weight"] == "f32"  # reduced size 3*3*3 = 27
+    assert formats["stem.weight"] == "float32"  # reduced size 3*3*3 = 27
     assert formats["body.weight"] == "q4_0"  # 8*2*2 = 32
     assert formats["head.weight"] == "q4_0"  # 256
 

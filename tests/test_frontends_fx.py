@@ -63,11 +63,20 @@ class DataDependent(nn.Module):
         return torch.relu(x) if x.sum() > 0 else torch.relu(-x)
 
 
-def test_auto_uses_jit_when_export_fails(tmp_path):
+def test_auto_refuses_a_value_dependent_model_that_only_jit_could_trace(tmp_path):
+    """jit would freeze the branch (issue 13): no front end is left, the error names the line."""
     x = torch.ones(2, 3)
-    report = torchlower.export(DataDependent(), x, tmp_path / "m.nnef.tgz")
+    with pytest.raises(torchlower.errors.ValueDependentTraceError, match=r"if x\.sum\(\) > 0") as info:
+        torchlower.export(DataDependent(), x, tmp_path / "m.nnef.tgz")
+    assert any(n.startswith("export front end skipped") for n in info.value.__notes__)
+
+
+def test_auto_uses_jit_when_export_fails(tmp_path):
+    report = torchlower.export(DataDependent(), torch.ones(2, 3), tmp_path / "m.nnef.tgz",
+                               allow_value_dependent_trace=True)  # fmt: skip
     assert report.frontend == "jit"
-    assert len(report.notes) == 1 and report.notes[0].startswith("export front end skipped: TraceError")
+    assert report.notes[0].startswith("export front end skipped: ValueDependentTraceError")
+    assert any("value-dependent jit trace accepted" in n for n in report.notes)
 
 
 def test_auto_prefers_export(tmp_path):

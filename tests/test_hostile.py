@@ -225,10 +225,10 @@ CASES: list[tuple[str, Callable[[Path], Path], Limits | None, str]] = [
     # ---- graph.nnef ---------------------------------------------------------------------------
     ("graph-truncated", with_graph(GRAPH[: GRAPH.index("y = add")]), None, "line 9: text ends early"),
     (
-        "graph-assigned-twice",
-        with_graph(graph_with(9, "    w = add(x, w);\n    y = add(x, w);")),
+        "graph-input-assigned-again",  # tract tolerates re-assignment, but an input must stay one
+        with_graph(graph_with(9, "    x = add(x, w);\n    y = add(x, w);")),
         None,
-        r"line 9: 'w' is assigned again \(first at line 8\)",
+        r"line 9: input 'x' is assigned again \(declared at line 7\)",
     ),
     (
         "graph-undefined",

@@ -40,9 +40,6 @@ class DenseFixture(nn.Module):
         d = self.down(x)
         u = self.up(d)
         y = u + x
-        # The reference graph names the kept concat `cat_1`: FX only does that when a node named
-        # `cat` exists already, so the reference model evaluated a concat it then discarded.
-        L.cat([x, y])
         z = self.gelu(L.cat([y, x]))
         p = self.pool(d)
         g = self.gen(d)
@@ -81,17 +78,6 @@ def sparse_input(n: int = 120, channels: int = 3, stride: int = 2, batches: int 
     coords = torch.cat([torch.randint(0, batches, (n, 1)), torch.randint(-5, 5, (n, 3)) * stride], dim=1)
     coords = torch.unique(coords, dim=0)
     return L.SparseTensor(torch.randn(len(coords), channels), coords.int(), stride)
-
-
-def randomize(model: nn.Module) -> nn.Module:
-    """Non-trivial batch-norm statistics so the check sees them."""
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm1d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 2.0)
-            m.weight.data.uniform_(0.5, 1.5)
-            m.bias.data.uniform_(-0.5, 0.5)
-    return model.eval()
 
 
 def sort_rows(x: L.SparseTensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,32 +120,71 @@ def dequantized(model: nn.Module, bits: int, group: int, scale_dtype: str) -> nn
     return copy_
 
 
+def fixture_weights(name: str, model: nn.Module) -> nn.Module:
+    """Load the fixture's own weights into ``model`` (packed ones dequantized), so the artifact
+    saved from it can be compared with the fixture byte for byte, weights included."""
+    from safetensors.torch import load_file
+
+    stored = load_file(FIXTURES / name / "weights.safetensors")
+    state = {k: v for k, v in stored.items() if not k.endswith((".weight.weight", ".scales", ".biases"))}
+    for key in {k.rsplit(".", 1)[0] for k in stored if k.endswith(".scales")}:
+        want = model.get_parameter(key).shape
+        kind = "linear" if len(want) == 2 else "conv3d"
+        parts = {n: stored[f"{key}.{n}"] for n in ("weight", "scales", "biases")}
+        padded = (*want[:-1], parts["weight"].shape[-1] * 4)  # int8: 4 codes per uint32 word
+        state[key] = quantize.unpack(parts, padded, kind, 8)[..., : want[-1]]
+    model.load_state_dict(state, strict=False)
+    return model.eval()
+
+
+def assert_fixture_bytes(folder: Path, name: str) -> None:
+    for file in ("graph.mlir", "weights.safetensors"):
+        assert (folder / file).read_bytes() == (FIXTURES / name / file).read_bytes(), file
+
+
 def test_dense_fixture_bytes_and_reference(tmp_path: Path) -> None:
-    model = randomize(DenseFixture())
+    model = fixture_weights("dense", DenseFixture())
     inputs = points()
     L.save(model, tmp_path / "dense", inputs, output_names=["point_feats", "pooled", "gated"])
-    assert (tmp_path / "dense/graph.mlir").read_bytes() == (FIXTURES / "dense/graph.mlir").read_bytes()
+    assert_fixture_bytes(tmp_path / "dense", "dense")
     errors = check_reference(model, tmp_path / "dense", inputs)
     print("dense reference-vs-eager max abs errors:", errors)
 
 
 def test_head_fixture_bytes_and_quantized_reference(tmp_path: Path) -> None:
-    model = randomize(HeadFixture())
+    model = fixture_weights("head", HeadFixture())
     x = sparse_input()
     L.save(model, tmp_path / "head", (x,), batch_size=2, quantize_bits=8, group_size=32, scale_dtype="f32")
-    assert (tmp_path / "head/graph.mlir").read_bytes() == (FIXTURES / "head/graph.mlir").read_bytes()
+    assert_fixture_bytes(tmp_path / "head", "head")
     from safetensors import safe_open
 
-    with (
-        safe_open(tmp_path / "head/weights.safetensors", "pt") as got,
-        safe_open(FIXTURES / "head/weights.safetensors", "pt") as want,
-    ):
+    with safe_open(tmp_path / "head/weights.safetensors", "pt") as got:
         assert got.metadata() == {"format": "torch"}
-        shapes = [{k: f.get_slice(k).get_shape() for k in f.keys()} for f in (got, want)]  # noqa: SIM118
-        assert shapes[0] == shapes[1]
     model.g.batch_size = 2
     errors = check_reference(dequantized(model, 8, 32, "f32"), tmp_path / "head", (x,))
     print("head (int8) reference-vs-dequantized-eager max abs errors:", errors)
+
+
+def test_cat_of_three_folds_pairwise(tmp_path: Path) -> None:
+    """n inputs → n − 1 binary ``sparse.cat`` ops named ``<node>_<i>``; same numbers as eager."""
+
+    class Three(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = L.SubmConv3d(3, 2), L.Conv3d(3, 3, 2, stride=2)
+            self.up = L.GenerativeConvTranspose3d(3, 4, 2, stride=2)
+
+        def forward(self, x):
+            return L.cat([self.a(x), x, self.up(self.b(x))], join="outer")
+
+    x = sparse_input(stride=1)
+    model = Three().eval()
+    folder = L.save(model, tmp_path / "three", (x,)).path
+    text = (folder / "graph.mlir").read_text()
+    assert "%cat_1 = lattice.sparse.cat %a, %x {join = #lattice.join<outer>}" in text
+    assert "%cat_2 = lattice.sparse.cat %cat_1, %up {join = #lattice.join<outer>}" in text
+    assert text.count("lattice.sparse.cat") == 2
+    check_reference(model, folder, (x,))
 
 
 class Wide(nn.Module):
@@ -200,8 +225,6 @@ def test_typed_errors(tmp_path: Path) -> None:
     x = sparse_input()
     with pytest.raises(InvalidArgumentError, match="group_size"):
         L.save(HeadFixture().eval(), tmp_path / "h", (x,), batch_size=2, quantize_bits=8, group_size=16)
-    with pytest.raises(InvalidArgumentError, match="eval mode"):
-        L.save(HeadFixture(), tmp_path / "h", (x,), batch_size=2)
     with pytest.raises(LoweringError, match="batch size"):
         L.save(HeadFixture().eval(), tmp_path / "h", (x,))
     with pytest.raises(InvalidArgumentError, match="divisible"):
@@ -221,6 +244,47 @@ def test_typed_errors(tmp_path: Path) -> None:
     assert len(err.value.ops) == 3, err.value
 
 
+def test_save_verifies_on_fresh_inputs_and_keeps_a_training_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = HeadFixture()  # training mode: an eval copy is lowered, the model stays as it is
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = sparse_input()
+    with caplog.at_level("WARNING", logger="torchlower"):
+        report = L.save(model, tmp_path / "h", (x,), batch_size=2, quantize_bits=4, group_size=32)
+    assert "training mode" in caplog.text
+    assert model.training and all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert report.fresh == 2 and [e.name for e in report.errors] == [
+        "output",
+        "output (random 1)",
+        "output (random 2)",
+    ]
+    assert all(e.ok for e in report.errors) and report.max_abs_error < 1e-4, report.errors
+    assert report.op_histogram["subm_conv3d"] == 1 and report.path == tmp_path / "h"
+    assert not L.save(model, tmp_path / "h", (x,), batch_size=2, check=False).checked
+
+
+def test_save_check_catches_a_wrong_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule that writes the wrong attribute must fail the check, not pass it."""
+    from torchlower.errors import CheckError
+    from torchlower.lattice import rules
+
+    real = rules.f32
+    monkeypatch.setattr(rules, "f32", lambda v: real(v * 1.5) if v == 0.2 else real(v))
+
+    class Leaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c, self.act = L.SubmConv3d(3, 4), nn.LeakyReLU(0.2)
+
+        def forward(self, x):
+            return self.act(self.c(x))
+
+    with pytest.raises(CheckError, match="disagrees") as err:
+        L.save(Leaky().eval(), tmp_path / "l", (sparse_input(),))
+    assert err.value.errors and not all(e.ok for e in err.value.errors)
+
+
 def test_lossless_float_attributes_and_atomic_write(tmp_path: Path) -> None:
     class Tiny(nn.Module):
         def __init__(self, slope: float) -> None:
@@ -231,7 +295,7 @@ def test_lossless_float_attributes_and_atomic_write(tmp_path: Path) -> None:
             return self.act(x)
 
     x = sparse_input()
-    folder = L.save(Tiny(1e-13).eval(), tmp_path / "tiny", (x,))
+    folder = L.save(Tiny(1e-13).eval(), tmp_path / "tiny", (x,)).path
     text = (folder / "graph.mlir").read_text()
     assert "alpha = 1.0e-13 : f32" in text
     op = next(o for o in L.load(folder).ops if o.op == "activation")
@@ -243,3 +307,22 @@ def test_lossless_float_attributes_and_atomic_write(tmp_path: Path) -> None:
     L.save(Tiny(0.5).eval(), folder, (x,))
     assert "alpha = 0.5 : f32" in (folder / "graph.mlir").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
+
+
+def test_reference_value_names(tmp_path: Path) -> None:
+    """Module paths become value names as the reference writes them: ``0.weight`` → ``v_0_weight``;
+    a model that is one module is named after its type; eval no-ops write nothing."""
+    seq = nn.Sequential(
+        L.SubmConv3d(3, 4), nn.ReLU(), nn.Dropout(0.3), L.GlobalAvgPool(2), nn.Flatten(), nn.Linear(4, 2)
+    )
+    x = sparse_input()
+    text = (L.save(seq.eval(), tmp_path / "seq", (x,)).path / "graph.mlir").read_text()
+    assert '%v_0_weight = lattice.weight @v_0_weight {storage_key = "0.weight"' in text
+    assert "%v_0 = lattice.subm_conv3d %input, %v_0_weight" in text  # Sequential.forward(input)
+    assert "%sparse_decompose, %v_1_features_in, %v_1_active = lattice.sparse.decompose %v_0" in text
+    assert "%v_5 = lattice.linear %v_3, %v_5_weight, %v_5_bias" in text and "dropout" not in text
+    one = L.save(L.SubmConv3d(3, 4, bias=True).eval(), tmp_path / "one", (x,))
+    text = (one.path / "graph.mlir").read_text()
+    assert '%submconv3d_weight = lattice.weight @submconv3d_weight {storage_key = "submconv3d.weight"' in text
+    assert "%submconv3d = lattice.subm_conv3d %x, %submconv3d_weight, %submconv3d_bias" in text
+    assert one.max_abs_error < 1e-4

@@ -30,13 +30,16 @@ def test_f16_export_runs_in_f16_and_matches_f32_model(case: str, frontend: str, 
     assert half.precision == "f16" and half.errors
     with torch.no_grad():
         scale = float(model(x).abs().max())
-    for err in half.errors:
+    assert half.points[0].label == "example" and len(half.points) >= 4
+    for err in half.points[0].errors:
         assert err.ok and err.tolerance == pytest.approx(1e-2 * max(1.0, scale))
         assert err.max_abs > 0.0, "f16 compute that matches f32 exactly was not done in f16"
+    assert all(e.ok for e in half.errors)  # the random points too, each with its own scale
     assert half.weight_bytes * 2 == full.weight_bytes
     info = torchlower.inspect(half.path)
     assert set(info["weights"]["bytes_by_dtype"]) == {"float16"}
-    assert info["inputs"][0]["dtype"] == "f32"  # the caller feeds and gets f32
+    assert info["inputs"][0]["dtype"] == "float32"  # the caller feeds and gets f32
+    assert all(o["dtype"] == "float32" for o in info["outputs"])
     art = torchlower.load(half.path)
     assert "tract_core_cast" in art.graph.op_histogram()
 

@@ -67,10 +67,10 @@ def test_load_gives_the_model_weights(exported):
 def test_inspect_is_json_and_complete(exported):
     _, _, path, report = exported
     info = json.loads(json.dumps(torchlower.inspect(path)))
-    assert info["inputs"] == [{"name": "input", "shape": [2, 4], "dtype": "f32"}]
-    assert info["outputs"] == [{"name": "output"}]
+    assert info["inputs"] == [{"name": "input", "shape": [2, 4], "dtype": "float32"}]
+    assert info["outputs"] == [{"name": "output", "shape": [2, 3], "dtype": "float32"}]
     assert info["ops"] == dict(report.op_histogram)
-    assert info["weights"]["bytes"] == report.weight_bytes == info["weights"]["bytes_by_format"]["f32"]
+    assert info["weights"]["bytes"] == report.weight_bytes == info["weights"]["bytes_by_format"]["float32"]
     assert info["extensions"] == ["tract_registry tract_core"] and info["symbols"] == []
 
 

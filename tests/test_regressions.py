@@ -331,6 +331,29 @@ def test_matmul_by_a_constant_after_a_reshape(tmp_path, frontend):
     )
 
 
+def test_matmul_by_a_constant_after_a_reshape_of_inner_axes(tmp_path, frontend):
+    """The guard above is scoped to reshapes of the batch axes (it costs 1-4 % on attention's
+    output projection): reshapes that merge heads or rows, or split the leading axis, keep the
+    plain matmul and must still load and match."""
+    w, wide = torch.randn(4, 12), torch.randn(3, 60)
+    F = torch.nn.functional
+    verified_or_refused(
+        lambda t: (
+            F.linear(t.reshape(2, 5, 12), w),
+            F.linear(t.reshape(2, 5, 12), w, torch.ones(4)),
+            F.linear(t.reshape(2, 1, 60), wide),
+            F.linear(t.transpose(1, 2).reshape(2, 3, 20)[..., :12], w),
+            t.reshape(2, 5, 12) @ w.T,
+        ),
+        (torch.randn(2, 5, 3, 4),),
+        tmp_path,
+        frontend,
+    )
+    model = Fn(lambda t: F.linear(t.reshape(2, 5, 12), w)).eval()
+    report = torchlower.export(model, torch.randn(2, 5, 3, 4), tmp_path / "h.nnef.tar", frontend=frontend)
+    assert report.op_histogram["reshape"] == 1  # no flattening around the matmul
+
+
 def test_matmul_by_a_constant_after_an_expand(tmp_path, frontend):
     """tract's einsum declutter pulled the broadcast of ``expand`` through a matmul by a constant
     and got the output's leading size wrong ("Trying to substitute a 2,5,4,3,3 by 1,5,4,3,3")."""

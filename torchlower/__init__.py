@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from torchlower.io import Artifact, CheckResult, check, inspect, load
 
 
+def __dir__() -> list[str]:
+    """The public API (resolved lazily by ``__getattr__``), not the helpers of this file."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__"))})
+
+
 def __getattr__(name: str) -> Any:
     if name in ("export", "ExportReport"):
         from torchlower import api

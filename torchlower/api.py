@@ -6,6 +6,7 @@ import copy
 import inspect
 import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower import coverage, dynamic, progress, validate
+from torchlower import coverage, dynamic, progress, validate, verification
 from torchlower import tolerance as tolerances
 from torchlower.errors import (
     CheckError,
@@ -24,6 +25,7 @@ from torchlower.errors import (
     TorchlowerError,
     TraceError,
     UnsupportedOpsError,
+    ValueDependentTraceError,
 )
 from torchlower.frontends.session import MISSING, Session
 from torchlower.nnef import archive, guards, passes
@@ -63,6 +65,9 @@ class ExportReport:
     # with compress=: `errors` compare with PyTorch running the dequantized weights, these with
     # the original model (informative, never failing)
     original_errors: list[OutputError] = field(default_factory=list)
+    # every input set checked (example, random inputs like it, other sizes), errors per output
+    points: list[verification.CheckPoint] = field(default_factory=list)
+    original_points: list[verification.CheckPoint] = field(default_factory=list)
     rules_used: list[str] = field(default_factory=list)  # registered keys of the rules that ran
 
     @property
@@ -88,6 +93,7 @@ def export(
     compress: str | None = None,
     dynamic_axes: dict[str, dict[int, str]] | None = None,
     dynamic_shapes: Any = None,
+    allow_value_dependent_trace: bool = False,
 ) -> ExportReport:
     """Export ``model`` called on ``args`` to an NNEF artifact at ``path`` and verify it in tract.
 
@@ -99,6 +105,12 @@ def export(
     ``dynamic_axes={"x": {0: "B", 1: "S"}}`` (keyed by input name) makes those sizes symbolic
     for every front end; ``dynamic_shapes`` (``torch.export.Dim``) is the ``export`` front
     end's spelling (docs/dynamic-axes.md). The check then also runs at other sizes.
+    A trace that took a Python value from a tensor computed from the inputs (``if x.sum() > 0``,
+    ``float(x.max())``, ``.item()``, a data-dependent loop count) would freeze the example's value:
+    ``jit`` then raises ``ValueDependentTraceError`` (a ``TraceError``) naming the source line,
+    and ``auto`` tries the next front end. ``allow_value_dependent_trace=True`` accepts such a
+    jit trace for a value known to be constant (the report notes the lines; the check still runs
+    on random inputs besides the example).
     The user's model is never modified: lowering reads parameters, it never replaces them.
     """
     validate.export_arguments(
@@ -112,6 +124,7 @@ def export(
         check=check,
         tolerance=tolerance,
     )
+    validate.value_dependent_argument(allow_value_dependent_trace, frontend)
     _check_compression_options(precision, compress)
     example = _as_tuple(args)
     target = Path(path)
@@ -121,12 +134,29 @@ def export(
             raise InvalidArgumentError("give dynamic_axes or dynamic_shapes, not both")
         dynamic_axes = dynamic.axes_from_dynamic_shapes(dynamic_shapes, names_in, example)
     axes = validate.dynamic_axes(dynamic_axes, names_in, [t.dim() for t in example])
-    spec = dynamic.Spec.build(axes, names_in, example)
+    bounds = (
+        dynamic.bounds_from_dynamic_shapes(dynamic_shapes)
+        if dynamic_shapes is not None
+        else validate.dynamic_bounds(dynamic_axes)
+    )
+    spec = dynamic.Spec.build(axes, names_in, example, bounds)
 
     module = _eval_view(model)
-    with torch.no_grad():
-        expected = _flatten_outputs(module(*example))
-    names_out = _output_names(expected, output_names)
+    try:
+        with torch.no_grad():
+            returned = module(*example)
+        expected = _flatten_outputs(returned)
+    except TorchlowerError:
+        raise
+    except Exception as exc:  # the model itself refuses the example: bad input, say so
+        raise InvalidArgumentError(
+            f"{type(model).__name__} fails on the example inputs"
+            f" ({', '.join(f'{list(t.shape)} {t.dtype}' for t in example)}):"
+            f" {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        ) from exc
+    names_out = _output_names(expected, output_names, returned)
+    if spec is not None:  # check sizes the model itself refuses are skipped (and reported)
+        spec.probe(lambda inputs: module(*inputs), example)
 
     notes: list[str] = []
     failures: list[TorchlowerError] = []
@@ -134,7 +164,15 @@ def export(
         try:
             with progress.stage(f"tracing ({candidate})", unit="ops"):  # front end retotals: lowering
                 builder = _build(
-                    candidate, module, example, names_in, names_out, len(expected), precision, spec
+                    candidate,
+                    module,
+                    example,
+                    names_in,
+                    names_out,
+                    len(expected),
+                    precision,
+                    spec,
+                    allow_value_dependent_trace,
                 )
         except (TraceError, LoweringError, UnsupportedOpsError) as exc:
             if frontend != "auto":
@@ -145,15 +183,21 @@ def export(
         frontend = candidate
         break
     else:
+        # a value-dependent trace is the most useful diagnosis: it names the line to rewrite
+        chosen = next((f for f in failures[::-1] if isinstance(f, ValueDependentTraceError)), failures[0])
         for note in notes:
-            failures[0].add_note(note)
-        raise failures[0]
-    reference = expected
-    if compress is not None:
-        reference = _compress(builder, module, example, compress)
+            chosen.add_note(note)
+        raise chosen
+    notes += builder.notes
+    dequantized = _compress(builder, module, compress) if compress is not None else None
     passes.optimize(builder)  # leaner graph: folds, merges, shared constants (nnef/passes.py)
     guards.apply(builder)  # around tract optimizer bugs (nnef/guards.py)
     weights = builder.live_weights()
+    builder.example_sizes = {  # recorded so `check` without sizes runs where export verified
+        sym: int(example[names_in.index(name)].shape[axis])
+        for name, dims in axes.items()
+        for axis, sym in dims.items()
+    }
     final = archive.write(target, builder.graph_text(), weights, builder.quant_text())
     report = ExportReport(
         path=final,
@@ -175,18 +219,13 @@ def export(
         rules_used=builder.rules_used,
     )
     if check:
-        want = [t.detach().numpy() for t in reference]
-        if tolerance is None and precision == "f16":
-            tolerance = tolerances.f16(want)
-        if tolerance is None and builder.dequantized_steps:
-            tolerance = tolerances.quantized(want, builder.dequantized_steps)
         with progress.stage("checking in tract"):
-            report.errors = verify(final, example, reference, names_out, tolerance)
-            if spec is not None and compress is None:
-                report.errors += _verify_sizes(final, module, example, spec, names_out, tolerance)
+            outcome = _check(
+                final, module, example, expected, names_out, spec, tolerance, builder, dequantized
+            )
+        report.points, report.original_points = outcome.points, outcome.original
+        report.errors, report.original_errors = outcome.errors(), outcome.errors(original=True)
         coverage.verified(report.rules_used)
-        if reference is not expected:
-            report.original_errors = _original_errors(final, example, expected, names_out)
     return report
 
 
@@ -201,23 +240,51 @@ def _shape_text(shape: Any) -> tuple[int | str, ...]:
     return tuple(d if isinstance(d, int) else str(d) for d in shape)
 
 
-def _verify_sizes(
+def _check(
     artifact: Path,
     module: nn.Module,
     example: tuple[torch.Tensor, ...],
-    spec: dynamic.Spec,
+    expected: list[torch.Tensor],
     names: Sequence[str],
+    spec: dynamic.Spec | None,
     tolerance: float | None,
-) -> list[OutputError]:
-    """The dynamic artifact checked at two other sizes (every symbol smaller and larger)."""
-    errors: list[OutputError] = []
-    for point in spec.check_points():
-        inputs = spec.example_at(example, point)
-        with torch.no_grad():
-            expected = _flatten_outputs(module(*inputs))
-        label = ", ".join(f"{k}={v}" for k, v in point.items())
-        errors += verify(artifact, inputs, expected, [f"{n} ({label})" for n in names], tolerance)
-    return errors
+    builder: NNEFBuilder,
+    dequantized: dict[str, torch.Tensor] | None,
+) -> verification.Outcome:
+    """The artifact checked at the example, at random inputs like it and, under dynamic axes,
+    at other sizes; compressed exports compare with the dequantized model (and report the
+    original model's error beside it)."""
+
+    def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return _flatten_outputs(module(*inputs))
+
+    def run_dequantized(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return _flatten_outputs(torch.func.functional_call(module, dequantized, tuple(inputs)))
+
+    def tol(want: Sequence[Any]) -> float:
+        if tolerance is not None:
+            return tolerance
+        if builder.precision == "f16":
+            return tolerances.f16(want)
+        return tolerances.quantized(want, builder.dequantized_steps)
+
+    points = [verification.Point("example", example, None if dequantized else expected)]
+    points += verification.random_points(example)
+    if spec is not None:
+        for size in spec.check_points():
+            points.append(verification.Point(_size_label(size), spec.example_at(example, size)))
+    if dequantized is None:
+        outcome = verification.check_points(artifact, points, run, names, tol)
+    else:
+        outcome = verification.check_points(artifact, points, run_dequantized, names, tol, original=run)
+    for size, why in spec.skipped if spec is not None else []:
+        shapes = [tuple(t.shape) for t in spec.example_at(example, size)]
+        outcome.points.append(verification.CheckPoint(_size_label(size), shapes, skipped=why))
+    return outcome
+
+
+def _size_label(size: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in size.items())
 
 
 def _check_compression_options(precision: str, compress: str | None) -> None:
@@ -233,23 +300,12 @@ def _check_compression_options(precision: str, compress: str | None) -> None:
     assert set(COMPRESSIONS) <= set(FORMATS)
 
 
-def _compress(
-    builder: NNEFBuilder, module: nn.Module, example: tuple[torch.Tensor, ...], compress: str
-) -> list[torch.Tensor]:
-    """Pack eligible weights; the outputs of ``module`` run with the dequantized weights."""
+def _compress(builder: NNEFBuilder, module: nn.Module, compress: str) -> dict[str, torch.Tensor]:
+    """Pack eligible weights; returns the dequantized parameters PyTorch checks against."""
     from torchlower.nnef import quant
 
     params = dict(module.named_parameters()) | dict(module.named_buffers())
-    dequantized = quant.compress_weights(builder, quant.FORMATS[compress], params)
-    with torch.no_grad():
-        return _flatten_outputs(torch.func.functional_call(module, dequantized, example))
-
-
-def _original_errors(
-    artifact: Path, example: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], names: Sequence[str]
-) -> list[OutputError]:
-    actual = run_in_tract(artifact, [t.detach().numpy() for t in example])
-    return compare(names, [t.detach().numpy() for t in expected], actual, float("inf"))
+    return quant.compress_weights(builder, quant.FORMATS[compress], params)
 
 
 def _bytes_by_format(weights: dict[str, Any]) -> dict[str, int]:
@@ -271,6 +327,7 @@ def _build(
     n_expected: int,
     precision: str = "f32",
     spec: dynamic.Spec | None = None,
+    allow_value_dependent: bool = False,
 ) -> NNEFBuilder:
     """A fresh builder holding ``module`` lowered by one front end, outputs set."""
     builder = NNEFBuilder(precision=precision)
@@ -280,12 +337,13 @@ def _build(
         for i, (n, t) in enumerate(zip(names_in, example, strict=True))
     ]
     session = Session(builder, frontend)
-    outputs = _lower(frontend, builder, module, example, inputs, session, spec)
+    outputs = _lower(frontend, builder, module, example, inputs, session, spec, allow_value_dependent)
     session.finish()
     if len(outputs) != n_expected or any(o is MISSING for o in outputs):
         raise LoweringError(f"the graph has {len(outputs)} outputs, the model returns {n_expected}")
     builder.set_outputs(names_out, [_as_value(o) for o in outputs])
     builder.rules_used = sorted(session.used)
+    builder.assertions = spec.assertions() if spec is not None else []
     return builder
 
 
@@ -325,6 +383,7 @@ def _lower(
     inputs: list[Value],
     session: Session,
     spec: dynamic.Spec | None = None,
+    allow_value_dependent: bool = False,
 ) -> list[Any]:
     if frontend == "fx":
         from torchlower.frontends.fx import lower_module
@@ -334,9 +393,14 @@ def _lower(
         from torchlower.frontends.export import lower_export
 
         return lower_export(builder, module, example, inputs, session, spec)
-    from torchlower.frontends.jit import ModuleTracer, lower_jit
+    from torchlower.frontends.jit import OPT_IN, ModuleTracer, lower_jit
 
-    return lower_jit(builder, ModuleTracer(module, args=example), inputs, session, spec)
+    tracer = ModuleTracer(module, args=example, allow_value_dependent=allow_value_dependent)
+    outputs = lower_jit(builder, tracer, inputs, session, spec)
+    if tracer.value_dependence:
+        where = "; ".join(str(c) for c in tracer.value_dependence)
+        builder.notes.append(f"value-dependent jit trace accepted ({OPT_IN}): {where}")
+    return outputs
 
 
 def _eval_view(model: nn.Module) -> nn.Module:
@@ -364,15 +428,52 @@ def _input_names(model: nn.Module, example: Sequence[torch.Tensor], names: Seque
         params = []
     if len(params) >= len(example) and all(p.isidentifier() for p in params[: len(example)]):
         return params[: len(example)]
+    star = _varargs_name(model)
+    if star is not None and params and params[-1] == star and len(params) - 1 <= len(example):
+        fixed = params[:-1]  # forward(self, a, *xs): a, xs_0, xs_1 (as the FX front end names them)
+        return fixed + [f"{star}_{i}" for i in range(len(example) - len(fixed))]
     return [f"input_{i}" for i in range(len(example))]
 
 
-def _output_names(expected: Sequence[torch.Tensor], names: Sequence[str] | None) -> list[str]:
+def _varargs_name(model: nn.Module) -> str | None:
+    try:
+        found = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return next((p.name for p in found if p.kind is p.VAR_POSITIONAL), None)
+
+
+def _output_names(
+    expected: Sequence[torch.Tensor], names: Sequence[str] | None, returned: Any = None
+) -> list[str]:
     if names is not None:
         if len(names) != len(expected):
             raise InvalidArgumentError(f"{len(names)} output names for {len(expected)} outputs")
         return list(names)
+    keyed = _key_names(returned)
+    if keyed is not None and len(keyed) == len(expected):
+        return keyed
     return [f"output_{i}" for i in range(len(expected))] if len(expected) > 1 else ["output"]
+
+
+def _key_names(returned: Any) -> list[str] | None:
+    """Outputs of a dict / dataclass / Hugging Face ``ModelOutput`` named by their keys, nested
+    keys joined with ``.`` (``last_hidden_state``, ``extra.probs``, ``past.0``); None when the
+    output holds no keys (plain tensors and tuples keep ``output_0``…)."""
+    from torch.utils import _pytree as pytree
+
+    leaves = pytree.tree_flatten_with_path(returned)[0]
+    keyed = (pytree.MappingKey, pytree.GetAttrKey)
+    if not any(isinstance(k, keyed) for path, _ in leaves for k in path):
+        return None
+    parts = {
+        pytree.MappingKey: lambda k: str(k.key),
+        pytree.GetAttrKey: lambda k: k.name,
+        pytree.SequenceKey: lambda k: str(k.idx),
+    }
+    names = [".".join(parts.get(type(k), str)(k) for k in path) for path, _ in leaves]
+    valid = all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", n) for n in names)
+    return names if valid and len(set(names)) == len(names) else None
 
 
 def _flatten_outputs(out: Any) -> list[torch.Tensor]:

@@ -36,6 +36,8 @@ class Spec:
     base: dict[str, int]
     points: list[dict[str, int]] = field(default_factory=list)
     far: int | None = None  # index of the far point: dropped when the model cannot run there
+    bounds: dict[str, Bounds] = field(default_factory=dict)  # symbol -> (min, max or None)
+    skipped: list[tuple[dict[str, int], str]] = field(default_factory=list)  # check sizes PyTorch refuses
 
     def drop_far(self) -> None:
         """Forget the far point (e.g. a sequence longer than the model's context)."""
@@ -45,9 +47,16 @@ class Spec:
 
     @staticmethod
     def build(
-        dynamic: Mapping[str, Mapping[int, str]], names: Sequence[str], example: Sequence[torch.Tensor]
+        dynamic: Mapping[str, Mapping[int, str]],
+        names: Sequence[str],
+        example: Sequence[torch.Tensor],
+        bounds: Mapping[str, Bounds] | None = None,
     ) -> Spec | None:
-        """A spec from validated ``{input: {axis: symbol}}``; None when nothing is dynamic."""
+        """A spec from validated ``{input: {axis: symbol}}``; None when nothing is dynamic.
+
+        ``bounds``: ``{symbol: (min, max)}`` (max None: unbounded); every size the capture and
+        the check use stays inside them.
+        """
         axes: dict[int, dict[int, str]] = {}
         base: dict[str, int] = {}
         for name, by_axis in dynamic.items():
@@ -62,34 +71,97 @@ class Spec:
                 axes.setdefault(i, {})[axis] = symbol
         if not axes:
             return None
-        spec = Spec(axes, list(names), base)
+        limits = {s: (bounds or {}).get(s, (1, None)) for s in base}
+        for s, (lo, hi) in limits.items():
+            if base[s] < lo or (hi is not None and base[s] > hi):
+                raise InvalidArgumentError(
+                    f"dynamic symbol {s!r} is {base[s]} in the example inputs, outside its bounds"
+                    f" {lo}..{hi if hi is not None else 'inf'}"
+                )
+        spec = Spec(axes, list(names), base, bounds=limits)
         spec.points = [dict(base)]
         for s in base:
-            spec.points += [{**base, s: base[s] + m} for m in _MOVES]
+            first = spec._move(s, _MOVES[0], ())
+            spec.points += [{**base, s: first}, {**base, s: spec._move(s, _MOVES[1], (first,))}]
         if len(base) > 1:
-            spec.points.append({s: v + _JOINT for s, v in base.items()})
+            spec.points.append({s: spec._clamp(s, v + _JOINT) for s, v in base.items()})
         # the check's own sizes too (a branch on the size between them is seen while capturing),
         # and one far point, so that a floor expression fitted to a branch's few sizes fails
-        far = {s: 2 * v + _FAR for s, v in base.items()}
+        far = {s: spec._clamp(s, 2 * v + _FAR) for s, v in base.items()}
         spec.points += [p for p in spec.check_points() if p not in spec.points]
         if far not in spec.points:
             spec.points.append(far)
             spec.far = len(spec.points) - 1
         return spec
 
-    def check_points(self) -> list[dict[str, int]]:
-        """Sizes the export's own check runs at besides the example: smaller and larger."""
-        small = {s: max(1, v // 2) for s, v in self.base.items()}
-        large = {s: v + 4 for s, v in self.base.items()}
-        return [p for p in (small, large) if p != self.base]
+    def _clamp(self, s: str, v: int) -> int:
+        lo, hi = self.bounds.get(s, (1, None))
+        return max(lo, v if hi is None else min(hi, v))
 
-    def export_dims(self, example: Sequence[torch.Tensor]) -> tuple[Any, ...]:
-        """``dynamic_shapes`` for ``torch.export`` (by position), one ``Dim`` per symbol."""
-        dims = {s: torch.export.Dim(s, min=1) for s in self.base}
-        return tuple(
+    def _move(self, s: str, m: int, taken: Sequence[int]) -> int:
+        """``base + m``, else the nearest other size inside the bounds (the capture needs two)."""
+        v = self.base[s]
+        lo, hi = self.bounds.get(s, (1, None))
+        top = hi if hi is not None else v + m + 8
+        for cand in (v + m, v - m, *sorted(range(lo, top + 1), key=lambda c: (abs(c - v), c))):
+            if cand != v and cand not in taken and cand >= lo and (hi is None or cand <= hi):
+                return cand
+        raise InvalidArgumentError(
+            f"the bounds {lo}..{hi} of dynamic symbol {s!r} leave no other size to capture the model at;"
+            " widen them or make the axis static"
+        )
+
+    def check_points(self) -> list[dict[str, int]]:
+        """Sizes the export's own check runs at besides the example: smaller and larger, inside the
+        bounds, minus those where PyTorch itself fails (``probe``)."""
+        small = {s: self._clamp(s, max(1, v // 2)) for s, v in self.base.items()}
+        large = {s: self._clamp(s, v + 4) for s, v in self.base.items()}
+        refused = [p for p, _ in self.skipped]
+        out: list[dict[str, int]] = []
+        for p in (small, large):
+            if p != self.base and p not in out and p not in refused:
+                out.append(p)
+        return out
+
+    def probe(self, run: Any, example: Sequence[torch.Tensor]) -> None:
+        """Run the model eagerly at the check sizes (and the far capture point); a size where
+        PyTorch itself fails (a kernel larger than the input) is dropped and remembered in
+        ``skipped`` — the report says so — instead of failing the export."""
+        for point in self.check_points():
+            try:
+                with torch.no_grad():
+                    run(self.example_at(example, point))
+            except Exception as exc:
+                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else repr(exc)
+                self.skipped.append((point, f"PyTorch fails there ({type(exc).__name__}: {first})"))
+                self.points.remove(point)
+                if self.far is not None and self.far > 0:
+                    self.far = self.points.index(self._far_point) if self._far_point in self.points else None
+
+    @property
+    def _far_point(self) -> dict[str, int]:
+        return {s: self._clamp(s, 2 * v + _FAR) for s, v in self.base.items()}
+
+    def assertions(self) -> list[str]:
+        """tract assertions of the bounds (``S >= 2``, ``S <= 128``), for the graph's extensions."""
+        out = []
+        for s, (lo, hi) in self.bounds.items():
+            if lo > 1:
+                out.append(f"{s} >= {lo}")
+            if hi is not None:
+                out.append(f"{s} <= {hi}")
+        return out
+
+    def export_dims(self, example: Sequence[torch.Tensor], module: Any = None) -> Any:
+        """``dynamic_shapes`` for ``torch.export``, one ``Dim`` per symbol with its bounds, in
+        the structure of ``module.forward``'s signature (``*args`` is one nested tuple)."""
+        dims = {s: torch.export.Dim(s, min=lo, max=hi) if hi is not None else torch.export.Dim(s, min=lo)
+                for s, (lo, hi) in self.bounds.items()}  # fmt: skip
+        flat = [
             {a: dims[s] for a, s in self.axes[i].items()} if i in self.axes else None
             for i in range(len(example))
-        )
+        ]
+        return _per_parameter(module, flat)
 
     # ---- inputs ---------------------------------------------------------------------------
     def input_shape(self, index: int, tensor: torch.Tensor) -> Shape:
@@ -168,6 +240,36 @@ class Spec:
         return out or list(self.base)
 
 
+Bounds = tuple[int, "int | None"]
+
+
+def _per_parameter(module: Any, flat: list[Any]) -> tuple[Any, ...]:
+    """Flat per-input entries grouped as ``forward``'s parameters: ``(a, (b, c))`` for
+    ``forward(self, a, *rest)``, as ``torch.export`` binds ``dynamic_shapes``."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters.values()) if module is not None else []
+    except (TypeError, ValueError):
+        params = []
+    fixed = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    if not any(p.kind is p.VAR_POSITIONAL for p in params) or len(flat) < fixed:
+        return tuple(flat)
+    return (*flat[:fixed], tuple(flat[fixed:]))
+
+
+def bounds_from_dynamic_shapes(shapes: Any) -> dict[str, Bounds]:
+    """``{symbol: (min, max)}`` of the named ``torch.export.Dim``s in ``dynamic_shapes``."""
+    out: dict[str, Bounds] = {}
+    for dim in torch.utils._pytree.tree_leaves(shapes):
+        name = getattr(dim, "__name__", None)
+        if isinstance(name, str) and name.isidentifier() and hasattr(dim, "min"):
+            lo = max(1, int(getattr(dim, "min", 1) or 1))
+            hi = getattr(dim, "max", None)
+            out[name] = (lo, int(hi) if isinstance(hi, int) and hi < 2**31 else None)
+    return out
+
+
 def axes_from_dynamic_shapes(
     shapes: Any, names: Sequence[str], example: Sequence[torch.Tensor]
 ) -> dict[str, dict[int, str]]:
@@ -244,6 +346,10 @@ def _feature_sets(deps: list[str], divisors: Sequence[int] = ()) -> list[list[An
         prod = sympy.Mul(*sym.values())
         sets += [[one, prod], [*lin, prod]]
         sets.append(lin + [sym[a] * sym[b] for a, b in itertools.combinations(deps, 2)])
+    for s in deps:  # non-affine sizes tract's TDim expresses: x[:, -3:] is min(S, 3), S·S
+        sets.append([one, sym[s], sym[s] * sym[s]])
+        sets += [[sympy.Min(sym[s], c)] for c in range(1, 65)]
+        sets += [[sympy.Max(sym[s] - c, 1)] for c in range(1, 65)]
     for s in deps:
         others = [sym[t] for t in deps if t != s]
         for k in range(2, 9):
@@ -279,12 +385,16 @@ def materialize(b: Any, d: SymDim) -> Value:
     return b.call("tract_core_cast", [d], {"to": "i64"}, dtype=torch.int64, shape=())
 
 
-def not_dynamic(spec: Spec, symbols: Sequence[str], what: str) -> LoweringError:
-    """The error for a size that cannot stay symbolic."""
-    return LoweringError(
-        f"{spec.where(symbols)} cannot be dynamic: {what}. Make that size static (drop it from"
-        " dynamic_axes) or compute it from tensor shapes in the model instead of in Python"
+def not_dynamic(spec: Spec, symbols: Sequence[str], what: str, advice: bool = True) -> LoweringError:
+    """The error for a size that cannot stay symbolic (one paragraph: input, axis, op, line)."""
+    tail = (
+        ". Make that size static (drop it from dynamic_axes), give it bounds the model accepts"
+        " (dynamic_axes {input: {axis: ('S', min, max)}}), or compute it from tensor shapes in the"
+        " model instead of in Python"
+        if advice
+        else ""
     )
+    return LoweringError(f"{spec.where(symbols)} cannot be dynamic: {what}{tail}")
 
 
 # ---- scalar arithmetic on sizes -----------------------------------------------------------

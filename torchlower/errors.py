@@ -22,6 +22,11 @@ class TraceError(TorchlowerError):
     """A front end could not capture the model's graph (tracing / export failed)."""
 
 
+class ValueDependentTraceError(TraceError):
+    """The graph would depend on tensor values (a branch, loop count or scale taken from a
+    tensor into Python); the message names the model's source line and how to rewrite it."""
+
+
 class LoweringError(TorchlowerError):
     """A rule exists but cannot honour the arguments it was given."""
 
@@ -38,15 +43,18 @@ class UnsupportedOp:
 class UnsupportedOpsError(TorchlowerError):
     """The model uses operators without a lowering rule; lists all of them at once."""
 
-    def __init__(self, ops: Sequence[UnsupportedOp], frontend: str = "") -> None:
+    def __init__(self, ops: Sequence[UnsupportedOp], frontend: str = "", registry: str = "") -> None:
         self.ops = list(ops)
         self.frontend = frontend
+        self.registry = registry  # "lattice": the rules of torchlower.lattice, not the NNEF ones
         lines = [f"  - {o.op} ×{o.count} (first used at {o.first_use or '<top level>'})" for o in self.ops]
         where = f" ({frontend} front end)" if frontend else ""
+        rules = f"a {registry} lowering rule" if registry else "a lowering rule"
+        api = f"torchlower.{registry}" if registry else "torchlower"
         super().__init__(
-            f"{len(self.ops)} unsupported op(s){where}; every one needs a lowering rule:\n"
+            f"{len(self.ops)} unsupported op(s){where}; every one needs {rules}:\n"
             + "\n".join(lines)
-            + "\nRegister one with torchlower.register_function_rule / register_module_rule."
+            + f"\nRegister one with {api}.register_function_rule / register_module_rule."
         )
 
 

@@ -5,8 +5,8 @@ Artifacts are untrusted: ``load`` validates the container (``nnef/reader.py``), 
 member, line or field. Only numpy is needed, except ``check(model=...)`` which runs torch.
 
 Lattice folders (``graph.mlir`` + ``weights.safetensors``) are handed to
-``torchlower.lattice.io`` (functions ``load``, ``inspect``, ``check`` with the same signatures)
-when that module exists; until then they get a clear ``ArtifactError``.
+``torchlower.lattice.io`` (functions ``load``, ``inspect``, ``check`` with the same signatures;
+``check`` runs the lattice reference executor instead of tract).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from torchlower import dtypes, progress
 from torchlower import tolerance as tolerances
 from torchlower.errors import ArtifactError, CheckError, InvalidArgumentError
 from torchlower.nnef import dat, reader
@@ -63,6 +64,7 @@ class Artifact:
     stored_bytes: dict[str, int]  # label -> bytes of tensor data in the file
     quant: str | None = None  # graph.quant text, if any
     unused: list[str] = field(default_factory=list)  # .dat members no variable refers to
+    _session: Any = field(default=None, repr=False, compare=False)  # nnef.session.Session
 
     @property
     def input_names(self) -> list[str]:
@@ -72,13 +74,63 @@ class Artifact:
     def output_names(self) -> list[str]:
         return list(self.graph.outputs)
 
+    def run(
+        self, inputs: Any, *, threads: int | None = None, isolated: bool = True
+    ) -> dict[str, np.ndarray]:
+        """Run in tract: ``{"x": array}`` or ``[arrays]`` in, ``{output name: array}`` out.
+
+        Inputs are checked against the declaration first (dtype, rank, fixed sizes, one size
+        per symbol). The first call loads and optimizes the model once (in a child process
+        unless ``isolated=False``); later calls reuse it. ``threads`` sets tract's pool size
+        for that child (tract's Python API has no thread setting of its own); a different
+        ``threads`` than the running child's starts a new one.
+        """
+        from torchlower import runner
+
+        arrays = runner.as_list(inputs, self.graph.inputs)
+        runner.bind(self.graph.inputs, arrays, self.graph.symbols)
+        session = self._session
+        if session is None or (session.threads, session.isolated) != (threads, isolated):
+            self.close()
+            with progress.stage("tract load+optimize"):
+                session = self._session = runner.session_for(self.path, threads, isolated)
+        with progress.stage("running"):
+            return runner.outputs_by_name(self.output_names, session.run(arrays))
+
+    def tract_facts(self) -> dict[str, list[str]]:
+        """tract's input and output facts (``"B,10,f32"``), loading the model if needed."""
+        if self._session is None:
+            with progress.stage("tract load+optimize"):
+                from torchlower import runner
+
+                self._session = runner.session_for(self.path, None, True)
+        return dict(self._session.facts)
+
+    def close(self) -> None:
+        """Stop the tract process started by ``run`` (it also stops when the artifact is freed)."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def __enter__(self) -> Artifact:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS) -> Any:
     """Read and validate the artifact at ``path``; weights come back as numpy arrays."""
     target = Path(path)
-    if _is_lattice(target):
-        return _lattice().load(target)
-    members = reader.read_members(target, limits)
+    if _is_lattice(target):  # runs in the reference executor (runner.LatticeArtifact)
+        from torchlower.runner import LatticeArtifact
+
+        return LatticeArtifact(target)
+    members: dict[str, bytes] = {}
+    with progress.stage("reading", unit="bytes"):
+        for name, blob in reader.iter_members(target, limits):
+            members[name] = blob
+            progress.advance(len(blob))
     if "graph.nnef" not in members:
         raise ArtifactError(f"{target}: no graph.nnef at the top level of the artifact")
     extra = [n for n in members if n not in reader.TEXT_MEMBERS and not n.endswith(".dat")]
@@ -92,6 +144,41 @@ def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LI
     weights: dict[str, np.ndarray] = {}
     formats: dict[str, str] = {}
     stored: dict[str, int] = {}
+    with progress.stage("decoding weights", total=len(graph.variables), unit="tensors"):
+        _decode_weights(target, graph, members, weights, formats, stored)
+    unused = sorted(members)
+    if unused:
+        log.warning("%s: %d .dat file(s) no variable refers to, e.g. %s", target, len(unused), unused[0])
+    return Artifact(
+        target,
+        reader.artifact_kind(target),
+        graph,
+        weights,
+        formats,
+        stored,
+        quant.decode("utf-8", "replace") if quant is not None else None,
+        unused,
+    )
+
+
+def graph_text(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS) -> str:
+    """The ``graph.nnef`` text of an artifact, after the container's checks (weights not decoded)."""
+    for name, blob in reader.iter_members(Path(path), limits):
+        if name == "graph.nnef":
+            parse(blob)  # the text must be one we would load
+            return blob.decode("utf-8")
+    raise ArtifactError(f"{path}: no graph.nnef at the top level of the artifact")
+
+
+def _decode_weights(
+    target: Path,
+    graph: Graph,
+    members: dict[str, bytes],
+    weights: dict[str, np.ndarray],
+    formats: dict[str, str],
+    stored: dict[str, int],
+) -> None:
+    """Decode the ``.dat`` of every variable (popped from ``members``), checked against the graph."""
     for var in graph.variables:
         member = f"{var.label}.dat"
         if var.label in weights:
@@ -108,43 +195,44 @@ def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LI
                 f"{target}: {member}: shape {list(array.shape)} differs from graph.nnef line {var.line}"
                 f" shape {list(var.shape)}"
             )
-        if array.dtype.kind not in _KIND_OF_VARIABLE[var.kind]:
+        quantized = blob[48] in (dat.QUINT, dat.QINT)  # real values as integer codes (graph.quant)
+        if array.dtype.kind not in _KIND_OF_VARIABLE[var.kind] and not (quantized and var.kind == "scalar"):
             raise ArtifactError(f"{target}: {member}: dtype {array.dtype} cannot back a variable<{var.kind}>")
         weights[var.label] = array
         formats[var.label] = dat_format(blob)
         stored[var.label] = len(blob) - dat.HEADER_SIZE
-    unused = sorted(members)
-    if unused:
-        log.warning("%s: %d .dat file(s) no variable refers to, e.g. %s", target, len(unused), unused[0])
-    return Artifact(
-        target,
-        reader.artifact_kind(target),
-        graph,
-        weights,
-        formats,
-        stored,
-        quant.decode("utf-8", "replace") if quant is not None else None,
-        unused,
-    )
+        progress.advance()
 
 
 def dat_format(blob: bytes) -> str:
-    """Storage format of a ``.dat`` from its header: numpy-like dtype name or vendor format."""
+    """Storage format of a ``.dat`` from its header: the dtype's name (``float32``; ``qint8`` for
+    linearly quantized codes) or a vendor block format (``q4_0``)."""
     bits, code, vendor = struct.unpack_from("<IHH", blob, 44)
     if blob[48:52] == b"\x40\x30\x52\x54":
         return "q4_0"
     if vendor != 0:
         return f"vendor_{vendor:04x}_{code}"
-    names = {dat.FLOAT: "f", dat.INT: "i", dat.UINT: "u", dat.BOOL: "bool"}
-    return "bool" if code == dat.BOOL else f"{names.get(code, f'type{code}_')}{bits}"
+    names = {dat.FLOAT: "float", dat.INT: "int", dat.UINT: "uint", dat.QUINT: "quint", dat.QINT: "qint"}
+    return "bool" if code == dat.BOOL else f"{names.get(code, f'type{code}_')}{bits}"  # float32, qint8…
 
 
-def inspect(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS) -> dict[str, Any]:
-    """A JSON-serializable summary: I/O, symbols, op histogram, weight bytes, extensions."""
+def inspect(
+    path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS, *, tract: bool = True
+) -> dict[str, Any]:
+    """A JSON-serializable summary: I/O, symbols, op histogram, weight bytes, extensions.
+
+    With ``tract`` (the default) every output gets the shape and dtype tract derives when it
+    loads the graph (symbolic where the graph is dynamic, e.g. ``["B", 10]``); without it, or
+    when tract cannot load the graph, they are ``None``.
+    """
     target = Path(path)
     if _is_lattice(target):
         return _lattice().inspect(target)
     art = load(target, limits)
+    outputs: list[dict[str, Any]] = [{"name": n, "shape": None, "dtype": None} for n in art.output_names]
+    if tract:
+        for entry, fact in zip(outputs, _output_facts(target, limits), strict=False):
+            entry["shape"], entry["dtype"] = fact
     by_dtype: Counter[str] = Counter()
     by_format: Counter[str] = Counter()
     for label, array in art.weights.items():
@@ -157,14 +245,17 @@ def inspect(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT
         "container": art.kind,
         "graph": g.name,
         "inputs": [
-            {"name": i.name, "shape": [_dim_text(d) for d in i.shape], "dtype": i.dtype} for i in g.inputs
+            {"name": i.name, "shape": [_dim_text(d) for d in i.shape], "dtype": dtypes.name(i.dtype)}
+            for i in g.inputs
         ],
-        "outputs": [{"name": n} for n in g.outputs],
+        "outputs": outputs,
         "symbols": list(g.symbols),
         "extensions": list(g.extensions),
         "fragments": list(g.fragments),
         "ops": dict(sorted(g.op_histogram().items(), key=lambda kv: (-kv[1], kv[0]))),
         "op_count": len(g.assignments),
+        # ops per module path, from torchlower's ``# module:`` comments (empty for other exporters)
+        "modules": dict(Counter(a.scope for a in g.assignments if a.scope)),
         "weights": {
             "count": len(art.weights),
             "bytes": sum(art.stored_bytes.values()),
@@ -175,13 +266,30 @@ def inspect(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT
     }
 
 
+def _output_facts(target: Path, limits: reader.Limits) -> list[tuple[list[Any], str]]:
+    """(shape, dtype) of every output as tract derives them; empty if tract cannot load it."""
+    from torchlower.nnef import session
+
+    try:
+        with progress.stage("tract load"), reader.extracted(target, limits) as folder:
+            known = session.query_facts(folder)
+    except CheckError as exc:
+        log.info("output shapes unknown: %s", exc)
+        return []
+    return [session.parse_fact(f) for f in known["outputs"]]
+
+
 @dataclass
 class CheckResult:
     """Inputs used, outputs tract produced, and per-output errors (empty if nothing to compare)."""
 
     inputs: list[np.ndarray]
     outputs: list[np.ndarray]
-    errors: list[Any]  # torchlower.nnef.tract.OutputError
+    errors: list[Any]  # torchlower.nnef.tract.OutputError, every point
+    # with model=: every input set checked (the given inputs and random ones like them)
+    points: list[Any] = field(default_factory=list)  # torchlower.verification.CheckPoint
+    original_errors: list[Any] = field(default_factory=list)  # compressed archive vs the original
+    comparison: str | None = None  # what the outputs were compared with, in words
 
     @property
     def ok(self) -> bool:
@@ -205,25 +313,34 @@ def check(
     """Run the artifact in tract and compare with ``expected`` arrays or ``model``'s outputs.
 
     Without ``inputs``, random ones are drawn from the declared shapes (symbols get
-    ``symbol_sizes`` or 2; floats are standard normal, integers 0 or 1, bools random).
+    ``symbol_sizes``, else the sizes the export recorded (``# example sizes:``), else 2;
+    floats are standard normal, integers 0 or 1, bools random).
+    With ``model``, the check also runs at random inputs resembling those, and compares the
+    way ``export`` does (a compressed archive against the dequantized model, an f16 one with
+    the f16 tolerance): ``torchlower/model_check.py``.
     Raises ``CheckError`` when an output differs beyond ``tolerance``.
     """
     from torchlower.nnef.tract import compare, run_in_tract
 
     target = Path(path)
     if _is_lattice(target):
-        return _lattice().check(target, inputs, expected, model, tolerance)
+        return _lattice().check(target, inputs, expected, model, tolerance, seed=seed)
     if expected is not None and model is not None:
         raise InvalidArgumentError("give either expected= or model=, not both")
     with reader.extracted(target) as folder:  # tract reads exactly the bytes we validated
         art = load(folder)
         art.path = target
         ins = _inputs(art, inputs, symbol_sizes, seed)
+        if model is not None:
+            from torchlower import model_check
+
+            found = model_check.check(folder, target, art, ins, model, tolerance)
+            errors = [e for p in found.points for e in p.errors]
+            original = [e for p in found.original for e in p.errors]
+            return CheckResult(ins, found.outputs, errors, found.points, original, found.comparison)
         outs = run_in_tract(folder, ins)
     names = art.output_names
-    if model is not None:
-        want = _model_outputs(model, ins)
-    elif expected is not None:
+    if expected is not None:
         want = _arrays(expected, names, "expected")
     else:
         return CheckResult(ins, outs, [])
@@ -235,7 +352,7 @@ def check(
     if bad:
         detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
         raise CheckError(f"{target}: tract output differs from the reference — {detail}", errors)
-    return CheckResult(ins, outs, errors)
+    return CheckResult(ins, outs, errors, comparison="expected outputs")
 
 
 def _inputs(
@@ -244,7 +361,8 @@ def _inputs(
     decls = art.graph.inputs
     if given is None:
         rng = np.random.default_rng(seed)
-        env = {s: int((sizes or {}).get(s, SYMBOL_SIZE)) for s in art.graph.symbols}
+        known = {**art.graph.example_sizes, **(sizes or {})}  # the export's sizes unless told
+        env = {s: int(known.get(s, SYMBOL_SIZE)) for s in art.graph.symbols}
         return [_random(rng, d, [_dim_value(x, env, d) for x in d.shape]) for d in decls]
     arrays = _arrays(given, [d.name for d in decls], "inputs")
     for decl, array in zip(decls, arrays, strict=True):
@@ -285,6 +403,8 @@ def _dim_value(dim: Any, env: Mapping[str, int], decl: Input) -> int:
             )
         return env[dim]
     values = [_dim_value(a.name if hasattr(a, "name") else a, env, decl) for a in dim.args]
+    if dim.op in ("min", "max"):
+        return min(values) if dim.op == "min" else max(values)
     if len(values) == 1:
         return -values[0] if dim.op == "-" else values[0]
     a, b = values
@@ -317,20 +437,6 @@ def _to_numpy(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):  # torch.Tensor
         return value.detach().cpu().numpy().copy()
     return np.asarray(value)
-
-
-def _model_outputs(model: Any, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Run the torch model on copies of the inputs; the user's model is not modified."""
-    import torch
-
-    from torchlower import api
-
-    if not isinstance(model, torch.nn.Module):
-        raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    module = api._eval_view(model)
-    with torch.no_grad():
-        out = module(*[torch.from_numpy(np.array(x, copy=True)) for x in inputs])
-    return [t.detach().cpu().numpy() for t in api._flatten_outputs(out)]
 
 
 def _is_lattice(path: Path) -> bool:

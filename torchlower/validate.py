@@ -44,6 +44,21 @@ def export_arguments(
     if not isinstance(check, bool):
         raise InvalidArgumentError(f"check must be True or False, got {check!r}")
     tolerance_argument(tolerance)
+    if tolerance is not None and not check:
+        raise InvalidArgumentError(
+            "tolerance is only used by the check, and check=False turns it off: drop one of them"
+        )
+
+
+def value_dependent_argument(allow: Any, frontend: str) -> None:
+    """``allow_value_dependent_trace`` is a bool, and only the jit front end (or auto) reads it."""
+    if not isinstance(allow, bool):
+        raise InvalidArgumentError(f"allow_value_dependent_trace must be True or False, got {allow!r}")
+    if allow and frontend in ("fx", "export"):
+        raise InvalidArgumentError(
+            f"allow_value_dependent_trace applies to torch.jit.trace; the {frontend} front end never"
+            " freezes tensor values (it refuses them): use frontend='jit' or 'auto', or drop the option"
+        )
 
 
 def model_argument(model: Any) -> None:
@@ -180,9 +195,38 @@ def dynamic_axes(dynamic: Any, input_names: Sequence[str], ranks: Sequence[int])
         for axis, symbol in axes.items():
             if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
                 raise InvalidArgumentError(f"input {name!r} has rank {rank}; axis {axis!r} does not exist")
+            symbol = _symbol_name(symbol)
             if not isinstance(symbol, str) or not _IDENT.match(symbol):
                 raise InvalidArgumentError(
-                    f"dynamic axis symbol {symbol!r} must be an identifier such as 'B'"
+                    f"dynamic axis symbol {symbol!r} must be an identifier such as 'B',"
+                    " or a tuple ('S', min, max) with integer bounds (max may be None)"
                 )
             out[name][axis % rank] = symbol
+    return out
+
+
+def _symbol_name(symbol: Any) -> Any:
+    return symbol[0] if isinstance(symbol, tuple) and len(symbol) == 3 else symbol
+
+
+def dynamic_bounds(dynamic: Any) -> dict[str, tuple[int, int | None]]:
+    """``{symbol: (min, max)}`` from ``dynamic_axes`` entries spelled ``("S", 2, 128)``.
+
+    Call after ``dynamic_axes`` validated the mapping; a symbol given bounds twice must be
+    given the same ones.
+    """
+    out: dict[str, tuple[int, int | None]] = {}
+    for axes in (dynamic or {}).values():
+        for symbol in axes.values():
+            if not isinstance(symbol, tuple):
+                continue
+            name, lo, hi = symbol
+            ok_lo = isinstance(lo, int) and not isinstance(lo, bool) and lo >= 1
+            ok_hi = hi is None or (isinstance(hi, int) and not isinstance(hi, bool) and hi >= lo)
+            if not (ok_lo and ok_hi):
+                raise InvalidArgumentError(
+                    f"dynamic axis bounds {symbol!r}: min must be an int >= 1 and max None or an int >= min"
+                )
+            if out.setdefault(name, (lo, hi)) != (lo, hi):
+                raise InvalidArgumentError(f"dynamic symbol {name!r} is given two different bounds")
     return out

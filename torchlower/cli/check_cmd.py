@@ -10,8 +10,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from torchlower.cli import specs
+from torchlower.cli import lattice_cmd, specs
 from torchlower.cli.console import Output, show_progress
+from torchlower.cli.export_cmd import points_json, quality_error, render_checks
 from torchlower.cli.factory import build_model
 from torchlower.cli.failures import output_error, short, usage_error
 
@@ -33,7 +34,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--trust", action="store_true", help="allow --weights files that need full unpickling")
     p.add_argument("--tolerance", type=float, help="max abs error allowed (default 1e-4 × output scale)")
     p.add_argument("--symbol", action="append", default=[], metavar="SYM=SIZE", help="size of a symbolic dim")
-    p.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    p.add_argument("--seed", type=int, help="seed of random inputs (default 0)")
     p.add_argument("--save-outputs", metavar="OUT.npz", help="write tract's outputs (by name) to a .npz")
     p.set_defaults(run=run)
 
@@ -44,15 +45,23 @@ def run(args: argparse.Namespace, out: Output) -> int:
     target = Path(args.archive)
     if not target.exists():
         raise usage_error(f"artifact {args.archive!r} does not exist")
+    if lattice_cmd.is_lattice(target):
+        return lattice_cmd.check(args, out)
     inputs = specs.read_npz(args.inputs, "--inputs") if args.inputs else None
     expected = specs.read_npz(args.expected, "--expected") if args.expected else None
     if (args.weights or args.trust) and not args.model:
         raise usage_error("--weights and --trust need --model MODULE:FACTORY")
+    if args.tolerance is not None and not (args.model or args.expected):
+        raise usage_error("--tolerance needs something to compare with: --expected OUT.npz or --model")
+    if args.inputs and (args.symbol or args.seed is not None):
+        raise usage_error(
+            "--symbol and --seed shape and draw random inputs; with --inputs they have no effect"
+        )
     model = build_model(args.model, args.weights, args.trust).eval() if args.model else None
     sizes = specs.symbol_sizes(args.symbol)
     with show_progress(out):
         result = torchlower.check(
-            target, inputs, expected, model, args.tolerance, symbol_sizes=sizes, seed=args.seed
+            target, inputs, expected, model, args.tolerance, symbol_sizes=sizes, seed=args.seed or 0
         )
     names = _output_names(target, len(result.outputs))
     if args.save_outputs:
@@ -68,6 +77,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
         "random_inputs": inputs is None,
         "compared": [output_error(e) for e in result.errors],
         "max_abs_error": result.max_abs_error if result.errors else None,
+        "comparison": getattr(result, "comparison", None),
+        "points": points_json(getattr(result, "points", [])),
+        "errors": [output_error(e) for e in result.errors],
+        "original_errors": [quality_error(e) for e in getattr(result, "original_errors", [])],
     }
     out.emit(data, lambda console: render(console, data))
     return 0
@@ -77,7 +90,7 @@ def _output_names(target: Path, count: int) -> list[str]:
     try:
         import torchlower
 
-        names = [o["name"] for o in torchlower.inspect(target)["outputs"]]
+        names = [o["name"] for o in torchlower.inspect(target, tract=False)["outputs"]]
     except Exception:  # lattice summaries may name outputs differently
         names = []
     return names if len(names) == count else [f"output_{i}" for i in range(count)]
@@ -87,7 +100,7 @@ def _input_names(target: Path, arrays: list[Any]) -> list[str]:
     try:
         import torchlower
 
-        names = [i["name"] for i in torchlower.inspect(target)["inputs"]]
+        names = [i["name"] for i in torchlower.inspect(target, tract=False)["inputs"]]
     except Exception:
         names = []
     return names if len(names) == len(arrays) else [f"input_{i}" for i in range(len(arrays))]
@@ -122,6 +135,14 @@ def render(console: Console, data: dict[str, Any]) -> None:
         )
         table.add_row(f"out {t['name']}", str(t["shape"]), t["dtype"], *cells)
     console.print(table)
+    if data["points"]:
+        checks = Table(
+            title=f"compared with the {data['comparison']}", title_justify="left", show_header=False
+        )
+        checks.add_column("item", style="bold")
+        checks.add_column("value")
+        render_checks(checks, data)
+        console.print(checks)
     if data["reference"] is None:
         console.print(
             "ran in tract; nothing to compare with (give --expected OUT.npz or --model MODULE:FACTORY)"

@@ -48,13 +48,17 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--compress", choices=["q4_0"], help="weight compression")
     p.add_argument("--no-check", action="store_true", help="write without running tract")
     p.add_argument("--tolerance", type=float, help="max abs error allowed by the check")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random example inputs")
+    p.add_argument("--seed", type=int, help="seed of the random example inputs (default 0)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
     import torchlower
 
+    if args.trust and not args.weights:
+        raise usage_error("--trust allows unpickling a --weights file; it needs --weights")
+    if args.no_check and args.tolerance is not None:
+        raise usage_error("--tolerance is used by the check, which --no-check turns off: drop one")
     accepted = inspect.signature(torchlower.export).parameters
     options = _planned_options(args, accepted)
     names, tensors = _examples(args)
@@ -122,6 +126,8 @@ def _examples(args: argparse.Namespace) -> tuple[list[str], list[Any]]:
 
     if args.inputs and args.input:
         raise usage_error("give either --input specs or --inputs IN.npz, not both")
+    if args.inputs and args.seed is not None:
+        raise usage_error("--seed draws random --input examples; with --inputs IN.npz it has no effect")
     if args.inputs:
         arrays = specs.read_npz(args.inputs, "--inputs")
         if isinstance(arrays, dict):
@@ -136,7 +142,7 @@ def _examples(args: argparse.Namespace) -> tuple[list[str], list[Any]]:
     names = [s.name for s in parsed]
     if len(set(names)) != len(names):
         raise usage_error(f"--input names must differ; got {', '.join(names)}")
-    return names, specs.example_tensors(parsed, args.seed)
+    return names, specs.example_tensors(parsed, args.seed or 0)
 
 
 def report_json(report: Any) -> dict[str, Any]:
@@ -154,8 +160,62 @@ def report_json(report: Any) -> dict[str, Any]:
         "checked": report.checked,
         "max_abs_error": report.max_abs_error if report.checked else None,
         "outputs_checked": [output_error(e) for e in report.errors],
+        "comparison": _comparison(report),
+        "points": points_json(report.points),
+        "errors": [output_error(e) for e in report.errors],
+        "original_errors": [quality_error(e) for e in report.original_errors],
         "notes": list(report.notes),
     }
+
+
+def _comparison(report: Any) -> str | None:
+    if not report.checked:
+        return None
+    if report.compress:
+        return (
+            f"model with the dequantized {report.compress} weights (exactness; the quality loss"
+            " against the original model is in original_errors)"
+        )
+    return "model"
+
+
+def points_json(points: list[Any]) -> list[dict[str, Any]]:
+    """Every input set checked: label, input shapes, per-output errors, or why it was skipped."""
+    return [
+        {
+            "label": p.label,
+            "inputs": [list(s) for s in p.inputs],
+            "skipped": p.skipped,
+            "outputs": [output_error(e) for e in p.errors],
+        }
+        for p in points
+    ]
+
+
+def quality_error(e: Any) -> dict[str, Any]:
+    """An error against the original model (informative: no tolerance, never failing)."""
+    data = output_error(e)
+    return {"name": data["name"], "max_abs": data["max_abs"], "max_rel": data["max_rel"]}
+
+
+def render_checks(table: Table, data: dict[str, Any]) -> None:
+    """One row per output per input set, ✓ / ✗ against its tolerance; skipped sets say why."""
+    for point in data["points"]:
+        if point["skipped"]:
+            table.add_row(f"check {point['label']}", f"skipped: {point['skipped']}")
+            continue
+        for e in point["outputs"]:
+            mark = "✓" if e["ok"] else "✗"
+            table.add_row(
+                f"check {e['name']}",
+                f"max abs {short(e['max_abs'])}, rel {short(e['max_rel'])}"
+                f" (tolerance {short(e['tolerance'])})  {mark}",
+            )
+    for e in data["original_errors"]:
+        table.add_row(
+            f"vs original {e['name']}",
+            f"max abs {short(e['max_abs'])}, rel {short(e['max_rel'])}  (quality loss)",
+        )
 
 
 def render(console: Console, data: dict[str, Any]) -> None:
@@ -169,8 +229,9 @@ def render(console: Console, data: dict[str, Any]) -> None:
     table.add_row("ops", ", ".join(f"{op}×{n}" for op, n in data["ops"].items()))
     table.add_row("weights", f"{data['weight_bytes']:,} bytes")
     table.add_row("artifact", f"{data['artifact_bytes']:,} bytes")
-    for e in data["outputs_checked"]:
-        table.add_row(f"check {e['name']}", f"max abs {short(e['max_abs'])}, rel {short(e['max_rel'])}  ✓")
+    if data["checked"]:
+        table.add_row("compared with", data["comparison"])
+    render_checks(table, data)
     for note in data["notes"]:
         table.add_row("note", note)
     console.print(table)

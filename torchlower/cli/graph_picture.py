@@ -1,202 +1,305 @@
-"""The graph as a picture: one Graphviz node per assignment of ``graph.nnef``.
+"""The graph as a picture that stays readable for real models.
 
-Nodes are coloured by op family (legend at the bottom), inputs are ellipses, weights are grey
-cylinders, outputs have a double border; edges carry the tensor's shape. Input and weight shapes
-come from the text; intermediate shapes from one run in tract on random inputs (a copy of the
-graph whose outputs are all its tensors), skipped for graphs with symbolic sizes.
+Nodes are grouped by the module they came from (torchlower writes ``# module: PATH`` comments
+into ``graph.nnef``; ``nnef/parse.py`` attaches them to the assignments). A *cluster* is one
+indexed block (``layers.0``, ``encoder.layers.3``); with ``detail="blocks"`` (the default) each
+sub-module inside it (``layers.0.self_attn``) collapses into one node with its op count, so a
+2-layer transformer is two boxes of a handful of nodes, not 150 ops in a column. With
+``detail="ops"`` every assignment is a node (weights as grey cylinders), still clustered.
+
+Nodes are coloured by op family (``op_families.py``), labelled with the op (or block) and its
+module path, and carry the op's attributes as a tooltip. Edges carry tensor shapes, symbolic
+for dynamic graphs (``B×S×64``): tract derives them when it loads a copy of the graph that lists
+every tensor as an output (nothing is run). Graphviz draws the picture when ``dot`` is on PATH;
+otherwise ``svg_layout.py`` lays it out in Python (SVG only).
 """
 
 from __future__ import annotations
 
-import html
 import logging
 import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchlower.cli import op_families
 from torchlower.cli.failures import usage_error
 from torchlower.errors import TorchlowerError
 from torchlower.nnef.parse import Expr, Graph, Ident, Invocation
 
 log = logging.getLogger("torchlower")
+DETAILS = ("blocks", "ops")
 
 
-def _names(text: str) -> frozenset[str]:
-    return frozenset(text.split())
+@dataclass
+class Node:
+    id: str
+    title: str  # first line: the op, or the collapsed block's path
+    subtitle: str  # second line: module path, tensor name or op count
+    tooltip: str
+    family: str
+    shape: str = "box"  # box | ellipse | cylinder
+    cluster: str = ""
+    output: bool = False
+    ops: int = 1
 
 
-FAMILIES: dict[str, tuple[str, frozenset[str]]] = {
-    "input": ("#b7e1a1", _names("external tract_core_external")),
-    "weight": ("#e0e0e0", _names("variable constant")),
-    "linear": (
-        "#8ecae6",
-        _names("conv deconv matmul linear separable_conv separable_deconv tract_core_einsum"),
-    ),
-    "activation": (
-        "#ffb703",
-        _names(
-            "relu sigmoid tanh elu selu gelu silu softplus leaky_relu prelu clamp softmax log_softmax"
-            " hard_swish tract_core_hard_swish tract_core_log_softmax softabs erf tract_core_erf"
-        ),
-    ),
-    "normalization": (
-        "#cdb4db",
-        _names(
-            "batch_normalization moments l1_normalization l2_normalization local_response_normalization"
-            " local_mean_normalization local_variance_normalization local_contrast_normalization"
-        ),
-    ),
-    "pooling": (
-        "#90be6d",
-        _names(
-            "max_pool avg_pool rms_pool box debox argmax_pool max_pool_with_index desample nearest_upsample"
-            " nearest_downsample area_downsample multilinear_upsample tract_core_resize"
-        ),
-    ),
-    "layout": (
-        "#f4a261",
-        _names(
-            "reshape transpose squeeze unsqueeze concat split slice stack unstack pad tile copy gather"
-            " tract_core_broadcast tract_core_shape_of tract_core_gather tract_core_gather_elements"
-            " tract_core_gather_nd tract_core_scatter_elements tract_core_range tract_core_one_hot"
-            " tract_core_trilu tract_core_cast cast"
-        ),
-    ),
-}
-ARITHMETIC_COLOR, REDUCTION_COLOR, TRANSFORMER_COLOR, OTHER_COLOR = "#ffe5b4", "#e9c46a", "#f28482", "#ffffff"
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    label: str
 
 
-def family(op: str) -> tuple[str, str]:
-    """(family, fill colour) of an NNEF op."""
-    for name, (color, ops) in FAMILIES.items():
-        if op in ops:
-            return name, color
-    if op.endswith("_reduce") or op in ("tract_core_product_reduce", "tract_core_topk"):
-        return "reduction", REDUCTION_COLOR
-    if op.startswith("tract_transformers_"):
-        return "attention", TRANSFORMER_COLOR
-    if op.startswith("tract_"):
-        return "other", OTHER_COLOR
-    return "arithmetic", ARITHMETIC_COLOR
+@dataclass
+class Picture:
+    nodes: list[Node]
+    edges: list[Edge]
+    clusters: list[str] = field(default_factory=list)
+
+    def families(self) -> list[str]:
+        return list(dict.fromkeys(n.family for n in self.nodes))
 
 
 @dataclass(frozen=True)
 class Drawn:
     nodes: int
     edges: int
+    clusters: int
+    renderer: str  # graphviz | python
 
 
-def draw(artifact: Path, picture: Path, fmt: str, shapes: bool = True) -> Drawn:
+def draw(artifact: Path, picture: Path, fmt: str, shapes: bool = True, detail: str = "blocks") -> Drawn:
     """Write the picture of ``artifact`` to ``picture`` (``svg``, ``png`` or ``dot`` source)."""
-    from torchlower import io
+    from torchlower import io, progress
 
+    if detail not in DETAILS:
+        raise usage_error(f"--detail {detail!r}: use one of {', '.join(DETAILS)}")
     art = io.load(artifact)
     known = declared_shapes(art.graph)
-    if shapes and not art.graph.symbols:
+    if shapes:
         known.update(probe_shapes(artifact, art.graph))
-    text, drawn = dot_source(art.graph, known)
-    if fmt == "dot":
-        picture.write_text(text)
-        return drawn
-    render(text, picture, fmt)
-    return drawn
+    pic = build(art.graph, known, detail)
+    dot = shutil.which("dot")
+    with progress.stage("drawing"):
+        if fmt == "dot":
+            picture.write_text(dot_source(pic))
+            return Drawn(len(pic.nodes), len(pic.edges), len(pic.clusters), "graphviz")
+        if dot is None:
+            if fmt != "svg":
+                raise usage_error(
+                    "PNG pictures need Graphviz's `dot` program, which is not installed",
+                    "write --svg (drawn without Graphviz), or install Graphviz (apt-get install graphviz).",
+                )
+            from torchlower.cli import svg_layout
+
+            picture.write_text(svg_layout.svg(pic))
+            return Drawn(len(pic.nodes), len(pic.edges), len(pic.clusters), "python")
+        render(dot, dot_source(pic), picture, fmt)
+    return Drawn(len(pic.nodes), len(pic.edges), len(pic.clusters), "graphviz")
 
 
+# ---- shapes -------------------------------------------------------------------------------
 def declared_shapes(graph: Graph) -> dict[str, str]:
     """Shapes written in the text: inputs (``external``) and weights (``variable``)."""
-    known = {i.name: _dims(i.shape) + f" {i.dtype}" for i in graph.inputs}
-    known.update({v.name: _dims(v.shape) for v in graph.variables})
+    from torchlower import dtypes
+
+    known = {i.name: f"{dims(i.shape)} {dtypes.name(i.dtype)}" for i in graph.inputs}
+    known.update({v.name: dims(v.shape) for v in graph.variables})
     return known
 
 
 def probe_shapes(artifact: Path, graph: Graph) -> dict[str, str]:
-    """Shapes of every computed tensor, from one tract run of a copy listing them all as outputs."""
-    from torchlower import io
-    from torchlower.nnef import reader
+    """Shape of every computed tensor as tract infers it (symbolic for dynamic graphs)."""
+    from torchlower import progress
+    from torchlower.nnef import reader, session
+    from torchlower.nnef.text import name_text
 
-    names = [n for a in graph.assignments if a.call and a.op not in _SOURCE_OPS for n in a.outputs]
+    names = [
+        n
+        for a in graph.assignments
+        if a.op not in _SOURCE_OPS
+        for n in a.outputs
+        if n not in graph.reassigned  # which of the values tract would report is ambiguous
+    ]
+    names = list(dict.fromkeys(names))
     if not names:
         return {}
+    header = re.compile(r"(graph\s+\w+\s*\([^)]*\)\s*->\s*\()([^)]*)(\))")
     try:
-        with reader.extracted(artifact) as folder, tempfile.TemporaryDirectory() as tmp:
+        with (
+            progress.stage("tract shapes"),
+            reader.extracted(artifact) as folder,
+            tempfile.TemporaryDirectory() as tmp,
+        ):
             copy = Path(tmp, "probe.nnef")
             shutil.copytree(folder, copy)
             text = (folder / "graph.nnef").read_text()
-            header = re.compile(r"(graph\s+\w+\s*\([^)]*\)\s*->\s*\()([^)]*)(\))")
-            (copy / "graph.nnef").write_text(header.sub(lambda m: m[1] + ", ".join(names) + m[3], text, 1))
-            result = io.check(copy)
+            listed = ", ".join(map(name_text, names))
+            (copy / "graph.nnef").write_text(header.sub(lambda m: m[1] + listed + m[3], text, 1))
+            facts = session.query_facts(copy)["outputs"]
     except TorchlowerError as exc:
-        log.info("intermediate shapes unknown (tract could not run the probe): %s", exc)
+        log.info("intermediate shapes unknown (tract could not load the probe): %s", exc)
         return {}
-    if len(result.outputs) != len(names):
+    if len(facts) != len(names):
         return {}
-    return {n: _dims(a.shape) for n, a in zip(names, result.outputs, strict=True)}
+    return {n: dims(session.parse_fact(f)[0]) for n, f in zip(names, facts, strict=True)}
 
 
 _SOURCE_OPS = {"external", "tract_core_external", "variable"}
 
 
-def _dims(shape: Any) -> str:
-    return "×".join(str(d) for d in shape) if len(shape) else "scalar"
+def dims(shape: Any) -> str:
+    return "×".join(str(d).replace(" ", "") for d in shape) if len(shape) else "scalar"
 
 
-def dot_source(graph: Graph, shapes: dict[str, str]) -> tuple[str, Drawn]:
-    """Graphviz text with one node per assignment and one edge per tensor use."""
-    producer: dict[str, str] = {}
-    lines = [
-        "digraph torchlower {",
-        '  graph [rankdir=TB, fontname="Helvetica", fontsize=11, nodesep=0.25, ranksep=0.35, labelloc=b];',
-        '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11, penwidth=1.2];',
-        '  edge [fontname="Helvetica", fontsize=9, color="#555555", fontcolor="#333333", arrowsize=0.7];',
-    ]
+# ---- grouping -----------------------------------------------------------------------------
+def units(scope: str) -> list[str]:
+    """``encoder.layers.0.self_attn`` → ``["encoder", "layers.0", "self_attn"]`` (indices stay
+    with their container, so a block is ``layers.0``, never ``0``)."""
+    out: list[str] = []
+    for part in scope.split(".") if scope else []:
+        if part.isdigit() and out:
+            out[-1] += f".{part}"
+        else:
+            out.append(part)
+    return out
+
+
+def cluster_of(scope: str) -> str:
+    """The indexed block a scope lies in (``encoder.layers.0``), else its first module if nested."""
+    parts = units(scope)
+    for i, unit in enumerate(parts):
+        if re.search(r"\.\d+$", unit):
+            return ".".join(parts[: i + 1])
+    return parts[0] if len(parts) >= 2 else ""
+
+
+def block_of(scope: str) -> str:
+    """What collapses into one node: the sub-module one level below the cluster, or the module
+    itself outside clusters; ``""`` for ops that sit directly in their cluster or at the top."""
+    cluster = cluster_of(scope)
+    parts, depth = units(scope), len(units(cluster))
+    if cluster and len(parts) > depth:
+        return ".".join(parts[: depth + 1])
+    if not cluster and parts:
+        return parts[0]
+    return ""
+
+
+def build(graph: Graph, shapes: dict[str, str], detail: str = "blocks") -> Picture:
+    """Nodes, edges and clusters of the picture (see the module docstring)."""
     outputs = set(graph.outputs)
-    used: dict[str, str] = {}
+    node_of: dict[int, Node] = {}  # assignment index -> node
+    blocks: dict[str, list[int]] = {}
     for i, a in enumerate(graph.assignments):
-        node = f"n{i}"
+        key = block_of(a.scope) if detail == "blocks" and a.op not in _SOURCE_OPS else ""
+        if key:
+            blocks.setdefault(key, []).append(i)
+    weights_of: dict[str, list[str]] = {}
+    nodes: list[Node] = []
+    block_nodes: dict[str, Node] = {}
+    for i, a in enumerate(graph.assignments):
+        fam = op_families.family(a.op)
+        if detail == "blocks" and fam == "weight":
+            continue
+        key = block_of(a.scope) if detail == "blocks" and fam != "input" else ""
+        if key and len(blocks[key]) > 1:
+            if key not in block_nodes:
+                members = [graph.assignments[j] for j in blocks[key]]
+                block_nodes[key] = _block_node(f"n{i}", key, members, outputs)
+                nodes.append(block_nodes[key])
+            node_of[i] = block_nodes[key]
+            continue
+        node = _op_node(f"n{i}", a, fam, shapes, outputs)
+        nodes.append(node)
+        node_of[i] = node
+    producer: dict[str, int] = {}
+    edges: dict[tuple[str, str], Edge] = {}
+    for i, a in enumerate(graph.assignments):
+        for ref in dict.fromkeys(_refs([a.args, list(a.attrs.values())])):
+            j = producer.get(ref)
+            if j is None or i not in node_of:
+                continue
+            if j not in node_of:  # a weight folded into its consumer
+                weights_of.setdefault(node_of[i].id, []).append(f"{ref} {shapes.get(ref, '')}".strip())
+                continue
+            src, dst = node_of[j].id, node_of[i].id
+            if src != dst and (src, dst) not in edges:
+                edges[(src, dst)] = Edge(src, dst, shapes.get(ref, ""))
         for name in a.outputs:
-            producer[name] = node
-        kind, color = family(a.op)
-        used.setdefault(kind, color)
-        lines.append(f"  {node} [{_node_attrs(a, kind, color, shapes, outputs)}];")
-    edges = 0
-    for i, a in enumerate(graph.assignments):
-        seen: set[str] = set()
-        for ref in _refs([a.args, list(a.attrs.values())]):
-            if ref in producer and ref not in seen:
-                seen.add(ref)
-                label = f' [label="{_esc(shapes[ref])}"]' if ref in shapes else ""
-                lines.append(f"  {producer[ref]} -> n{i}{label};")
-                edges += 1
-    lines.append(f"  label=<{_legend(used)}>;")
-    lines.append("}")
-    return "\n".join(lines) + "\n", Drawn(len(graph.assignments), edges)
+            producer[name] = i
+    for node in nodes:
+        if node.id in weights_of:
+            listed = weights_of[node.id]
+            more = f"\n… and {len(listed) - 8} more" if len(listed) > 8 else ""
+            node.tooltip += "\nweights: " + "\n  ".join(listed[:8]) + more
+    clusters = list(dict.fromkeys(n.cluster for n in nodes if n.cluster))
+    return Picture(nodes, list(edges.values()), clusters)
 
 
-def _node_attrs(a: Invocation, kind: str, color: str, shapes: dict[str, str], outputs: set[str]) -> str:
+def _op_node(node_id: str, a: Invocation, fam: str, shapes: dict[str, str], outputs: set[str]) -> Node:
     name = ", ".join(a.outputs)
-    small = f"<font point-size='9'>{html.escape(shapes.get(name, ''))}</font>"
-    if kind == "input":
-        label = f"<<b>{html.escape(name)}</b><br/>{small}>"
-        attrs = f'shape=ellipse, fillcolor="{color}"'
-    elif kind == "weight":
-        tag = str(a.attrs.get("label", name))
-        label = f"<{html.escape(tag)}<br/>{small}>"
-        attrs = f'shape=cylinder, fontsize=9, fillcolor="{color}", color="#999999"'
-    else:
-        label = f"<<b>{html.escape(a.op)}</b><br/><font point-size='9'>{html.escape(name)}</font>>"
-        attrs = f'fillcolor="{color}"'
-    if outputs.intersection(a.outputs):
-        attrs += ", peripheries=2"
-    return f'label={label}, {attrs}, tooltip="{_esc(a.op)} (line {a.line})"'
+    if fam == "input":
+        return Node(node_id, name, shapes.get(name, ""), f"input {name} (line {a.line})", fam, "ellipse")
+    if fam == "weight":
+        label = str(a.attrs.get("label", name))
+        return Node(node_id, label, shapes.get(name, ""), f"{label} (line {a.line})", fam, "cylinder")
+    where = a.scope or name
+    return Node(
+        node_id,
+        a.op,
+        where,
+        _call_text(a),
+        fam,
+        cluster=cluster_of(a.scope),
+        output=bool(outputs.intersection(a.outputs)),
+    )
 
 
-def _legend(used: dict[str, str]) -> str:
-    cells = "".join(f'<td bgcolor="{c}">  {html.escape(k)}  </td>' for k, c in used.items())
-    return f'<table border="0" cellspacing="4" cellpadding="3"><tr>{cells}</tr></table>'
+def _block_node(node_id: str, key: str, members: list[Invocation], outputs: set[str]) -> Node:
+    ops = Counter(m.op.split("<")[0] for m in members if op_families.family(m.op) != "weight")
+    plumbing = ("weight", "layout")
+    families = Counter(f for m in members if (f := op_families.family(m.op)) not in plumbing)
+    named = op_families.family(units(key)[-1].split(".")[0])  # norm1 → normalization, self_attn → attention
+    fam = named if named != "other" else families.most_common(1)[0][0] if families else "module"
+    # the ops that say what the block does first; reshapes and casts last
+    ranked = sorted(ops.items(), key=lambda kv: (op_families.family(kv[0]) in plumbing, -kv[1]))
+    listing = ", ".join(f"{op}×{n}" if n > 1 else op for op, n in ranked)
+    count = sum(ops.values())
+    lines = f"lines {members[0].line}–{members[-1].line}"
+    return Node(
+        node_id,
+        key,
+        f"{count} ops: {', '.join(op for op, _ in ranked[:2])}{'…' if len(ranked) > 2 else ''}",
+        f"module {key}\n{count} ops ({lines}): {listing}",
+        fam,
+        cluster=cluster_of(key),
+        output=any(outputs.intersection(m.outputs) for m in members),
+        ops=count,
+    )
+
+
+def _call_text(a: Invocation) -> str:
+    """``conv(stride = [2, 2], padding = …)`` with the line and module: the node's tooltip."""
+    attrs = ", ".join(f"{k} = {_show(v)}" for k, v in a.attrs.items())
+    text = f"{a.op}({attrs})" if attrs else a.op
+    where = f"\nmodule {a.scope}" if a.scope else ""
+    return f"{text[:400]}\n{', '.join(a.outputs)} (line {a.line}){where}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (Ident, Expr)):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_show(v) for v in value) + ")"
+    return repr(value)
 
 
 def _refs(value: Any) -> list[str]:
@@ -209,19 +312,56 @@ def _refs(value: Any) -> list[str]:
     return []
 
 
+# ---- Graphviz -----------------------------------------------------------------------------
+def dot_source(pic: Picture) -> str:
+    """Graphviz text: one ``subgraph cluster_*`` per block, legend of the families drawn."""
+    import html
+
+    lines = [
+        "digraph torchlower {",
+        '  graph [rankdir=TB, fontname="Helvetica", fontsize=11, nodesep=0.25, ranksep=0.35, labelloc=b];',
+        '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11, penwidth=1.2];',
+        '  edge [fontname="Helvetica", fontsize=9, color="#555555", fontcolor="#333333", arrowsize=0.7];',
+    ]
+    by_cluster: dict[str, list[Node]] = {}
+    for n in pic.nodes:
+        by_cluster.setdefault(n.cluster, []).append(n)
+    for index, (cluster, members) in enumerate(by_cluster.items()):
+        indent = "  "
+        if cluster:
+            lines.append(f"  subgraph cluster_{index} {{")
+            lines.append(f'    label="{_esc(cluster)}"; labeljust=l; style="rounded,filled";')
+            lines.append('    fillcolor="#f6f8fc"; color="#8899bb"; fontsize=12;')
+            indent = "    "
+        for n in members:
+            label = (
+                f"<<b>{html.escape(n.title)}</b><br/><font point-size='9'>{html.escape(n.subtitle)}</font>>"
+            )
+            attrs = f'label={label}, fillcolor="{op_families.color(n.family)}", tooltip="{_esc(n.tooltip)}"'
+            if n.shape != "box":
+                attrs += f", shape={n.shape}"
+            if n.output:
+                attrs += ", peripheries=2"
+            if n.ops > 1:
+                attrs += ', style="rounded,filled,bold"'
+            lines.append(f"{indent}{n.id} [{attrs}];")
+        if cluster:
+            lines.append("  }")
+    for e in pic.edges:
+        label = f' [label="{_esc(e.label)}"]' if e.label else ""
+        lines.append(f"  {e.src} -> {e.dst}{label};")
+    cells = "".join(f'<td bgcolor="{op_families.color(f)}">  {html.escape(f)}  </td>' for f in pic.families())
+    lines.append(f'  label=<<table border="0" cellspacing="4" cellpadding="3"><tr>{cells}</tr></table>>;')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 def _esc(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render(source: str, picture: Path, fmt: str) -> None:
-    """Run Graphviz ``dot``; a clear error when it is not installed."""
-    dot = shutil.which("dot")
-    if dot is None:
-        raise usage_error(
-            "drawing needs Graphviz's `dot` program, which is not installed",
-            "install it (Debian/Ubuntu: apt-get install graphviz; macOS: brew install graphviz), or"
-            " write the source with --dot graph.dot and render it elsewhere.",
-        )
+def render(dot: str, source: str, picture: Path, fmt: str) -> None:
+    """Run Graphviz ``dot``; its failure is an error naming the picture."""
     proc = subprocess.run([dot, f"-T{fmt}", "-o", str(picture)], input=source, text=True, capture_output=True)
     if proc.returncode != 0:
         raise usage_error(f"Graphviz failed to draw {picture}: {proc.stderr.strip()[:500]}")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from torchlower.cli.console import Output
+from torchlower.cli import lattice_cmd
+from torchlower.cli.console import Output, show_progress
 from torchlower.cli.failures import usage_error
 
 
@@ -19,25 +22,39 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="summarize an artifact; draw its graph",
         description="Inputs, outputs, symbols, op histogram, weight bytes by dtype and format,"
-        " extensions. --svg/--png draw the graph with Graphviz (nodes coloured by op family,"
-        " edges labelled with tensor shapes).",
+        " extensions, and every output's shape and dtype as tract derives them (symbolic for"
+        " dynamic graphs). --svg/--png draw the graph (nodes grouped by module, coloured by op"
+        " family, edges labelled with tensor shapes); --graph prints graph.nnef.",
     )
     p.add_argument("archive", metavar="ARCHIVE")
     pic = p.add_mutually_exclusive_group()
     pic.add_argument("--svg", metavar="FILE", help="write the graph picture as SVG")
     pic.add_argument("--png", metavar="FILE", help="write the graph picture as PNG")
     pic.add_argument("--dot", metavar="FILE", help="write the Graphviz source (no Graphviz needed)")
-    p.add_argument("--no-shapes", action="store_true", help="do not run tract to learn intermediate shapes")
+    pic.add_argument("--graph", action="store_true", help="print graph.nnef (paged on a terminal)")
+    p.add_argument(
+        "--detail",
+        choices=("blocks", "ops"),
+        default="blocks",
+        help="pictures: collapse each sub-module into one node (blocks, default) or draw every op",
+    )
+    p.add_argument(
+        "--no-shapes", action="store_true", help="do not load the graph in tract for output / edge shapes"
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    import torchlower
 
     target = Path(args.archive)
     if not target.exists():
         raise usage_error(f"artifact {args.archive!r} does not exist")
-    data = dict(torchlower.inspect(target))
+    if lattice_cmd.is_lattice(target):
+        return lattice_cmd.inspect(args, out)
+    if args.graph:
+        return _print_graph(target, out)
+    with show_progress(out):
+        data = dict(_summary(target, shapes=not args.no_shapes))
     picture = args.svg or args.png or args.dot
     if picture:
         if data.get("format") != "nnef":
@@ -49,10 +66,46 @@ def run(args: argparse.Namespace, out: Output) -> int:
         from torchlower.cli import graph_picture
 
         fmt = "svg" if args.svg else "png" if args.png else "dot"
-        drawn = graph_picture.draw(target, Path(picture), fmt, shapes=not args.no_shapes)
-        data["picture"] = {"path": picture, "format": fmt, "nodes": drawn.nodes, "edges": drawn.edges}
+        with show_progress(out):
+            drawn = graph_picture.draw(target, Path(picture), fmt, not args.no_shapes, args.detail)
+        data["picture"] = {
+            "path": picture,
+            "format": fmt,
+            "detail": args.detail,
+            "nodes": drawn.nodes,
+            "edges": drawn.edges,
+            "clusters": drawn.clusters,
+            "renderer": drawn.renderer,
+        }
     data = {"ok": True, **data}
     out.emit(data, lambda console: render(console, data))
+    return 0
+
+
+def _summary(target: Path, shapes: bool) -> dict[str, Any]:
+    import torchlower
+
+    if (target / "graph.mlir").exists():  # lattice folders have their own summary
+        return dict(torchlower.inspect(target))
+    return dict(torchlower.inspect(target, tract=shapes))
+
+
+def _print_graph(target: Path, out: Output) -> int:
+    """``graph.nnef`` as checked by the reader; through a pager only when stdout is a terminal."""
+    from torchlower import io
+
+    with show_progress(out):
+        text = io.graph_text(target)
+    if out.json:
+        out.emit({"ok": True, "path": str(target), "graph": text}, lambda _c: None)
+        return 0
+    if not out.quiet:
+        console = out.stdout
+        if console.is_terminal and text.count("\n") > console.height:
+            with console.pager():
+                console.print(text, markup=False, highlight=False, end="")
+        else:
+            sys.stdout.write(text)
     return 0
 
 
@@ -66,7 +119,8 @@ def render(console: Console, data: dict[str, Any]) -> None:
     for i in data["inputs"]:
         t.add_row(f"input {i['name']}", f"{i['shape']} {i['dtype']}")
     for o in data["outputs"]:
-        t.add_row(f"output {o['name']}", "")
+        shape = "unknown shape" if o.get("shape") is None else str(o["shape"])
+        t.add_row(f"output {o['name']}", f"{shape} {o.get('dtype') or ''}".strip())
     t.add_row("symbols", ", ".join(data["symbols"]) or "none")
     t.add_row("extensions", ", ".join(data["extensions"]) or "none")
     w = data["weights"]
@@ -77,12 +131,24 @@ def render(console: Console, data: dict[str, Any]) -> None:
         t.add_row(f"  stored {fmt}", f"{n:,} bytes")
     if w["unused_files"]:
         t.add_row("unused files", ", ".join(w["unused_files"]))
+    modules = data.get("modules") or {}
+    if modules:
+        tops: Counter[str] = Counter()
+        for m, n in modules.items():
+            parts = m.split(".")
+            tops[".".join(parts[:2] if len(parts) > 1 and parts[1].isdigit() else parts[:1])] += n
+        listing = ", ".join(f"{m} ({n})" for m, n in list(tops.items())[:8])
+        t.add_row("modules", f"{len(modules)} ({listing}{', …' if len(tops) > 8 else ''})")
     t.add_row("ops", f"{data['op_count']} assignments")
     for op, n in data["ops"].items():
         t.add_row(f"  {op}", str(n))
     if "picture" in data:
         p = data["picture"]
-        t.add_row("picture", f"{p['path']} ({p['nodes']} nodes, {p['edges']} edges)")
+        t.add_row(
+            "picture",
+            f"{p['path']} ({p['nodes']} nodes, {p['edges']} edges, {p['clusters']} clusters;"
+            f" drawn by {p['renderer']})",
+        )
     console.print(t)
 
 

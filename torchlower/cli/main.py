@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from torchlower.cli import check_cmd, export_cmd, inspect_cmd, ops_cmd
+from torchlower.cli import check_cmd, export_cmd, inspect_cmd, ops_cmd, run_cmd
 from torchlower.cli.console import Output, setup_logging
 from torchlower.cli.failures import BAD_INPUT, describe, short, usage_error
 
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     export_cmd.add_parser(sub, common)
     check_cmd.add_parser(sub, common)
+    run_cmd.add_parser(sub, common)
     inspect_cmd.add_parser(sub, common)
     ops_cmd.add_parser(sub, common)
     demo = sub.add_parser(

@@ -10,20 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from torchlower import dtypes
 from torchlower.cli.failures import usage_error
 
-DTYPES = {
-    "f16": "float16",
-    "bf16": "bfloat16",
-    "f32": "float32",
-    "f64": "float64",
-    "i8": "int8",
-    "i16": "int16",
-    "i32": "int32",
-    "i64": "int64",
-    "u8": "uint8",
-    "bool": "bool",
-}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -33,7 +22,7 @@ class InputSpec:
 
     name: str
     shape: tuple[int, ...]
-    dtype: str  # key of DTYPES
+    dtype: str  # torchlower's spelling (torchlower.dtypes): float32, int64, …
 
 
 def input_spec(text: str) -> InputSpec:
@@ -43,9 +32,9 @@ def input_spec(text: str) -> InputSpec:
     if len(parts) not in (2, 3) or not _NAME.match(parts[0]):
         raise usage_error(f"--input {text!r}: expected NAME:DIMS[:DTYPE]", f"{example}.")
     name, dims = parts[0], parts[1]
-    dtype = parts[2] if len(parts) == 3 else "f32"
-    if dtype not in DTYPES:
-        raise usage_error(f"--input {text!r}: unknown dtype {dtype!r}", f"use one of {', '.join(DTYPES)}.")
+    dtype = dtypes.canonical(parts[2]) if len(parts) == 3 else "float32"
+    if dtype is None:
+        raise usage_error(f"--input {text!r}: unknown dtype {parts[2]!r}", f"use one of {dtypes.accepted()}.")
     if dims == "scalar":
         return InputSpec(name, (), dtype)
     try:
@@ -66,7 +55,7 @@ def example_tensors(specs: list[InputSpec], seed: int) -> list[Any]:
     gen = torch.Generator().manual_seed(seed)
     out = []
     for s in specs:
-        dtype = getattr(torch, DTYPES[s.dtype])
+        dtype = getattr(torch, s.dtype)
         if dtype.is_floating_point:
             out.append(torch.randn(s.shape, generator=gen).to(dtype))
         else:

@@ -13,6 +13,7 @@ import contextlib
 import re
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,9 +24,11 @@ from torch.utils import _pytree as pytree
 
 from torchlower import progress
 from torchlower.dynamic import not_dynamic
-from torchlower.errors import LoweringError, TraceError
+from torchlower.errors import LoweringError, TraceError, ValueDependentTraceError
 from torchlower.frontends.fx import Interpreter
+from torchlower.frontends.provenance import REWRITES, raised_at
 from torchlower.frontends.session import Session
+from torchlower.frontends.torch_noise import torch_output_to_debug_log
 from torchlower.rules.recurrent_modules import recurrent_as_one_op
 from torchlower.rules.registry import Registry, describe
 from torchlower.values import Value, constant
@@ -120,18 +123,23 @@ def _export(
     # dynamic shapes: recurrent layers as one op, not their decomposition unrolled over time
     routing = recurrent_as_one_op() if dynamic_shapes is not None else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings(), routing:
+        with warnings.catch_warnings(), routing, torch_output_to_debug_log("torch.export"):
             warnings.simplefilter("ignore")
             program = torch.export.export(
                 module, tuple(args), kwargs or None, strict=False, dynamic_shapes=dynamic_shapes
             )
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        if dynamic_shapes is not None and "onstraint" in str(exc):  # a dynamic dim got specialized
-            raise LoweringError(
-                f"a dynamic axis cannot be dynamic: torch.export found that the model fixes it — {first}"
-                f" {' '.join(str(exc).split())[:600]}"
+        if type(exc).__name__ in _DATA_DEPENDENT:  # a Python value taken from a tensor's data
+            raise ValueDependentTraceError(
+                f"torch.export of {type(module).__qualname__} depends on tensor values at"
+                f" {_user_line(str(exc))} (a Python branch, loop count or value taken from a tensor)."
+                f" {REWRITES}"
             ) from exc
+        if dynamic_shapes is not None and "onstraint" in str(exc):  # a dynamic dim got specialized
+            pinned = LoweringError(f"torch.export found that the model restricts a dynamic axis: {first}")
+            pinned.torch_message = str(exc)  # type: ignore[attr-defined]  # read by ``lower_export``
+            raise pinned from exc
         raise TraceError(f"torch.export failed on {type(module).__qualname__}: {first}") from exc
     if all(_lowerable(n.target, rules) for n in program.graph.nodes if n.op == "call_function"):
         return program
@@ -146,6 +154,32 @@ def _export(
     nodes = [n for n in decomposed.graph.nodes if n.op == "call_function"]
     # when ops are still missing, the original's high-level names make the better error message
     return decomposed if all(_lowerable(n.target, rules) for n in nodes) else program
+
+
+_DATA_DEPENDENT = ("GuardOnDataDependentSymNode",)
+_CALL_SITE = re.compile(r'File "([^"]+)", line (\d+), in \w+\n\s*(.+)')
+
+
+def _value_reads(program: ExportedProgram) -> list[str]:
+    """Source lines of ``aten.item`` nodes: a Python value read from a tensor inside the graph."""
+    out = []
+    for n in program.graph.nodes:
+        if n.op == "call_function" and getattr(n.target, "__name__", "").startswith(_ITEM_OPS):
+            trace = str(n.meta.get("stack_trace") or "")
+            out.append(_user_line(trace) if trace else n.name)
+    return out
+
+
+_ITEM_OPS = ("item", "_local_scalar_dense")
+
+
+def _user_line(text: str) -> str:
+    """``model.py:12: `if x.sum() > 0:``` from torch.export's "The following call raised" note."""
+    found = _CALL_SITE.findall(text)
+    if not found:
+        return "a line of the model"
+    file, line, code = found[-1]
+    return f"{Path(file).name}:{line}: `{code.strip()}`"
 
 
 def _lowerable(target: Any, rules: Registry) -> bool:
@@ -214,19 +248,73 @@ def lower_export(
     spec: Any = None,
 ) -> list[Any]:
     """The ``export`` front end: flat outputs of ``module`` called on ``inputs``."""
-    dims = spec.export_dims(example) if spec is not None else None
+    dims = spec.export_dims(example, module) if spec is not None else None
     try:
         program = export_program(module, example, None, builder.rules, dynamic_shapes=dims)
     except LoweringError as exc:  # name the input and axis torch.export pinned
-        pinned = [
-            s for g in re.findall(r"Constraints violated \(([\w, ]+)\)", str(exc)) for s in g.split(", ")
-        ]
+        text = getattr(exc, "torch_message", "")
+        pinned = sorted(
+            {s for g in re.findall(r"Constraints violated \(([\w, ]+)\)", text) for s in g.split(", ")}
+        )
         if spec is None or not pinned:
             raise
-        raise not_dynamic(spec, sorted(set(pinned)), f"torch.export pinned it ({exc})") from exc
+        raise _pinned(spec, pinned, text, module, example) from exc
+    reads = _value_reads(program)
+    if reads:
+        raise ValueDependentTraceError(
+            f"torch.export of {type(module).__qualname__}: the model takes a Python value from a tensor"
+            f" (.item(), float(t), int(t)) at {'; '.join(reads)}; the artifact cannot compute it. {REWRITES}"
+        )
     progress.retotal(sum(n.op.startswith("call_") for n in program.graph_module.graph.nodes), "lowering")
     symbols = _symbols_of(program, inputs) if spec is not None else None
     return interpret_program(program, builder, session, inputs, module=module, symbols=symbols)
+
+
+_FIX = re.compile(r"(\w+) = (?:Dim\('\w+'(?:, min=(\d+))?(?:, max=(\d+))?\)|(\d+))")
+
+
+def _pinned(spec: Any, symbols: list[str], text: str, module: nn.Module, example: Sequence[Any]) -> Any:
+    """One paragraph for a dynamic axis torch.export restricted: what it needs, where, the fix.
+
+    torch's "Suggested fixes" say what the model accepts (``S = Dim('S', min=3)``, ``B = 2``);
+    the model is run at a size just outside that, so the line that refuses it can be named.
+    """
+    needs, fixes, lines = [], [], []
+    for sym, lo, hi, const in _FIX.findall(text.split("Suggested fixes:")[-1]):
+        if sym not in symbols:
+            continue
+        where = spec.where([sym])
+        if const:
+            needs.append(f"torch.export found that the model fixes {sym} to {const}")
+            outside = int(const) + 1
+        else:
+            span = f"{lo or 1} <= {sym}" + (f" <= {hi}" if hi else "")
+            needs.append(f"torch.export can only export the model for {span}")
+            axis = where.split(" axis ")[1].split()[0] if " axis " in where else "?"
+            name = where.split("'")[1] if "'" in where else "x"
+            bound = f"({sym!r}, {lo or 1}, {hi or None})"
+            fixes.append(
+                f"declare the bound: Dim({sym!r}, min={lo or 1}{f', max={hi}' if hi else ''}) in"
+                f" dynamic_shapes, or dynamic_axes={{{name!r}: {{{axis}: {bound}}}}}"
+            )
+            outside = int(lo) - 1 if lo and int(lo) > 1 else (int(hi) + 1 if hi else 0)
+        if outside >= 1:
+            try:
+                with torch.no_grad():
+                    module(*spec.example_at(example, {**spec.base, sym: outside}))
+            except Exception as exc:
+                found = raised_at(exc)
+                first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+                lines.append(f"at {sym}={outside} it fails at {found} ({first})" if found else "")
+    if not needs:  # no suggestion: torch's guards, in the symbols' names
+        guards = re.findall(r"satisfy the generated guard (.+?)\.(?:\s|$)", text)
+        named = [re.sub(r"L\['\w+'\]\.size\(\)\[\d+\]", "/".join(symbols), g) for g in guards]
+        named = [g.replace("IntInfinity()", "inf") for g in named]
+        needs = [f"torch.export needs {' and '.join(dict.fromkeys(named))}" if named else ""]
+    what = "; ".join(n for n in needs if n) or "torch.export specialized it"
+    what += "".join(f"; {line}" for line in lines if line)
+    advice = "; or ".join([*fixes, "make the axis static (drop it from the dynamic axes)"])
+    return not_dynamic(spec, symbols, f"{what}. To export: {advice}", advice=False)
 
 
 def lower_submodule(

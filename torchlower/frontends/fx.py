@@ -11,7 +11,9 @@ from __future__ import annotations
 import inspect
 import math
 import operator
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,6 +60,8 @@ class Interpreter(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         self._node, self._inplace = n, False
+        self.session.scope = module_path(n, self.prefix)
+        self.session.location = source_location(n, self.session.scope)
         result = super().run_node(n)
         if self._inplace and n.args and isinstance(n.args[0], fx.Node):
             self.inplace_nodes.add(n)  # later readers of the operand (and of its base) see the result
@@ -205,6 +209,35 @@ def node_metas(node: fx.Node, symbols: dict[str, str] | None = None) -> list[Met
         else:
             metas.append((None, None))
     return metas
+
+
+def module_path(node: fx.Node, prefix: str) -> str:
+    """The module a node belongs to: the module itself for ``call_module``, else the innermost
+    entry of ``nn_module_stack`` (FX and torch.export record it), under ``prefix``."""
+    if node.op == "call_module":
+        return prefix + str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    inner = ""
+    if stack:
+        entry = list(stack.values())[-1]
+        inner = entry[0] if isinstance(entry, tuple) else str(entry)
+        inner = inner.removeprefix("L['self'].").removeprefix("L['self']")
+    return (prefix + inner).rstrip(".") if inner or prefix else ""
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def source_location(node: fx.Node, scope: str) -> str | None:
+    """``block.1 (model.py:12 in forward)``: the module path and the model's source line, from
+    the ``stack_trace`` torch.export / FX keep in node meta (the innermost frame is the call)."""
+    frames = _FRAME.findall(str(node.meta.get("stack_trace") or ""))
+    line = f"{Path(frames[-1][0]).name}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
+    if not (scope or line):
+        return None
+    if not line:
+        return scope
+    return f"{scope} ({line})" if scope else line
 
 
 def lower_module(

@@ -8,6 +8,9 @@ Python size arithmetic (``x.size(1) * 2``) is interpreted on ``SymDim``s and sta
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +20,7 @@ from torch.utils import _pytree as pytree
 
 from torchlower.dynamic import Spec, not_dynamic
 from torchlower.frontends.fx_trace import ShapePass
+from torchlower.frontends.provenance import raised_at
 from torchlower.rules.registry import Registry
 from torchlower.values import Shape
 
@@ -33,15 +37,20 @@ def fit_shapes(gm: fx.GraphModule, rules: Registry, spec: Spec, example: Sequenc
     seen: dict[int, dict[str, list[tuple[int, ...] | None]]] = {}  # point index -> node -> shapes
     for k in order:
         point = spec.points[k]
-        try:
-            with torch.no_grad():
+        try:  # ShapeProp prints a traceback to stderr before raising: our error says it better
+            with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
                 ShapePass(gm, rules).propagate(*spec.example_at(example, point))
         except Exception as exc:
             if k == spec.far:  # an extra witness only (the model's context may be shorter)
                 continue
             moved = [s for s in spec.base if point[s] != spec.base[s]] or list(spec.base)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            raise not_dynamic(spec, moved, f"the model fails when run at sizes {point} ({first})") from exc
+            cause = exc.__cause__ or exc
+            first = str(cause).strip().splitlines()[0] if str(cause).strip() else repr(cause)
+            node = re.search(r"node=%(\w+)", str(exc))
+            where = f" in {node.group(1)}" if node else ""
+            line = raised_at(cause)
+            where += f" at {line}" if line else ""
+            raise not_dynamic(spec, moved, f"the model fails at sizes {point}{where} ({first})") from exc
         seen[k] = {n.name: _leaf_shapes(n) for n in gm.graph.nodes}
     if spec.far is not None and spec.far not in seen:
         spec.drop_far()

@@ -16,8 +16,8 @@ from torch import nn
 
 from torchlower import dynamic, progress
 from torchlower.dynamic import Spec
-from torchlower.errors import InvalidArgumentError, LoweringError, TraceError
-from torchlower.frontends import jit_trace, views
+from torchlower.errors import InvalidArgumentError, LoweringError, TraceError, ValueDependentTraceError
+from torchlower.frontends import jit_trace, provenance, views
 from torchlower.frontends.jit_trace import FastTrace, dynamic_overrides, maybe_quantize_args, trace
 from torchlower.frontends.session import MISSING, Meta, Session
 from torchlower.values import SymDim, Value, constant
@@ -38,8 +38,16 @@ _DTYPE_OF_CODE = {
 }  # fmt: skip
 
 
+OPT_IN = "allow_value_dependent_trace=True"
+
+
 class ModuleTracer:
-    """Trace ``module`` with ``torch.jit.trace`` (lazily, once) and expose its graph."""
+    """Trace ``module`` with ``torch.jit.trace`` (lazily, once) and expose its graph.
+
+    A trace that took a Python value from a tensor computed from the inputs (``if x.sum() > 0``,
+    ``.item()``, ``float(t)``, a loop count) raises ``TraceError`` naming the source lines,
+    unless ``allow_value_dependent`` (then ``value_dependence`` lists them for the report).
+    """
 
     def __init__(
         self,
@@ -47,23 +55,46 @@ class ModuleTracer:
         traced_module: torch.jit.TracedModule | None = None,
         fn_name: str = "forward",
         args: tuple[Any, ...] | None = None,
+        allow_value_dependent: bool = False,
     ) -> None:
         self.mod = module  # kept to route whole-module rules by the original class
         self._traced_module = traced_module
         self.fn_name = fn_name
         self.args = maybe_quantize_args(module, args)
+        self.allow_value_dependent = allow_value_dependent
+        self.conversions: list[str] = []  # tracer warnings: a tensor became a Python value
+        self.value_dependence: list[provenance.Conversion] = []  # accepted ones (opt-in)
+        self._values_checked = False
 
     @property
     def traced_module(self) -> torch.jit.TracedModule:
         if self._traced_module is None:
             try:
-                self._traced_module = trace(self.mod, self.fn_name, self.args)
+                self._traced_module = trace(self.mod, self.fn_name, self.args, conversions=self.conversions)
             except RuntimeError as exc:
                 raise TraceError(
                     f"torch.jit.trace failed on {type(self.mod).__qualname__}.{self.fn_name}: "
                     f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
                 ) from exc
+            self.check_values()
         return self._traced_module
+
+    def check_values(self) -> None:
+        """Refuse a trace that depended on tensor values (see ``frontends/provenance.py``)."""
+        if self._values_checked or not self.conversions or self.args is None:
+            return
+        self._values_checked = True
+        found = provenance.value_conversions(self.mod, self.args, self.fn_name)
+        if found is None:  # the eager witness failed: trust the tracer's warnings (conservative)
+            found = [provenance.Conversion(w.split(": ", 1)[1], w.split(":")[0], int(w.split(":")[1]), "")
+                     for w in self.conversions]  # fmt: skip
+        if not found:
+            return  # sizes only (int(x.shape[1]) under tracing): the trace is correct
+        if not self.allow_value_dependent:
+            raise ValueDependentTraceError(
+                provenance.message(f"{type(self.mod).__qualname__}.{self.fn_name}", found, OPT_IN)
+            )
+        self.value_dependence = found
 
     def fast_trace(self) -> FastTrace | None:
         """The graph of ``forward`` traced without building a TracedModule, or None when that
@@ -75,7 +106,11 @@ class ModuleTracer:
         """
         if self._traced_module is not None or self.fn_name != "forward" or self.args is None:
             return None
-        return jit_trace.fast_trace(self.mod, self.args)
+        fast = jit_trace.fast_trace(self.mod, self.args)
+        if fast is not None:
+            self.conversions += fast.conversions
+            self.check_values()
+        return fast
 
     @property
     def torch_graph(self) -> torch.Graph:
@@ -159,6 +194,8 @@ def _lower_node(
         return list(args)
     if kind == "prim::TupleConstruct":
         return tuple(args)
+    if kind == "prim::DictConstruct":  # a dict output (HF ModelOutput with return_dict=True)
+        return dict(zip(args[0::2], args[1::2], strict=True))
     if kind in _UNPACK:
         return list(args[0]) if args[0] is not MISSING else MISSING
     if kind == "prim::TupleIndex":
@@ -367,6 +404,8 @@ def _scope(node: torch._C.Node) -> str:
 
 
 def _flatten(item: Any) -> list[Any]:
+    if isinstance(item, dict):  # in insertion order, as torch's pytree flattens the model output
+        return [leaf for sub in item.values() for leaf in _flatten(sub)]
     if isinstance(item, (list, tuple)):
         return [leaf for sub in item for leaf in _flatten(sub)]
     return [item]

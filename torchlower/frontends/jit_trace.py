@@ -14,6 +14,7 @@ from torch import nn
 from torchlower import dynamic
 from torchlower.dynamic import Spec
 from torchlower.errors import LoweringError
+from torchlower.frontends.provenance import raised_at
 
 
 def _is_quantized_input_module(module: nn.Module) -> bool:
@@ -48,10 +49,15 @@ def maybe_quantize_args(module: nn.Module, args: tuple[Any, ...] | None) -> tupl
 
 
 def trace(
-    module: nn.Module, fn_name: str, args: tuple[Any, ...] | None, python_values: set[str] | None = None
+    module: nn.Module,
+    fn_name: str,
+    args: tuple[Any, ...] | None,
+    python_values: set[str] | None = None,
+    conversions: list[str] | None = None,
 ) -> Any:
     """``torch.jit.trace``; ``python_values`` collects where the model turned a tensor (or a
-    size) into a Python value, which the trace then holds as a constant (``file.py:12``)."""
+    size) into a Python value, which the trace then holds as a constant (``file.py:12``);
+    ``conversions`` gets the tracer's "Converting a tensor to a Python …" warnings."""
     inputs = () if args is None else args
     options: dict[str, Any] = {"check_trace": False}
     if "strict" in torch.jit.trace.__code__.co_varnames:
@@ -66,6 +72,8 @@ def trace(
     for w in caught:  # the model's own warnings still reach the user
         if not issubclass(w.category, torch.jit.TracerWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if conversions is not None:
+        conversions += converted(caught)
     if python_values is not None:
         python_values |= {
             f"{Path(w.filename).name}:{w.lineno}"
@@ -75,10 +83,25 @@ def trace(
     return traced
 
 
+def converted(caught: list[warnings.WarningMessage]) -> list[str]:
+    """``file.py:12: Converting a tensor to a Python boolean`` for each such tracer warning.
+
+    They may be sizes (correct in the trace) or values (frozen at the example's value):
+    ``provenance.value_conversions`` tells which.
+    """
+    out = []
+    for w in caught:
+        text = str(w.message)
+        if issubclass(w.category, torch.jit.TracerWarning) and text.startswith("Converting a tensor"):
+            out.append(f"{Path(w.filename).name}:{w.lineno}: {text.split(' might ')[0]}")
+    return out
+
+
 @dataclass
 class FastTrace:
     graph: torch.Graph
     state: list[tuple[str, torch.Tensor]]  # (state_dict key, tensor) of the trailing graph inputs
+    conversions: list[str]  # the tracer's warnings about tensors turned into Python values
 
 
 def fast_trace(module: nn.Module, args: tuple[Any, ...]) -> FastTrace | None:
@@ -106,8 +129,8 @@ def fast_trace(module: nn.Module, args: tuple[Any, ...]) -> FastTrace | None:
     old = torch.jit._trace._trace_module_map
     torch.jit._trace._trace_module_map = scopes  # scope names, as torch.jit.trace records them
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", category=torch.jit.TracerWarning)
             graph, out = torch.jit._get_trace_graph(module, args, strict=False)
     except (RuntimeError, TypeError, ValueError):
         return None  # the full route reports the failure with its own message
@@ -115,7 +138,10 @@ def fast_trace(module: nn.Module, args: tuple[Any, ...]) -> FastTrace | None:
         torch.jit._trace._trace_module_map = old
     if not _tensor_tree(out) or len(list(graph.inputs())) != len(args) + len(state):
         return None
-    return FastTrace(graph, list(state.items()))
+    for w in caught:  # the model's own warnings still reach the user
+        if not issubclass(w.category, torch.jit.TracerWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return FastTrace(graph, list(state.items()), converted(caught))
 
 
 def _tensor_tree(item: Any) -> bool:
@@ -138,10 +164,12 @@ def dynamic_overrides(
             if k == spec.far:
                 spec.drop_far()  # an extra witness only: the check never runs there
                 continue
+            line = raised_at(exc)
             raise dynamic.not_dynamic(
                 spec,
                 [s for s in spec.base if point[s] != spec.base[s]],
-                f"tracing at sizes {point} failed"
+                f"the model fails at sizes {point}"
+                f"{f' at {line}' if line else ''}"
                 f" ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})",
             ) from exc
         fn = traced if fn_name == "forward" else getattr(traced, fn_name)

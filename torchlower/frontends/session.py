@@ -60,6 +60,8 @@ class Session:
     used: set[str] = field(default_factory=set)  # registered keys of the rules that ran
     # (old, new) values of tensors a call wrote in place (export of an FX-wrapped function)
     writes: list[tuple[Any, Any]] = field(default_factory=list)
+    scope: str | None = None  # module path of the current node, when `where` is not one (FX)
+    location: str | None = None  # "block.1 (model.py:12)" for errors, when the front end knows it
 
     def apply(
         self,
@@ -119,17 +121,19 @@ class Session:
     def invoke(self, fn: Callable[..., Any], op: str, args: Sequence[Any], where: str, metas: Any) -> Any:
         """Call a rule; its unexpected failures become ``LoweringError`` naming op and place."""
         self.builder.hint = where.replace(".", "_") or "v"
+        self.builder.scope = self.scope if self.scope is not None else where
         try:
             result = fn(self.builder, *args)
         except TorchlowerError:
             raise
         except (TypeError, ValueError, IndexError, NotImplementedError) as exc:
-            raise LoweringError(f"rule for {op} failed at {where or '<top level>'}: {exc}") from exc
+            place = self.location or where or "<top level>"
+            raise LoweringError(f"rule for {op} failed at {place}: {exc}") from exc
         return stamp(result, metas)
 
     def record_missing(self, op: str, where: str) -> None:
         self.missing[op] += 1
-        self.first_use.setdefault(op, where)
+        self.first_use.setdefault(op, self.location or where)
 
     def finish(self) -> None:
         """Raise one error listing every unsupported op, if any."""

@@ -32,6 +32,14 @@ from torchlower.lattice.modules import (
     SubmConv3d,
     SumPool3d,
 )
+from torchlower.lattice.modules_ops import (
+    Elementwise,
+    NormalizedConvTranspose3d,
+    NormalizedGenerativeConvTranspose3d,
+    NormalizedSubmConv3d,
+    PoolTranspose3d,
+    TrilinearUpsample3d,
+)
 from torchlower.lattice.sparse import SparseTensor
 
 __all__ = [
@@ -39,13 +47,19 @@ __all__ = [
     "BatchNorm",
     "Conv3d",
     "ConvTranspose3d",
+    "Elementwise",
     "GenerativeConvTranspose3d",
     "GlobalAvgPool",
     "GlobalMaxPool",
     "MaxPool3d",
+    "NormalizedConvTranspose3d",
+    "NormalizedGenerativeConvTranspose3d",
+    "NormalizedSubmConv3d",
+    "PoolTranspose3d",
     "SparseTensor",
     "SubmConv3d",
     "SumPool3d",
+    "TrilinearUpsample3d",
     "add",
     "cat",
     "devoxelize",
@@ -53,12 +67,30 @@ __all__ = [
     "maximum",
     "minimum",
     "mul",
+    "register_function_rule",
+    "register_module_rule",
     "reindex_sparse",
     "run",
     "save",
     "sub",
     "voxelize",
 ]
+
+
+def register_module_rule(*types: type) -> Any:
+    """Decorator: ``fn(builder, module, *inputs)`` lowers modules of ``types`` (and subclasses)
+    into the lattice artifact. Registering a type twice raises ``InvalidArgumentError``."""
+    from torchlower.lattice.rules import LATTICE_RULES
+
+    return LATTICE_RULES.module(*types)
+
+
+def register_function_rule(*keys: object) -> Any:
+    """Decorator: ``fn(builder, *args)`` lowers calls of a Python function (arguments in its
+    signature order) or of an ATen op (schema order) into the lattice artifact."""
+    from torchlower.lattice.rules import LATTICE_RULES
+
+    return LATTICE_RULES.function(*keys)
 
 
 def __getattr__(name: str) -> Any:

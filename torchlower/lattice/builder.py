@@ -7,6 +7,7 @@ the text is spelled (the fixtures in ``shared/fixtures/lattice`` fix it byte for
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,6 +47,15 @@ def tensor_type(value: Value) -> str:
         return sparse_type(DTYPES[value.dtype])  # type: ignore[index]
     dims = "".join(f"{d}x" if isinstance(d, int) else "?x" for d in value.shape or ())
     return f"tensor<{dims}{DTYPES[value.dtype]}>"  # type: ignore[index]
+
+
+def value_name(text: str) -> str:
+    """What the reference builder does to a module path or key: runs of other characters become
+    ``_``, outer ``_`` are dropped, a leading digit gets ``v_`` (``0.weight`` → ``v_0_weight``)."""
+    out = re.sub(r"[^0-9A-Za-z_]+", "_", text).strip("_")
+    if not out:
+        return "value"
+    return f"v_{out}" if out[0].isdigit() else out
 
 
 # ---- attribute spelling -------------------------------------------------------------------------
@@ -114,9 +124,12 @@ class LatticeBuilder:
         self._weight_values: dict[str, Value] = {}
         self._taken: set[str] = set()
         self._storage: dict[str, list[str]] = {}  # weight value → stored tensor keys
+        self.packed: dict[str, tuple[str, int, int, str]] = {}  # key → (kind, bits, group, scales)
 
     # ---- names ----------------------------------------------------------------------------
     def fresh(self, base: str) -> str:
+        """``base`` made a value name (the reference's rule), then ``base1``, ``base2``… if taken."""
+        base = value_name(base)
         name, n = base, 0
         while name in self._taken:
             n += 1
@@ -208,17 +221,19 @@ class LatticeBuilder:
         return self.op(out.name, "sparse.with_features", [x, feats], [], out)
 
     # ---- weights --------------------------------------------------------------------------
-    def weight(self, key: str, tensor: torch.Tensor, kind: str, layout: str) -> Value:
-        """Reference ``tensor`` stored under ``key``; conv / linear weights are quantized when asked."""
+    def weight(self, key: str, tensor: torch.Tensor, kind: str, layout: str, packable: bool = True) -> Value:
+        """Reference ``tensor`` stored under ``key``; conv / linear weights are quantized when asked
+        (unless ``packable`` is False: the op needs the exact weights)."""
         if key in self._weight_values:
             return self._weight_values[key]
         data = tensor.detach().to(torch.float32).contiguous()
         packing = "#lattice.packing<dense>"
-        if self.quantize_bits is not None and kind in ("conv3d", "linear"):
+        if self.quantize_bits is not None and kind in ("conv3d", "linear") and packable:
             for suffix, part in quantize.pack(
                 data, kind, self.quantize_bits, self.group_size, self.scale_dtype
             ).items():
                 self.weights[f"{key}.{suffix}"] = part
+            self.packed[key] = (kind, self.quantize_bits, self.group_size, self.scale_dtype)
             packing = (
                 f"#lattice.packing<int{self.quantize_bits}, group_size = {self.group_size}, "
                 f"scale_dtype = {self.scale_dtype}, mode = affine>"
@@ -238,14 +253,20 @@ class LatticeBuilder:
         return value
 
     def param(
-        self, module: nn.Module, attr: str, kind: str, layout: str, default: torch.Tensor | None = None
+        self,
+        module: nn.Module,
+        attr: str,
+        kind: str,
+        layout: str,
+        default: torch.Tensor | None = None,
+        packable: bool = True,
     ) -> Value:
         tensor = getattr(module, attr, None)
         if tensor is None:
             if default is None:
                 raise LoweringError(f"{self.module_name(module)}.{attr} is missing and has no default")
             tensor = default
-        return self.weight(f"{self.module_name(module)}.{attr}", tensor, kind, layout)
+        return self.weight(f"{self.module_name(module)}.{attr}", tensor, kind, layout, packable)
 
     # ---- text -----------------------------------------------------------------------------
     def graph_text(self) -> str:

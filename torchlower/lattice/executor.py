@@ -17,6 +17,7 @@ import torch
 from torchlower.errors import ArtifactError, InvalidArgumentError
 from torchlower.lattice import quantize
 from torchlower.lattice import reference as R
+from torchlower.lattice import reference_ops as RO
 from torchlower.lattice.sparse import SparseTensor
 
 
@@ -66,10 +67,51 @@ def parse_artifact(text: str, tensors: dict[str, torch.Tensor]) -> Artifact:
         ops,
         [r.strip().lstrip("%") for r in ret.group(1).split(",")],
     )
+    validate(art)
     for op in ops:
         if op.op == "weight":
             art.weights[op.attrs["storage_key"]] = _weight(op, ops, tensors)
     return art
+
+
+OPS = frozenset(
+    {
+        *("weight", "sparse.make", "sparse.decompose", "sparse.with_features", "sparse.reindex"),
+        *("conv3d", "subm_conv3d", "normalized_subm_conv3d", "target_conv3d", "conv_transpose3d"),
+        *("target_conv_transpose3d", "normalized_conv_transpose3d", "target_normalized_conv_transpose3d"),
+        *("generative_conv_transpose3d", "normalized_generative_conv_transpose3d", "pool3d"),
+        *("pool_transpose3d", "trilinear_upsample3d", "global_pool", "voxelize", "devoxelize", "linear"),
+        *("embedding_lookup", "elementwise", "softmax", "activation", "batch_norm", "layer_norm"),
+        *("rms_norm", "sparse.binary", "sparse.cat"),
+    }
+)
+TRIPLES = ("kernel_size", "stride", "padding", "dilation", "voxel_size", "origin")
+
+
+def validate(art: Artifact) -> None:
+    """Known ops, names defined before use, 3-vectors where the IR wants them, sizes in range."""
+    unknown = sorted({o.op for o in art.ops} - OPS)
+    if unknown:
+        raise ArtifactError(f"unknown lattice ops {unknown} (lattice IR v2 has {len(OPS)} ops)")
+    defined = set(art.input_names)
+    for op in art.ops:
+        missing = [o for o in op.operands if o not in defined]
+        if missing:
+            raise ArtifactError(f"lattice.{op.op} (%{op.results[0]}) uses undefined values {missing}")
+        for key in TRIPLES:
+            if key in op.attrs and (not isinstance(op.attrs[key], list) or len(op.attrs[key]) != 3):
+                raise ArtifactError(f"lattice.{op.op} (%{op.results[0]}): {key} must have 3 entries")
+        for key in ("kernel_size", "stride", "dilation"):
+            if key in op.attrs and not all(1 <= int(v) <= 64 for v in op.attrs[key]):
+                raise ArtifactError(
+                    f"lattice.{op.op} (%{op.results[0]}): {key} {op.attrs[key]} outside 1..64"
+                )
+        defined.update(op.results)
+    undefined = [r for r in art.returns if r not in defined]
+    if undefined:
+        raise ArtifactError(f"return uses undefined values {undefined}")
+    if len(art.returns) != len(art.output_names):
+        raise ArtifactError(f"{len(art.returns)} returned values for {len(art.output_names)} output names")
 
 
 def _weight(op: Op, ops: list[Op], tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -159,6 +201,51 @@ def _activation(x: torch.Tensor, a: dict[str, Any]) -> torch.Tensor:
     raise ArtifactError(f"unknown activation {kind!r}")
 
 
+def _elementwise(x: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "exp":
+        return torch.exp(x)
+    if kind == "round":
+        return torch.round(x)  # half to even
+    raise ArtifactError(f"unknown elementwise kind {kind!r} (the consumer accepts exp, round)")
+
+
+_EXTRA_CONVS = (
+    "target_conv3d",
+    "target_conv_transpose3d",
+    "normalized_subm_conv3d",
+    "normalized_conv_transpose3d",
+    "target_normalized_conv_transpose3d",
+    "normalized_generative_conv_transpose3d",
+)
+
+
+def _extra_conv(k: str, a: dict[str, Any], args: list[Any]) -> R.Ref:
+    """Target and normalized convs: operands ``x, [target], weight, [bias]``."""
+    x = args[0]
+    target = args[1] if k.startswith("target_") else None
+    rest = args[2:] if target is not None else args[1:]
+    weight, bias = rest[0][..., : x.channels], rest[1] if len(rest) > 1 else None
+    kernel, dilation = a["kernel_size"], a.get("dilation", [1, 1, 1])
+    stride, padding = a.get("stride", [1, 1, 1]), a.get("padding", [0, 0, 0])
+    if k == "target_conv3d":
+        return RO.target_conv(x, target, weight, bias, kernel, stride, padding, dilation)
+    if k == "target_conv_transpose3d":
+        return RO.target_conv_transpose(x, target, weight, bias, kernel, stride, padding, dilation)
+
+    def run(ref: R.Ref, w: torch.Tensor, b: torch.Tensor | None) -> R.Ref:
+        if k == "normalized_subm_conv3d":
+            return R.subm_conv(ref, w, b, kernel, dilation)
+        if k == "normalized_generative_conv_transpose3d":
+            return R.generative_conv_transpose(ref, w, b, kernel, stride)
+        if target is not None:
+            return RO.target_conv_transpose(ref, target, w, b, kernel, stride, padding, dilation)
+        return R.conv_transpose(ref, w, b, kernel, stride, padding, dilation)
+
+    pointwise = list(kernel) == [1, 1, 1] and list(stride) == [1, 1, 1] and list(padding) == [0, 0, 0]
+    pointwise = pointwise and list(dilation) == [1, 1, 1]
+    return RO.normalized(run, x, weight, bias, a["eps"], pointwise)
+
+
 def _make(coords: torch.Tensor, feats: torch.Tensor, active: torch.Tensor, a: dict[str, Any]) -> R.Ref:
     n, stride = int(active.reshape(-1)[0]), tuple(a["stride"])
     if (coords[:n, 1:] % torch.tensor(stride, dtype=coords.dtype) != 0).any():
@@ -174,7 +261,13 @@ def execute(art: Artifact, flat_inputs: list[torch.Tensor]) -> list[Any]:
         )
     env: dict[str, Any] = dict(zip(art.input_names, flat_inputs, strict=True))
     for op in art.ops:
-        env.update(zip(op.results, _step(art, op, [env[o] for o in op.operands]), strict=True))
+        try:
+            results = _step(art, op, [env[o] for o in op.operands])
+        except (IndexError, KeyError, ValueError, TypeError, RuntimeError) as exc:  # malformed graph
+            raise ArtifactError(
+                f"lattice.{op.op} (%{op.results[0]}) cannot run: {type(exc).__name__}: {exc}"
+            ) from None
+        env.update(zip(op.results, results, strict=True))
     outs: list[Any] = []
     for name in art.returns:
         value = env[name]
@@ -209,6 +302,22 @@ def _step(art: Artifact, op: Op, args: list[Any]) -> list[Any]:
             return [R.generative_conv_transpose(x, w, bias, a["kernel_size"], a["stride"])]
         fn = R.conv if k == "conv3d" else R.conv_transpose
         return [fn(x, w, bias, a["kernel_size"], a["stride"], a["padding"], a["dilation"])]
+    if k in _EXTRA_CONVS:
+        return [_extra_conv(k, a, args)]
+    if k == "pool_transpose3d":
+        target = args[1] if len(args) > 1 else None
+        return [
+            RO.pool_transpose(args[0], target, a["kernel_size"], a["stride"], a["padding"], a["dilation"])
+        ]
+    if k == "trilinear_upsample3d":
+        return [RO.trilinear_upsample(args[0], args[1] if len(args) > 1 else None, a["stride"])]
+    if k == "embedding_lookup":
+        ids, table = args
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= table.shape[0]):
+            raise InvalidArgumentError(
+                f"embedding ids must lie in [0, {table.shape[0]}); got {ids.min()}..{ids.max()}"
+            )
+        return [table[ids.long()]]
     if k == "pool3d":
         return [R.pool(args[0], a["mode"], a["kernel_size"], a["stride"], a["padding"], a["dilation"])]
     if k == "global_pool":
@@ -233,6 +342,16 @@ def _step(art: Artifact, op: Op, args: list[Any]) -> list[Any]:
         return [f @ w.t() + (args[2] if len(args) > 2 else 0)]
     if k == "activation":
         return [_activation(args[0], a)]
+    if k == "elementwise":
+        return [_elementwise(args[0], a["kind"])]
+    if k == "softmax":
+        f = args[0].double()
+        shifted = f - f.max(dim=a["axis"], keepdim=True).values
+        e = torch.exp(shifted)
+        return [(e / e.sum(dim=a["axis"], keepdim=True)).to(args[0].dtype)]
+    if k == "rms_norm":
+        f, w = args
+        return [f / torch.sqrt((f * f).mean(dim=1, keepdim=True) + a["eps"]) * w]
     if k == "sparse.binary":
         return [R.binary(a["op"], args[0], args[1], a["join"], a["lhs_fill"], a["rhs_fill"])]
     if k == "sparse.cat":

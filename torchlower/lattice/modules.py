@@ -1,13 +1,15 @@
 """Sparse modules in plain PyTorch. Conv weights are stored in the artifact's layout,
 ``[O, kx, ky, kz, I]`` (offsets x-major, z fastest), so lowering writes them unchanged.
 
-Kernel maps are cached on the input tensor (``SparseTensor.cache``), so layers with the same
-geometry on the same voxels share one map.
+Kernel maps are cached on the input's coordinate set (``SparseTensor.cache``), so layers with
+the same geometry on the same voxels share one map, and a ``ConvTranspose3d`` inverts the map of
+the ``Conv3d`` it undoes instead of searching again.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,19 +17,35 @@ import torch
 from torch import nn
 
 from torchlower.errors import InvalidArgumentError
-from torchlower.lattice import kernels
-from torchlower.lattice.sparse import SparseTensor, Triple, triple
+from torchlower.lattice import kernels, targets
+from torchlower.lattice.sparse import SparseTensor, Triple, coord_cache, triple
 
 IntOr3 = int | Sequence[int]
 
 
-def _cached(x: SparseTensor, build: Callable[..., kernels.KernelMap], *args: Any) -> kernels.KernelMap:
-    """``build(x.coords, x.stride, *args)``, computed once per voxel set (``x.cache``)."""
+def _cached(
+    x: SparseTensor, build: Callable[..., kernels.KernelMap], *args: Any, **extra: Any
+) -> kernels.KernelMap:
+    """``build(x.coords, x.stride, *args, **extra)``, computed once per voxel set (``x.cache``).
+    Tensor arguments key by identity; ``(key, "tensors")`` keeps them so a reused id cannot match."""
+    tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
     key = (build.__name__, *(id(a) if isinstance(a, torch.Tensor) else a for a in args))
     kmap = x.cache.get(key)
-    if kmap is None:
-        kmap = x.cache[key] = build(x.coords, x.stride, *args)
+    held = x.cache.get((key, "tensors"), ())
+    if kmap is not None and len(held) == len(tensors) and all(map(operator.is_, held, tensors)):
+        return kmap
+    kmap = x.cache[key] = build(x.coords, x.stride, *args, **extra)
+    if tensors:
+        x.cache[(key, "tensors")] = tensors
     return kmap
+
+
+def _inverted(x: SparseTensor, target: torch.Tensor, geometry: tuple) -> kernels.KernelMap | None:
+    """The cached map of the conv from ``target`` with ``geometry`` whose outputs are ``x``'s."""
+    conv = coord_cache(target).get(("conv_map", *geometry))
+    if conv is not None and (conv.out_coords is x.coords or torch.equal(conv.out_coords, x.coords)):
+        return conv
+    return None
 
 
 class _ConvBase(nn.Module):
@@ -45,12 +63,15 @@ class _ConvBase(nn.Module):
         if self.bias is not None:
             nn.init.uniform_(self.bias, -bound, bound)
 
+    def _features(self, feats: torch.Tensor, kmap: kernels.KernelMap) -> torch.Tensor:
+        return kernels.apply_conv(feats, kmap, self.weight, self.bias)
+
     def _run(self, x: SparseTensor, kmap: kernels.KernelMap) -> SparseTensor:
         if x.num_channels != self.in_channels:
             raise InvalidArgumentError(
                 f"{type(self).__name__} expects {self.in_channels} channels, got {x.num_channels}"
             )
-        feats = kernels.apply_conv(x.feats, kmap, self.weight, self.bias)
+        feats = self._features(x.feats, kmap)
         if kmap.out_coords is x.coords:
             return x.replace(feats)
         return SparseTensor(feats, kmap.out_coords, kmap.out_stride, supports=x.supports, check=False)
@@ -91,15 +112,22 @@ class Conv3d(_ConvBase):
         self.stride, self.padding = triple(stride, "stride"), triple(padding, "padding")
         self.dilation = triple(dilation, "dilation")
 
-    def forward(self, x: SparseTensor) -> SparseTensor:
+    def forward(self, x: SparseTensor, target: SparseTensor | None = None) -> SparseTensor:
+        """``conv(x)`` creates its output support; ``conv(x, target)`` writes onto ``target``'s."""
         geometry = (self.kernel_size, self.stride, self.padding, self.dilation)
+        if target is not None:
+            return self._run(x, targets.target_conv_map(x, target, *geometry))
         return self._run(x, _cached(x, kernels.conv_map, *geometry))
 
 
 class ConvTranspose3d(Conv3d):
-    """Inverse of a ``Conv3d`` with the same geometry: the output is the support that conv read."""
+    """Inverse of a ``Conv3d`` with the same geometry: the output is the support that conv read,
+    or ``target``'s when called as ``conv(x, target)``."""
 
-    def forward(self, x: SparseTensor) -> SparseTensor:
+    def forward(self, x: SparseTensor, target: SparseTensor | None = None) -> SparseTensor:  # type: ignore[override]
+        if target is not None:
+            geometry = (self.kernel_size, self.stride, self.padding, self.dilation)
+            return self._run(x, targets.target_transpose_map(x, target, *geometry))
         if any(a % b for a, b in zip(x.stride, self.stride, strict=True)):
             raise InvalidArgumentError(
                 f"ConvTranspose3d stride {self.stride} does not divide input stride {x.stride}"
@@ -112,7 +140,8 @@ class ConvTranspose3d(Conv3d):
                 f"(known: {sorted(x.supports)}); use GenerativeConvTranspose3d to create voxels"
             )
         geometry = (self.kernel_size, self.stride, self.padding, self.dilation)
-        return self._run(x, _cached(x, kernels.transpose_map, target, *geometry))
+        conv = _inverted(x, target, geometry)
+        return self._run(x, _cached(x, kernels.transpose_map, target, *geometry, conv=conv))
 
 
 class GenerativeConvTranspose3d(_ConvBase):
@@ -124,7 +153,11 @@ class GenerativeConvTranspose3d(_ConvBase):
         super().__init__(in_channels, out_channels, kernel_size, bias)
         self.stride = triple(stride, "stride")
 
-    def forward(self, x: SparseTensor) -> SparseTensor:
+    def forward(self, x: SparseTensor, target: SparseTensor | None = None) -> SparseTensor:
+        """``conv(x, target)``: onto ``target``'s voxels instead (a target transposed conv)."""
+        if target is not None:
+            geometry = (self.kernel_size, self.stride, (0, 0, 0), (1, 1, 1))
+            return self._run(x, targets.target_transpose_map(x, target, *geometry))
         return self._run(x, _cached(x, kernels.generative_map, self.kernel_size, self.stride))
 
 

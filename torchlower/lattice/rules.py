@@ -49,15 +49,34 @@ def floats3(value: object, what: str) -> list[float]:
 
 
 # ---- convolutions ---------------------------------------------------------------------------
-def _conv(b: LatticeBuilder, m: LM._ConvBase, x: object, op: str, attrs: list, stride=None) -> SparseValue:
+def _conv(
+    b: LatticeBuilder,
+    m: LM._ConvBase,
+    x: object,
+    op: str,
+    attrs: list,
+    stride: tuple[int, int, int] | None = None,
+    target: object = None,
+    packable: bool = True,
+    after: Sequence[tuple[str, str]] = (),
+) -> SparseValue:
+    """``op`` with operands ``x, [target], weight, [bias]``; a target gives the output support.
+    ``packable=False`` keeps the weight dense under quantization (normalized convs need W²);
+    ``after`` are attributes the schema puts after ``accumulation``."""
     x = sparse_arg(x, f"input of {op}")
     if x.channels != m.in_channels:
         raise LoweringError(f"{op}: input has {x.channels} channels, the module expects {m.in_channels}")
-    operands: list[Value] = [x, b.param(m, "weight", "conv3d", "conv3d_o_xyz_i")]
+    operands: list[Value] = [x]
+    if target is not None:
+        target = sparse_arg(target, f"target of {op}")
+        if stride is not None and target.stride != stride:
+            raise LoweringError(f"{op}: the target has stride {target.stride}, the output needs {stride}")
+        operands.append(target)
+    operands.append(b.param(m, "weight", "conv3d", "conv3d_o_xyz_i", packable=packable))
     if m.bias is not None:
         operands.append(b.param(m, "bias", "bias", "bias_c"))
     out = b.sparse(b.result_name(m), x, m.out_channels, stride)
-    return b.op(out.name, op, operands, [*attrs, ACCUMULATION], out)  # type: ignore[return-value]
+    return b.op(out.name, op, operands, [*attrs, ACCUMULATION, *after], out)  # type: ignore[return-value]
 
 
 @module_rule(LM.SubmConv3d)
@@ -85,24 +104,41 @@ def _scaled(x: object, s: Sequence[int], up: bool) -> tuple[int, int, int]:
 
 
 @module_rule(LM.ConvTranspose3d)
-def conv_transpose3d(b: LatticeBuilder, m: LM.ConvTranspose3d, x: SparseValue) -> SparseValue:
-    """ConvTranspose3d(x) -> sparse (support of the conv it inverts)"""
-    return _conv(b, m, x, "conv_transpose3d", _geometry(m), _scaled(x, m.stride, up=False))
+def conv_transpose3d(
+    b: LatticeBuilder, m: LM.ConvTranspose3d, x: SparseValue, target: SparseValue | None
+) -> SparseValue:
+    """ConvTranspose3d(x, target=None) -> sparse (the inverted conv's support, or target's)"""
+    op = "conv_transpose3d" if target is None else "target_conv_transpose3d"
+    return _conv(b, m, x, op, _geometry(m), _scaled(x, m.stride, up=False), target)
 
 
 @module_rule(LM.Conv3d)
-def conv3d(b: LatticeBuilder, m: LM.Conv3d, x: SparseValue) -> SparseValue:
-    """Conv3d(x) -> sparse (stride multiplied)"""
-    return _conv(b, m, x, "conv3d", _geometry(m), _scaled(x, m.stride, up=True))
+def conv3d(b: LatticeBuilder, m: LM.Conv3d, x: SparseValue, target: SparseValue | None) -> SparseValue:
+    """Conv3d(x, target=None) -> sparse (stride multiplied; target's support when given)"""
+    op = "conv3d" if target is None else "target_conv3d"
+    return _conv(b, m, x, op, _geometry(m), _scaled(x, m.stride, up=True), target)
+
+
+def target_transposed_geometry(m: LM.GenerativeConvTranspose3d) -> list[tuple[str, str]]:
+    """A generative conv called with a target is a target transposed conv (padding 0, dilation 1)."""
+    return [
+        ("kernel_size", i64s(m.kernel_size)),
+        ("stride", i64s(m.stride)),
+        ("padding", i64s((0, 0, 0))),
+        ("dilation", i64s((1, 1, 1))),
+    ]
 
 
 @module_rule(LM.GenerativeConvTranspose3d)
 def generative_conv_transpose3d(
-    b: LatticeBuilder, m: LM.GenerativeConvTranspose3d, x: SparseValue
+    b: LatticeBuilder, m: LM.GenerativeConvTranspose3d, x: SparseValue, target: SparseValue | None
 ) -> SparseValue:
-    """GenerativeConvTranspose3d(x) -> sparse (creates o·s + k)"""
+    """GenerativeConvTranspose3d(x, target=None) -> sparse (creates o·s + k, or onto target)"""
+    stride = _scaled(x, m.stride, up=False)
+    if target is not None:
+        return _conv(b, m, x, "target_conv_transpose3d", target_transposed_geometry(m), stride, target)
     attrs = [("kernel_size", i64s(m.kernel_size)), ("stride", i64s(m.stride))]
-    return _conv(b, m, x, "generative_conv_transpose3d", attrs, _scaled(x, m.stride, up=False))
+    return _conv(b, m, x, "generative_conv_transpose3d", attrs, stride)
 
 
 # ---- pooling --------------------------------------------------------------------------------
@@ -197,23 +233,41 @@ ACTIVATIONS: dict[type, str] = {
 }
 
 
+def activation_attrs(
+    kind: str, approximate: str = "none", alpha: float = 0.01, beta: float = 1.0, threshold: float = 20.0
+) -> list[tuple[str, str]]:
+    """The five attributes of ``lattice.activation`` (unused ones keep the reference defaults)."""
+    return [
+        ("kind", enum("activation", kind)),
+        ("approximate", enum("gelu_approx", approximate)),
+        ("alpha", f32(alpha)),
+        ("beta", f32(beta)),
+        ("threshold", f32(threshold)),
+    ]
+
+
+def feature_op(b: LatticeBuilder, x: object, op: str, attrs: list[tuple[str, str]], name: str) -> Value:
+    """``op`` on the features of ``x``, channel count unchanged (``decompose → op → with_features``
+    on a sparse value)."""
+
+    def emit(feats: Value, result: str) -> Value:
+        out = b.dense(result, feats, int(feats.shape[-1]))  # type: ignore[index]
+        return b.op(out.name, op, [feats], attrs, out)
+
+    return b.on_features(symbolic(x, f"{op} input"), name, emit)
+
+
 @module_rule(*ACTIVATIONS)
 def activation(b: LatticeBuilder, m: nn.Module, x: Value) -> Value:
     """ReLU | LeakyReLU | SiLU | GELU | Sigmoid | Tanh | Softplus (x) on features"""
-    kind = ACTIVATIONS[type(m)]
-    attrs = [
-        ("kind", enum("activation", kind)),
-        ("approximate", enum("gelu_approx", getattr(m, "approximate", "none"))),
-        ("alpha", f32(getattr(m, "negative_slope", 0.01))),
-        ("beta", f32(getattr(m, "beta", 1.0))),
-        ("threshold", f32(getattr(m, "threshold", 20.0))),
-    ]
-
-    def emit(feats: Value, name: str) -> Value:
-        out = b.dense(name, feats, int(feats.shape[-1]))  # type: ignore[index]
-        return b.op(out.name, "activation", [feats], attrs, out)
-
-    return b.on_features(symbolic(x, f"{kind} input"), b.result_name(m), emit)
+    attrs = activation_attrs(
+        ACTIVATIONS[type(m)],
+        getattr(m, "approximate", "none"),
+        getattr(m, "negative_slope", 0.01),
+        getattr(m, "beta", 1.0),
+        getattr(m, "threshold", 20.0),
+    )
+    return feature_op(b, x, "activation", attrs, b.result_name(m))
 
 
 # ---- functions ------------------------------------------------------------------------------
@@ -302,10 +356,14 @@ def _register_binary(op: str) -> None:
     rule(getattr(LF, op))(lower)
     if hasattr(operator, op):
 
-        def lower_operator(b: LatticeBuilder, lhs: SparseValue, rhs: SparseValue) -> SparseValue:
-            return _binary(b, op, lhs, rhs, None, 0.0, 0.0)
+        def lower_operator(b: LatticeBuilder, lhs: object, rhs: object) -> Value:
+            if isinstance(lhs, SparseValue) and isinstance(rhs, SparseValue):
+                return _binary(b, op, lhs, rhs, None, 0.0, 0.0)
+            from torchlower.lattice.rules_functional import scalar_operator
 
-        lower_operator.__doc__ = f"operator.{op}(lhs, rhs) on sparse tensors (default join)"
+            return scalar_operator(b, op, lhs, rhs)
+
+        lower_operator.__doc__ = f"operator.{op}(lhs, rhs): sparse join (default join) or with a number"
         rule(getattr(operator, op))(lower_operator)
 
 
@@ -315,14 +373,23 @@ for _op in LF.BINARY_OPS:
 
 @rule(LF.cat)
 def cat(b: LatticeBuilder, tensors: Sequence[SparseValue], join: str) -> SparseValue:
-    """cat(tensors, join="inner")"""
+    """cat(tensors, join="inner")
+
+    The IR's ``sparse.cat`` is binary: n inputs fold left into n − 1 ops named ``<node>_1`` …
+    ``<node>_<n−1>`` (the reference's naming; the last one is the node's result). Joins are
+    associative, so the folded support and row order equal those of one n-way join."""
     parts = [sparse_arg(t, "cat input") for t in tensors]
     if len(parts) < 2 or len({p.stride for p in parts}) != 1:
         raise LoweringError("cat needs two or more sparse tensors with one stride")
     if constant(join, "join") not in LF.JOINS:
         raise LoweringError(f"join must be one of {LF.JOINS}, got {join!r}")
-    out = b.sparse(b.result_name(), parts[0], sum(p.channels for p in parts))
-    return b.op(out.name, "sparse.cat", parts, [("join", enum("join", join))], out)  # type: ignore[return-value]
+    node = b.result_name()
+    out = parts[0]
+    for i, part in enumerate(parts[1:], start=1):
+        lhs = out
+        out = b.sparse(f"{node}_{i}", lhs, lhs.channels + part.channels)
+        b.op(out.name, "sparse.cat", [lhs, part], [("join", enum("join", join))], out)
+    return out
 
 
 @rule(LF.reindex_sparse)
@@ -334,3 +401,6 @@ def reindex_sparse(b: LatticeBuilder, source: SparseValue, target: SparseValue, 
     out = b.sparse(b.result_name(), target, source.channels)
     attrs = [("fill", f32(constant(fill, "fill")))]  # type: ignore[arg-type]
     return b.op(out.name, "sparse.reindex", [source, target], attrs, out)  # type: ignore[return-value]
+
+
+from torchlower.lattice import rules_functional, rules_ops  # noqa: E402, F401  (register their rules)

@@ -3,11 +3,14 @@
 Coordinates are int32 ``[N, 4]`` rows ``(batch, x, y, z)`` in *physical* units: a tensor at
 stride ``s`` only has coordinates divisible by ``s``. Lookups hash coordinates into int64 keys
 (mixed radix over the observed range, batch most significant, so key order is lexicographic
-order) and use ``sort`` + ``searchsorted``: no Python loop ever runs over rows.
+order) and read a dense int32 grid over that range when it is small (at most 128 bytes a row),
+else ``sort`` + ``searchsorted``: no Python loop ever runs over rows. Kernel maps are cached
+per coordinate tensor (``coord_cache``).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +36,9 @@ class SparseTensor:
     """Features ``[N, C]`` on active voxels ``coords [N, 4]`` at a per-axis ``stride``.
 
     ``supports`` maps each stride seen on the way here to the coordinates at that stride, so a
-    transposed conv can restore the support of the conv it inverts. ``cache`` holds kernel maps
-    and is shared by tensors with the same coordinates.
+    transposed conv can restore the support of the conv it inverts. ``cache`` holds kernel maps;
+    it belongs to the coordinate tensor (``coord_cache``), so every tensor on the same voxels —
+    and every layer with the same geometry — shares one map.
     """
 
     def __init__(
@@ -59,7 +63,7 @@ class SparseTensor:
             check_divisible(self.coords, self.stride)
         self.supports = dict(supports or {})
         self.supports[self.stride] = self.coords
-        self.cache = cache if cache is not None else {}
+        self.cache = cache if cache is not None else coord_cache(self.coords)
 
     # ---- aliases and facts --------------------------------------------------------------
     @property
@@ -97,29 +101,80 @@ class SparseTensor:
     def __add__(self, other: object) -> SparseTensor:
         from torchlower.lattice import functional
 
+        if _is_number(other):
+            return self.replace(self.feats + other)  # type: ignore[operator]
         return functional.add(self, other)  # type: ignore[arg-type]
 
     def __sub__(self, other: object) -> SparseTensor:
         from torchlower.lattice import functional
 
+        if _is_number(other):
+            return self.replace(self.feats - other)  # type: ignore[operator]
         return functional.sub(self, other)  # type: ignore[arg-type]
 
     def __mul__(self, other: object) -> SparseTensor:
         from torchlower.lattice import functional
 
+        if _is_number(other):
+            return self.replace(self.feats * other)  # type: ignore[operator]
         return functional.mul(self, other)  # type: ignore[arg-type]
+
+    # a number on the left, division and negation act on the features
+    def __radd__(self, other: float) -> SparseTensor:
+        return self.replace(other + self.feats)
+
+    def __rsub__(self, other: float) -> SparseTensor:
+        return self.replace(other - self.feats)
+
+    def __rmul__(self, other: float) -> SparseTensor:
+        return self.replace(other * self.feats)
+
+    def __truediv__(self, other: float) -> SparseTensor:
+        return self.replace(self.feats / other)
+
+    def __neg__(self) -> SparseTensor:
+        return self.replace(-self.feats)
 
     @classmethod
     def __torch_function__(
         cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         """Dense torch functions (relu, linear, layer_norm, …) act on the features."""
-        source = next(a for a in args if isinstance(a, SparseTensor))
+        sparse = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, SparseTensor)]
+        source = sparse[0]
+        if any(s.coords is not source.coords for s in sparse[1:]):  # rows would not line up
+            raise InvalidArgumentError(
+                f"{getattr(func, '__name__', func)} of SparseTensors on different voxels; join them with"
+                " torchlower.lattice.add / sub / mul / maximum / minimum / cat"
+            )
         unwrapped = [a.feats if isinstance(a, SparseTensor) else a for a in args]
         out = func(*unwrapped, **(kwargs or {}))
         if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == source.feats.shape[0]:
             return source.replace(out)
         return out
+
+
+_CACHES: dict[int, tuple[weakref.ref, dict[object, Any]]] = {}
+
+
+def coord_cache(coords: torch.Tensor) -> dict[object, Any]:
+    """The kernel-map cache of a coordinate tensor (by identity), dropped when it is freed."""
+    key = id(coords)
+    entry = _CACHES.get(key)
+    if entry is not None and entry[0]() is coords:
+        return entry[1]
+
+    def forget(ref: weakref.ref) -> None:
+        if key in _CACHES and _CACHES[key][0] is ref:
+            del _CACHES[key]
+
+    cache: dict[object, Any] = {}
+    _CACHES[key] = (weakref.ref(coords, forget), cache)
+    return cache
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def check_divisible(coords: torch.Tensor, stride: Triple) -> None:
@@ -176,33 +231,74 @@ class Hash:
         return (torch.stack([b, x, y, z], dim=-1) + self.lo).to(torch.int32)
 
 
+def dense_limit(rows: int) -> int:
+    """Largest bounding box (in cells) worth a dense int32 grid: at most 128 bytes per row
+    (memory stays linear in the rows), never below 1M cells, always addressable by int32."""
+    return min(max(1 << 20, 32 * rows), (1 << 31) - 1)
+
+
 class CoordIndex:
-    """Find rows of a coordinate table: ``lookup(query) -> row index or -1``."""
+    """Find rows of a coordinate table: ``lookup(query) -> row index or -1``.
+
+    A dense int32 grid over the hash range when that is small (``dense_limit``): a lookup is
+    one gather. Otherwise sorted keys + ``searchsorted``. ``rows_of_keys`` is the kernels' form:
+    int32 rows with the sentinel ``size`` (the row count) for absent keys.
+    """
 
     def __init__(self, coords: torch.Tensor, hash_: Hash | None = None) -> None:
         self.hash = hash_ or Hash.covering([coords])
+        self.size = int(coords.shape[0])
+        self.volume = int(self.hash.radix.prod())
+        self.grid: torch.Tensor | None = None
         keys = self.hash.encode(coords)
-        self.sorted_keys, self.order = torch.sort(keys)
+        if self.volume <= dense_limit(self.size):
+            self.grid = torch.full((self.volume,), self.size, dtype=torch.int32)
+            self.grid[keys] = torch.arange(self.size, dtype=torch.int32)
+        else:
+            self.sorted_keys, order = torch.sort(keys)
+            self.order = order.to(torch.int32)
+
+    def keys(self, coords: torch.Tensor) -> torch.Tensor:
+        """Keys of ``coords`` (inside the hash range), int32 when the grid is dense."""
+        keys = self.hash.encode(coords)
+        return keys.to(torch.int32) if self.grid is not None else keys
+
+    def rows_of_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """int32 row of each key, ``size`` when absent; keys must come from ``self.hash``."""
+        if self.grid is not None:
+            return self.grid.index_select(0, keys.reshape(-1)).reshape(keys.shape)
+        if self.size == 0:
+            return torch.zeros(keys.shape, dtype=torch.int32)
+        pos = torch.searchsorted(self.sorted_keys, keys).clamp_(max=self.size - 1)
+        sentinel = torch.tensor(self.size, dtype=torch.int32)
+        return torch.where(self.sorted_keys[pos] == keys, self.order[pos], sentinel)
 
     def lookup_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """Row of each key (−1 when absent); keys must come from ``self.hash``."""
-        if len(self.sorted_keys) == 0:
-            return torch.full(keys.shape, -1, dtype=torch.long)
-        pos = torch.searchsorted(self.sorted_keys, keys).clamp_(max=len(self.sorted_keys) - 1)
-        return torch.where(self.sorted_keys[pos] == keys, self.order[pos], -1)
+        rows = self.rows_of_keys(keys.to(torch.int32) if self.grid is not None else keys).long()
+        return rows.masked_fill_(rows == self.size, -1)
 
     def lookup(self, query: torch.Tensor) -> torch.Tensor:
         flat = query.reshape(-1, 4)
         result = torch.full((flat.shape[0],), -1, dtype=torch.long)
-        if len(self.sorted_keys) == 0 or len(flat) == 0:
+        if self.size == 0 or len(flat) == 0:
             return result.reshape(query.shape[:-1])
         ok = self.hash.inside(flat)
-        keys = self.hash.encode(flat[ok])
-        pos = torch.searchsorted(self.sorted_keys, keys).clamp_(max=len(self.sorted_keys) - 1)
-        found = self.sorted_keys[pos] == keys
-        rows = torch.where(found, self.order[pos], torch.full_like(pos, -1))
-        result[ok] = rows
+        result[ok] = self.lookup_keys(self.hash.encode(flat[ok]))
         return result.reshape(query.shape[:-1])
+
+
+def unique_keys(keys: torch.Tensor, volume: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted distinct keys in ``[0, volume)`` and each key's position among them. A dense
+    mark + cumulative count when the range is small (no sort), else ``torch.unique``."""
+    if volume <= dense_limit(len(keys)):
+        mark = torch.zeros(volume, dtype=torch.bool)
+        mark[keys] = True
+        present = mark.nonzero().squeeze(1)
+        rank = torch.empty(volume, dtype=torch.int32)
+        rank[present] = torch.arange(len(present), dtype=torch.int32)
+        return present, rank[keys].long()
+    return torch.unique(keys, sorted=True, return_inverse=True)
 
 
 def unique_coords(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,7 +306,7 @@ def unique_coords(coords: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if len(coords) == 0:
         return coords.to(torch.int32).reshape(0, 4), torch.zeros(0, dtype=torch.long)
     h = Hash.covering([coords])
-    keys, inverse = torch.unique(h.encode(coords), sorted=True, return_inverse=True)
+    keys, inverse = unique_keys(h.encode(coords), int(h.radix.prod()))
     return h.decode(keys), inverse
 
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -97,6 +98,21 @@ def write(
 
 
 _COPY_BUFFER = 1 << 20
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask (read by setting and restoring it: there is no getter)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def publish_mode(path: Path, directory: bool) -> None:
+    """Temporary files and folders are private (0600 / 0700) while written; the finished
+    artifact gets the permissions a plain ``open()`` / ``mkdir`` would have given it."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
 
 
 class _ChunkReader(io.RawIOBase):
@@ -150,6 +166,7 @@ def _write_tar(target: Path, files: Iterator[tuple[str, Chunks]], compress: bool
                     tar.addfile(info, _ChunkReader(chunks))
             if compress:
                 stream.close()
+        publish_mode(Path(tmp), directory=False)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -165,6 +182,7 @@ def _write_directory(target: Path, files: Iterator[tuple[str, Chunks]]) -> None:
             with file.open("wb") as out:
                 for chunk in chunks:
                     out.write(chunk)
+        publish_mode(tmp, directory=True)
         old = None
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")

@@ -7,6 +7,7 @@ target knowledge (tract vs Khronos-only, which extensions exist) lives here.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -85,7 +86,11 @@ class NNEFBuilder:
         self.extensions: set[str] = {"tract_registry tract_core"} if tract else set()
         self.symbols: list[str] = []
         self.rules_used: list[str] = []  # set by the front end once lowering is done
+        self.notes: list[str] = []  # what a front end wants the export report to say
+        self.assertions: list[str] = []  # tract_assert extensions: bounds of dynamic symbols
         self.hint = "v"  # set by front ends per node, gives readable names
+        self.scope = ""  # module path of the node being lowered (a comment in graph.nnef)
+        self.example_sizes: dict[str, int] = {}  # symbol sizes of the example inputs (a comment)
         self._taken: set[str] = set()
         self._reserved: set[str] = set()
         self._materialized: dict[object, Value] = {}
@@ -141,8 +146,8 @@ class NNEFBuilder:
             raise InvalidArgumentError(f"{len(names)} output names for {len(values)} outputs")
         self.outputs = []
         for name, value in zip(names, values, strict=True):
-            ident = text.identifier(name)
-            if ident != name:
+            dotted = self.tract and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+", name)
+            if text.identifier(name) != name and not dotted:  # tract reads dotted ones as i"a.b"
                 raise InvalidArgumentError(f"output name {name!r} is not a valid NNEF identifier")
             if value.dtype is not None and value.dtype.is_complex:
                 raise LoweringError(
@@ -169,7 +174,7 @@ class NNEFBuilder:
         """Emit ``y = op(args..., attrs...)`` and return ``y``."""
         out = Value(self.fresh(hint), dtype, shape)
         args = [self._operand(a) for a in args]
-        self.assignments.append(text.Assignment([out], op, args, dict(attrs or {})))
+        self.assignments.append(text.Assignment([out], op, args, dict(attrs or {}), self.scope))
         if op in _QUANT_PRESERVING and args and isinstance(args[0], Value) and args[0].name in self._qvalues:
             self._qvalues[out.name] = self._qvalues[args[0].name]  # tract keeps the type through it
         return out
@@ -180,7 +185,7 @@ class NNEFBuilder:
         """Emit an op with several results, e.g. ``(a, b) = split(...)``."""
         outs = [Value(self.fresh(f"{self.hint}_{i}")) for i in range(count)]
         args = [self._operand(a) for a in args]
-        self.assignments.append(text.Assignment(outs, op, args, dict(attrs or {})))
+        self.assignments.append(text.Assignment(outs, op, args, dict(attrs or {}), self.scope))
         return tuple(outs)
 
     def accurate(self, x: Value) -> Value:
@@ -254,7 +259,7 @@ class NNEFBuilder:
         out = Value(self.fresh(label), tensor.dtype, tuple(tensor.shape), label=label)
         kind = _VARIABLE_KIND[_dtype_kind(tensor.dtype)]
         attrs = {"label": label, "shape": list(tensor.shape)}
-        self.assignments.append(text.Assignment([out], f"variable<{kind}>", [], attrs))
+        self.assignments.append(text.Assignment([out], f"variable<{kind}>", [], attrs, self.scope))
         self._materialized[key] = out
         return out
 
@@ -331,12 +336,16 @@ class NNEFBuilder:
     def graph_text(self) -> str:
         live = self.live_assignments()
         names = self._output_renames(live)
-        body = [a.render(names) for a in live]
+        body = text.with_scopes(live, [a.render(names) for a in live])
         used_inputs = [v.name for v in self.inputs]
         extensions = sorted(self.extensions) + [f"tract_symbol {s}" for s in self.symbols]
+        extensions += [f"tract_assert {a}" for a in self.assertions if a.split()[0] in self.symbols]
         # fragments are referenced by name from an op's ``body`` attribute (tract_core_scan)
         used = {a.attrs.get("body") for a in live}
         fragments = [t for n, t in self.fragments.items() if n in used]
+        sizes = [f"{s}={n}" for s, n in self.example_sizes.items() if s in self.symbols]
+        if sizes:  # read back by nnef/parse.py: `check` without sizes runs the graph at these
+            fragments = [f"{text.SIZES_COMMENT}{', '.join(sizes)}", *fragments]
         return text.document(extensions, used_inputs, [n for n, _ in self.outputs], body, fragments)
 
     def live_weights(self) -> dict[str, torch.Tensor]:

@@ -30,6 +30,12 @@ _DTYPES = {
     (UINT, 32): np.uint32,
     (UINT, 64): np.uint64,
     (BOOL, 1): np.bool_,
+    # linearly quantized codes (scale and zero point live in graph.quant): the integers as stored
+    (QUINT, 8): np.uint8,
+    (QINT, 8): np.int8,
+    (QUINT, 16): np.uint16,
+    (QINT, 16): np.int16,
+    (QINT, 32): np.int32,
 }
 
 

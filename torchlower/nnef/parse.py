@@ -1,11 +1,14 @@
 """A small, strict parser of ``graph.nnef`` as torchlower and tract write it.
 
-The text is untrusted: every defect (truncation, an identifier assigned twice, a reference to
-nothing, an unknown op, nesting deep enough to exhaust the stack) is an ``ArtifactError`` that
-names the line. Fragment definitions (tract writes ``tract_core_properties`` as one) are
-skipped: their names are recorded and become known ops, their bodies are not interpreted.
+The text is untrusted: every defect (truncation, a reference to nothing, an unknown op,
+nesting deep enough to exhaust the stack) is an ``ArtifactError`` that names the line.
+Fragment definitions (tract writes ``tract_core_properties`` as one) are skipped: their
+names are recorded and become known ops, their bodies are not interpreted.
 Only what a graph body needs is accepted: invocations whose arguments are literals,
-identifiers, arrays, tuples and arithmetic on them (symbolic dims such as ``B * 2``).
+identifiers, arrays, tuples and arithmetic on them (symbolic dims such as ``B * 2``). What
+tract accepts beyond the Khronos grammar is accepted too, because other exporters write it:
+a name assigned again (the later value shadows the earlier one, as in tract), bare tuple
+results (``a, b = op(...)``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class Expr:
     args: tuple[Any, ...]
 
     def __str__(self) -> str:
+        if self.op in ("min", "max"):
+            return f"{self.op}({', '.join(_show(a) for a in self.args)})"
         if len(self.args) == 1:
             return f"{self.op}{_show(self.args[0])}"
         return f"({_show(self.args[0])} {self.op} {_show(self.args[1])})"
@@ -67,6 +72,7 @@ class Invocation:
     args: list[Any]
     attrs: dict[str, Any]
     call: bool = True  # False for tract's plain ``x = [[0.5]];`` / ``y = x;`` (op "literal" / "alias")
+    scope: str = ""  # module path from the nearest ``# module: PATH`` comment above (torchlower's)
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,12 @@ class Graph:
     outputs: list[str]
     assignments: list[Invocation]
     variables: list[Variable] = field(default_factory=list)
+    # name -> line of its first assignment, for names assigned again later. tract accepts this
+    # (its builder's scope is a map: a later assignment shadows the earlier one from there on)
+    # and torch_to_nnef writes it for shapes; the Khronos parser refuses it. torchlower never does.
+    reassigned: dict[str, int] = field(default_factory=dict)
+    # ``# example sizes: B=2, S=6`` (torchlower's): the sizes the export traced and verified at
+    example_sizes: dict[str, int] = field(default_factory=dict)
 
     def op_histogram(self) -> Counter[str]:
         return Counter(a.op for a in self.assignments)
@@ -256,6 +268,8 @@ class _Parser:
     def assignment(self) -> Invocation:
         line = self.tok.line
         outputs = self.lvalue(0)
+        while self.accept(","):  # a bare tuple: ``h, c = op(...)`` (torch_to_nnef's LSTM)
+            outputs += self.lvalue(1)
         self.take("=")
         op_tok = self.tok
         if not self._is_call():
@@ -345,6 +359,9 @@ class _Parser:
             return Expr(op, (value,))
         return self.primary(depth)
 
+    def _next_is(self, text: str) -> bool:
+        return self.i + 1 < len(self.toks) and self.toks[self.i + 1].text == text
+
     def primary(self, depth: int) -> Any:
         tok = self.tok
         if tok.kind == "num":
@@ -361,6 +378,13 @@ class _Parser:
         if tok.kind == "id" and tok.text in ("true", "false"):
             self.i += 1
             return tok.text == "true"
+        if tok.kind == "id" and tok.text in _SIZE_FUNCTIONS and self._next_is("("):
+            self.i += 2  # tract's TDim min(a, b) / max(a, b) in a size attribute
+            args = [self.expr(depth + 1)]
+            while self.accept(","):
+                args.append(self.expr(depth + 1))
+            self.take(")")
+            return Expr(tok.text, tuple(args))
         if tok.kind in ("id", "esc_id"):
             return Ident(self.ident())
         if tok.text in ("[", "(") and tok.kind == "op":
@@ -376,6 +400,9 @@ class _Parser:
                 return items
             return items[0] if len(items) == 1 else tuple(items)
         raise self.fail("expected a value")
+
+
+_SIZE_FUNCTIONS = ("min", "max")
 
 
 def _unquote(quoted: str) -> str:
@@ -413,7 +440,33 @@ def parse(text: str | bytes) -> Graph:
         raise ArtifactError(f"graph.nnef line {line}: NUL byte in the text")
     graph = _Parser(text).document()
     _check(graph)
+    _attach_scopes(graph, text)
     return graph
+
+
+_SCOPE = re.compile(r"^[ \t]*# module: ?(.*)$")
+
+
+_SIZES = re.compile(r"^# example sizes: ((?:[A-Za-z_]\w*=\d{1,12}(?:, )?)+)$", re.MULTILINE)
+
+
+def _attach_scopes(graph: Graph, text: str) -> None:
+    """Give each assignment the module path of the last ``# module:`` comment before its line;
+    read the example sizes of declared symbols."""
+    sizes = _SIZES.search(text[:65536])
+    if sizes:
+        pairs = (item.split("=") for item in sizes.group(1).split(", ") if item)
+        graph.example_sizes = {k: int(v) for k, v in pairs if k in graph.symbols}
+    lines = text.split("\n")
+    marks = [(i + 1, m.group(1).strip()) for i, line in enumerate(lines) if (m := _SCOPE.match(line))]
+    if not marks:
+        return
+    k, scope = 0, ""
+    for a in graph.assignments:
+        while k < len(marks) and marks[k][0] < a.line:
+            scope = marks[k][1][:1000]
+            k += 1
+        a.scope = scope
 
 
 def _check(graph: Graph) -> None:
@@ -422,12 +475,13 @@ def _check(graph: Graph) -> None:
     symbols = set(graph.symbols)
     first_line: dict[str, int] = {}
     for a in graph.assignments:
+        if len(set(a.outputs)) != len(a.outputs):
+            raise ArtifactError(f"graph.nnef line {a.line}: a name appears twice on the left of '='")
         for name in a.outputs:
             if name in first_line:
-                raise ArtifactError(
-                    f"graph.nnef line {a.line}: {name!r} is assigned again (first at line {first_line[name]})"
-                )
-            first_line[name] = a.line
+                graph.reassigned.setdefault(name, first_line[name])
+            else:
+                first_line[name] = a.line
     defined: set[str] = set()
     for a in graph.assignments:
         if a.call and not is_known_op(a.op) and a.op not in fragments:
@@ -448,6 +502,11 @@ def _check(graph: Graph) -> None:
         if name not in defined:
             raise ArtifactError(f"graph.nnef: output {name!r} is never assigned")
     for inp in graph.inputs:
+        if inp.name in graph.reassigned:
+            again = next(a.line for a in graph.assignments if inp.name in a.outputs and a.line != inp.line)
+            raise ArtifactError(
+                f"graph.nnef line {again}: input {inp.name!r} is assigned again (declared at line {inp.line})"
+            )
         if not inp.line:
             raise ArtifactError(
                 f"graph.nnef: input {inp.name!r} is not declared with external/tract_core_external"

@@ -10,7 +10,9 @@ through the builder. Dead code is dropped by ``NNEFBuilder.live_assignments``; h
   constant-weight ``matmul`` goes into its weights / bias (batch norm after conv or linear);
 - ``simplify_layout``: identity transposes, casts, copies and empty squeezes go; consecutive
   transposes and reshapes merge; ``x·1``, ``x/1``, ``x−0`` go;
-- ``share_constants``: variables with the same dtype, shape and bytes become one.
+- ``share_constants``: variables with the same dtype, shape and bytes become one;
+- then ``fusions.apply``: op chains that tract runs faster as one kernel (attention as
+  ``tract_transformers_sdpa`` at short sequence lengths), see ``nnef/fusions.py``.
 
 tract's own optimizer already fuses many of these at load time (its profile shows no separate
 mul/add after a conv); doing them here shrinks the artifact and the load work.
@@ -44,6 +46,10 @@ def optimize(b: NNEFBuilder) -> None:
         b.assignments = b.live_assignments()
         if not changed:
             break
+    from torchlower.nnef import fusions  # imports this module's helpers
+
+    if fusions.apply(b):
+        b.assignments = b.live_assignments()
     share_constants(b)
     b.assignments = b.live_assignments()
 

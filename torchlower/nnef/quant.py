@@ -167,14 +167,14 @@ def compress_weights(
         if param is None or weight is None or not weight.is_floating_point() or not uses[name]:
             continue
         if weight.numel() != param.numel() or not torch.equal(
-            weight.reshape(param.shape).to(param.dtype), param
+            weight.reshape(param.shape), param.detach().to(weight.dtype)
         ):
             continue  # not the parameter as the model holds it (folded, sliced...)
         kinds = {_kind(u, weight) for u in uses[name]}
         if None in kinds or len(kinds) != 1 or ("transpose" in kinds and len(uses[name]) != 1):
             continue
         kind = kinds.pop()
-        stored = weight.float()
+        stored = param.detach().float().reshape(weight.shape)  # not an f16 weight's rounding
         if kind == "transpose":
             stored = stored.transpose(-1, -2).contiguous()
         if not can_block_quantize(tuple(stored.shape)) or (kind != "conv" and stored.shape[-1] % BLOCK):

@@ -21,10 +21,18 @@ def identifier(hint: str) -> str:
     return name if not name[0].isdigit() else f"v{name}"
 
 
+def name_text(name: str) -> str:
+    """A tensor name as NNEF text: plain if it is an identifier, else tract's escaped form
+    ``i"extra.probs"`` (output names taken from nested dict keys contain dots)."""
+    if _IDENT.search(name) is None and name and not name[0].isdigit():
+        return name
+    return 'i"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def literal(value: Any, names: dict[str, str]) -> str:
     """NNEF text of an argument: values by name, Python scalars/lists/tuples as literals."""
     if isinstance(value, Value):
-        return names.get(value.name, value.name)
+        return name_text(names.get(value.name, value.name))
     if isinstance(value, SymDim):
         return str(value)
     if isinstance(value, bool):
@@ -61,6 +69,7 @@ class Assignment:
     op: str
     args: list[Any]
     attrs: dict[str, Any]
+    scope: str = ""  # module path of the PyTorch module it came from ("" for the top level)
 
     def render(self, names: dict[str, str]) -> str:
         left = ", ".join(literal(v, names) for v in self.outputs)
@@ -69,6 +78,28 @@ class Assignment:
         parts = [literal(a, names) for a in self.args]
         parts += [f"{k} = {literal(v, names)}" for k, v in self.attrs.items()]
         return f"    {left} = {self.op}({', '.join(parts)});"
+
+
+SCOPE_COMMENT = "# module: "
+SIZES_COMMENT = "# example sizes: "  # symbol sizes of the inputs the export traced and verified
+
+
+def with_scopes(assignments: Sequence[Assignment], lines: Sequence[str]) -> list[str]:
+    """``lines`` (one per assignment) with a ``# module: PATH`` comment wherever the module
+    changes. tract and the Khronos parser skip comments; the picture and ``inspect`` read them
+    to group nodes by module (``nnef/parse.py`` attaches them to the assignments)."""
+    out: list[str] = []
+    current = ""
+    for a, line in zip(assignments, lines, strict=True):
+        if a.scope != current:
+            current = a.scope
+            out.append(f"    {SCOPE_COMMENT}{_comment_safe(current)}".rstrip())
+        out.append(line)
+    return out
+
+
+def _comment_safe(path: str) -> str:
+    return "".join(c for c in path if c.isprintable() and c not in "\r\n")
 
 
 def document(
@@ -85,7 +116,7 @@ def document(
         lines.append("")
     if fragments:
         lines += [*list(fragments), ""]
-    lines.append(f"graph network({', '.join(inputs)}) -> ({', '.join(outputs)})")
+    lines.append(f"graph network({', '.join(inputs)}) -> ({', '.join(map(name_text, outputs))})")
     lines.append("{")
     lines += list(body)
     lines.append("}")

@@ -102,12 +102,23 @@ _WORKER = _Worker()
 
 def run_in_tract(artifact: str | os.PathLike[str], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Outputs of the artifact on ``inputs``; a tract failure or abort becomes ``CheckError``."""
+    return run_points_in_tract(artifact, [inputs])[0]
+
+
+def run_points_in_tract(
+    artifact: str | os.PathLike[str], points: Sequence[Sequence[np.ndarray]]
+) -> list[list[np.ndarray]]:
+    """Outputs of the artifact on each input set, loaded once; failures become ``CheckError``."""
     with tempfile.TemporaryDirectory(prefix="torchlower-check-") as tmp:
         ins, outs = Path(tmp, "in.npz"), Path(tmp, "out.npz")
-        np.savez(ins, *inputs)
+        np.savez(ins, **{f"p{k}_{i}": a for k, arrays in enumerate(points) for i, a in enumerate(arrays)})
         _WORKER.request(Path(artifact).resolve(), ins, outs)
         with np.load(outs) as data:
-            return [data[f"arr_{i}"] for i in range(len(data.files))]
+            found = list(data.files)
+            return [
+                [data[f"p{k}_{i}"] for i in range(sum(n.startswith(f"p{k}_") for n in found))]
+                for k in range(len(points))
+            ]
 
 
 def compare(

@@ -16,22 +16,48 @@ import numpy as np
 
 
 def run(artifact: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    return run_points(artifact, [inputs])[0]
+
+
+def run_points(artifact: str, points: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """Load and optimize ``artifact`` once, run it on every input set (the costly part is the load)."""
     import tract
 
     nnef = tract.nnef().with_tract_extra().with_tract_transformers()
     runnable = nnef.load(artifact).into_runnable()
-    return [t.to_numpy() for t in runnable.run(inputs)]
+    results = []
+    for k, inputs in enumerate(points):
+        try:
+            results.append([t.to_numpy() for t in runnable.run(inputs)])
+        except Exception as exc:
+            raise RuntimeError(f"input set {k}: {exc}") from exc
+    return results
 
 
 def run_files(artifact: str, inputs_path: str, outputs_path: str) -> str | None:
-    """Run ``artifact`` on the arrays of ``inputs_path``; ``None`` on success, else the error."""
+    """Run ``artifact`` on the arrays of ``inputs_path``; ``None`` on success, else the error.
+
+    Arrays are named ``arr_{i}`` (one input set) or ``p{k}_{i}`` (input set ``k``); the
+    outputs come back under the same scheme.
+    """
     with np.load(inputs_path) as data:
-        inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
+        names = list(data.files)
+        if names and names[0].startswith("p"):
+            count = 1 + max(int(n[1:].split("_")[0]) for n in names)
+            sizes = [sum(n.startswith(f"p{k}_") for n in names) for k in range(count)]
+            points = [[data[f"p{k}_{i}"] for i in range(sizes[k])] for k in range(count)]
+        else:
+            points = [[data[f"arr_{i}"] for i in range(len(names))]]
     try:
-        outputs = run(artifact, inputs)
+        outputs = run_points(artifact, points)
     except Exception as exc:  # tract raises TractError; report it as text to the parent
         return f"{type(exc).__name__}: {str(exc).split('Stack backtrace')[0].strip()}"
-    np.savez(outputs_path, *outputs)
+    if len(points) == 1 and not (names and names[0].startswith("p")):
+        np.savez(outputs_path, *outputs[0])
+    else:
+        np.savez(
+            outputs_path, **{f"p{k}_{i}": o for k, outs in enumerate(outputs) for i, o in enumerate(outs)}
+        )
     return None
 
 

@@ -35,11 +35,21 @@ def clamp_index(i: Dim | None, n: Dim, default: Dim) -> Dim:
     if isinstance(i, SymDim) or isinstance(n, SymDim):
         if isinstance(i, int) and i >= 2**31:
             return n
+        if isinstance(i, int) and isinstance(n, SymDim):  # torch clamps: x[:, :1000], x[:, -3:]
+            return _sym_clamp(n + i if i < 0 else i, n)
         return n + i if isinstance(i, int) and i < 0 else i
     i = int(i)
     if i < 0:
         i += n
     return min(max(i, 0), n)
+
+
+def _sym_clamp(i: Dim, n: SymDim) -> Dim:
+    """``min(max(i, 0), n)`` as a size expression (tract's TDim has min and max)."""
+    import sympy
+
+    e = i.expr if isinstance(i, SymDim) else sympy.Integer(i)
+    return SymDim.wrap(sympy.Min(sympy.Max(e, 0), n.expr))
 
 
 def slice_dim(b: Builder, x: Value, dim: int, start: int, end: int, step: int = 1) -> Value:
@@ -174,7 +184,7 @@ def repeat(b: Builder, x: Value, repeats: Sequence[int]) -> Value:
     """repeat(Tensor self, SymInt[] repeats) -> Tensor"""
     if len(repeats) < x.rank:
         raise LoweringError(f"repeat: {len(repeats)} repeats for a rank-{x.rank} tensor (need >= rank)")
-    return _tile(b, x, [int(r) for r in repeats])
+    return _tile(b, x, [r if isinstance(r, SymDim) else int(r) for r in repeats])
 
 
 @rule("aten::tile")
@@ -186,7 +196,7 @@ def tile(b: Builder, x: Value, dims: Sequence[int]) -> Value:
 
 def _tile(b: Builder, x: Value, reps: list[int]) -> Value:
     x = unsqueeze_to(b, x, len(reps))
-    if all(r == 1 for r in reps):
+    if all(isinstance(r, int) and r == 1 for r in reps):
         return x
     shape = tuple(d * r for d, r in zip(dims_of(x), reps, strict=True))
     return b.call("tile", [x], {"repeats": reps}, dtype=x.dtype, shape=shape)

@@ -282,6 +282,12 @@ def pow_(b: Builder, x: Operand, exponent: Operand) -> Value:
         return binary(b, "mul", x, x, dtype=dtype)
     if isinstance(exponent, (int, float)) and float(exponent) == -0.5 and isinstance(x, Value):
         return unary(b, "rsqrt", floating(b, x))  # torch's own special case: pow(-0., -0.5) is -inf
+    # torch's other special cases, bit for bit; tract's PowConst took 1.6 µs per element on
+    # GPT-2's gelu (x³), 95 % of the model's time
+    if isinstance(exponent, (int, float)) and float(exponent) == 3.0 and isinstance(x, Value):
+        return binary(b, "mul", binary(b, "mul", x, x, dtype=dtype), x, dtype=dtype)
+    if isinstance(exponent, (int, float)) and float(exponent) == 0.5 and isinstance(x, Value):
+        return unary(b, "sqrt", floating(b, x))  # sqrt(-0.) is -0., as torch
     return binary(b, "pow", x, exponent, dtype=dtype)  # powf is exact for integral exponents < 0 bases
 
 

@@ -1,0 +1,196 @@
+"""Fuzzing value dependence: random op chains with a branch, ``.item()`` or a loop count inserted.
+
+Each case is a random DAG from the op catalogue (``fuzz_models.cases``) whose first output then
+goes through one construct that takes a Python value from a tensor — a branch on its sum, a
+scale from ``.item()`` / ``float()``, a loop count from ``int()``, ``.tolist()``, ``bool(any)`` —
+or, as controls that must still verify, a value taken from a weight or a size. Every case is
+exported with the default check (example + random points) through each front end; it must end
+in a typed error or a verified artifact, and a verified artifact must then agree with PyTorch
+on ``FRESH`` further inputs (wider and sign-flipped draws). An artifact verified but wrong there
+is ``silent`` — the failure this mode exists to find.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from hypothesis import assume
+from hypothesis import strategies as st
+from torch import nn
+
+import torchlower
+from tests.fuzz_models import Case, CaseModule, cases
+from tests.fuzz_spec import Draw
+from torchlower.errors import CheckError, TorchlowerError
+from torchlower.nnef.tract import compare, run_points_in_tract
+from torchlower.verification import like
+
+FRONTENDS = ("jit", "fx", "export")
+KINDS_OF_CONSTRUCT = ("branch", "item", "float", "loop", "tolist", "any", "weight_item", "size_int")
+CONTROLS = ("weight_item", "size_int")  # not value-dependent: these should verify
+FRESH = 8
+
+
+@dataclass(frozen=True)
+class ValueCase:
+    case: Case
+    kind: str
+    offset: float  # where the branch threshold sits relative to the example's statistic
+
+    def describe(self) -> str:
+        return f"{self.case.describe()}\nthen output 0 through {self.kind!r} (offset {self.offset})"
+
+
+class ValueModel(nn.Module):
+    """The case, then the construct on its first output; ``forward`` has named inputs (FX)."""
+
+    _classes: ClassVar[dict[int, type[ValueModel]]] = {}
+
+    def __init__(self, vc: ValueCase) -> None:
+        super().__init__()
+        self.body = CaseModule(vc.case)
+        self.kind = vc.kind
+        self.register_buffer("scale", torch.tensor([0.5, 1.5]))
+        with torch.no_grad():
+            first = self.body(*vc.case.inputs)[0].float()
+        self.threshold = float(first.sum()) + vc.offset
+
+    @classmethod
+    def of(cls, vc: ValueCase) -> ValueModel:
+        n = len(vc.case.inputs)
+        if n not in cls._classes:
+            names = ", ".join(f"x{i}" for i in range(n))
+            scope: dict[str, Any] = {}
+            exec(f"def forward(self, {names}):\n    return self.run(({names},))", scope)
+            cls._classes[n] = type(f"ValueModel{n}", (cls,), {"forward": scope["forward"]})
+        return cls._classes[n](vc)
+
+    def run(self, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        outs = list(self.body(*xs))
+        y = outs[0].float()
+        if self.kind == "branch":
+            y = y * 2 if y.sum() > self.threshold else -y
+        elif self.kind == "item":
+            y = y * y.mean().item()
+        elif self.kind == "float":
+            y = y / (float(y.abs().max()) + 1.0)
+        elif self.kind == "loop":
+            for _ in range(int(y.abs().sum()) % 3 + 1):
+                y = y + 1
+        elif self.kind == "tolist":
+            y = y + y.reshape(-1)[0].tolist()
+        elif self.kind == "any":
+            if bool((y > self.threshold / max(1, y.numel())).any()):
+                y = y.relu()
+        elif self.kind == "weight_item":
+            y = y * self.scale.sum().item()
+        elif self.kind == "size_int":
+            y = y * int(torch.tensor(y.shape).prod()) if y.dim() else y * 2
+        outs[0] = y
+        return tuple(outs)
+
+
+@st.composite
+def value_cases(draw: Draw, max_ops: int = 4) -> ValueCase:
+    kind = draw(st.sampled_from(KINDS_OF_CONSTRUCT))
+    offset = draw(st.sampled_from([-1e6, -10.0, -0.5, 0.5, 10.0, 1e6]))
+    vc = ValueCase(draw(cases(max_ops)), kind, offset)
+    try:  # a case PyTorch itself cannot run (int(nan) in a loop count) is not a case
+        with torch.no_grad():
+            ValueModel.of(vc)(*vc.case.inputs)
+    except (RuntimeError, ValueError, OverflowError):
+        assume(False)
+    return vc
+
+
+def fresh_inputs(example: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """Inputs beyond the export's own check: other seeds, 3× wider, sign-flipped."""
+    out = []
+    for k in range(FRESH):
+        g = torch.Generator().manual_seed(7000 + k)
+        drawn = tuple(like(t, g) for t in example)
+        if k % 2:
+            drawn = tuple(t * 3 if t.is_floating_point() else t for t in drawn)
+        if k % 4 >= 2:
+            drawn = tuple(-t if t.is_floating_point() else t for t in drawn)
+        out.append(drawn)
+    return out
+
+
+@dataclass(frozen=True)
+class Outcome:
+    frontend: str
+    status: str  # verified | typed | refused (CheckError) | silent | raw
+    detail: str = ""
+
+
+OK = ("verified", "typed", "refused")
+
+
+class ValueRunner:
+    def __init__(self, frontends: tuple[str, ...] = FRONTENDS) -> None:
+        self.frontends = frontends
+        self.counts: Counter[str] = Counter()
+        self.by_kind: Counter[tuple[str, str]] = Counter()
+        self.typed: Counter[str] = Counter()
+        self.failures: list[tuple[Outcome, ValueCase]] = []
+
+    def run(self, vc: ValueCase) -> list[Outcome]:
+        outcomes = []
+        with tempfile.TemporaryDirectory(prefix="tl-fuzzv-") as tmp:
+            for fe in self.frontends:
+                outcomes.append(self._one(vc, fe, Path(tmp) / f"{fe}.nnef"))
+        for o in outcomes:
+            self.counts[o.status] += 1
+            self.by_kind[(vc.kind, o.status)] += 1
+            if o.status == "typed":
+                self.typed[o.detail.split(":")[0]] += 1
+            if o.status not in OK:
+                self.failures.append((o, vc))
+        return outcomes
+
+    def _one(self, vc: ValueCase, fe: str, path: Path) -> Outcome:
+        model = ValueModel.of(vc).eval()
+        example = tuple(vc.case.inputs)
+        try:
+            torchlower.export(model, example, path, frontend=fe)
+        except CheckError as exc:
+            return Outcome(fe, "refused", f"CheckError: {exc}")
+        except TorchlowerError as exc:
+            return Outcome(fe, "typed", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a raw exception escaping torchlower is a bug
+            return Outcome(fe, "raw", f"{type(exc).__name__}: {exc}")
+        return self._fresh(model, example, path, fe)
+
+    def _fresh(self, model: nn.Module, example: tuple[torch.Tensor, ...], path: Path, fe: str) -> Outcome:
+        """A verified artifact, run at fresh inputs: any disagreement is a silent wrong."""
+        points, wants = [], []
+        for xs in fresh_inputs(example):
+            try:
+                with torch.no_grad():
+                    wants.append([t.float().numpy() for t in model(*[x.clone() for x in xs])])
+            except Exception:
+                continue  # PyTorch refuses that input: nothing to compare
+            points.append([x.numpy() for x in xs])
+        if not points:
+            return Outcome(fe, "verified")
+        try:
+            got = run_points_in_tract(path, points)
+        except CheckError as exc:
+            return Outcome(fe, "silent", f"verified, then tract failed at a fresh input: {exc}")
+        for want, have in zip(wants, got, strict=True):
+            for k, (w, h) in enumerate(zip(want, have, strict=True)):
+                if w.shape != h.shape:
+                    return Outcome(fe, "silent", f"output {k}: shape {h.shape} != {w.shape} at a fresh input")
+                finite = w[np.isfinite(w)]
+                scale = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0
+                err = compare([f"out{k}"], [w], [h.astype(np.float32)], 1e-3 * scale)[0]
+                if not err.ok:
+                    return Outcome(fe, "silent", f"output {k}: max abs {err.max_abs:.3g} at a fresh input")
+        return Outcome(fe, "verified")

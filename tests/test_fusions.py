@@ -1,0 +1,123 @@
+"""Fusions (torchlower/nnef/fusions.py): each fires where it should, keeps the numbers, and stays
+away from the shapes and masks where tract's fused kernel would compute something else.
+
+Every model is exported with the fusions and without them (``fusions.apply`` switched off); both
+artifacts run in tract and must match PyTorch, on the example and on fresh inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchlower
+from torchlower.nnef import fusions
+from torchlower.nnef.tract import run_in_tract
+
+
+def _both(monkeypatch, tmp_path, model, x, frontend="jit"):
+    """(report without fusions, report with fusions); both checked against PyTorch in tract."""
+    model = model.eval()
+    with monkeypatch.context() as m:
+        m.setattr(fusions, "apply", lambda b: False)
+        plain = torchlower.export(model, x, tmp_path / "plain.nnef.tar", frontend=frontend)
+    fused = torchlower.export(model, x, tmp_path / "fused.nnef.tar", frontend=frontend)
+    for report in (plain, fused):
+        assert report.errors and all(e.ok for e in report.errors), report.errors
+    for seed in (1, 2):  # not only the example input
+        fresh = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            want = model(fresh).numpy()
+        for report in (plain, fused):
+            got = run_in_tract(report.path, [fresh.numpy()])[0]
+            assert abs(got - want).max() <= 1e-5 * max(1.0, float(abs(want).max()))
+    return plain, fused
+
+
+class Causal(nn.Module):
+    """Hand-written attention: q·kᵀ / √d, a masked_fill causal mask, softmax, · v."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, fill: float = float("-inf")) -> None:
+        super().__init__()
+        self.heads, self.fill, self.qkv = heads, fill, nn.Linear(dim, 3 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)
+        return (att.masked_fill(mask, self.fill).softmax(-1) @ v).transpose(1, 2).reshape(b, s, d)
+
+
+def test_transformer_encoder_attention_becomes_sdpa(monkeypatch, tmp_path, frontend):
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    plain, fused = _both(monkeypatch, tmp_path, layer, torch.randn(2, 12, 32), frontend)
+    assert plain.op_histogram["tract_transformers_sdpa"] == 0 and plain.op_histogram["softmax"] == 1
+    assert fused.op_histogram["tract_transformers_sdpa"] == 1 and fused.op_histogram["softmax"] == 0
+
+
+@pytest.mark.parametrize("fill", [float("-inf"), -1e9])
+def test_masked_fill_causal_mask_becomes_an_additive_mask(monkeypatch, tmp_path, fill):
+    plain, fused = _both(monkeypatch, tmp_path, Causal(fill=fill), torch.randn(1, 10, 32))
+    assert fused.op_histogram["tract_transformers_sdpa"] == 1 and fused.op_histogram["select"] == 0
+    assert plain.op_histogram["select"] == 1
+
+
+class FloatMask(nn.Module):
+    def __init__(self, mask: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mask", mask)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = x, x * 0.5, x.flip(-1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+
+
+def test_sdpa_with_float_mask_and_inf(monkeypatch, tmp_path):
+    mask = torch.randn(1, 1, 8, 8)
+    mask[..., 3] = float("-inf")  # a key nobody attends to: -inf becomes the lowest finite float
+    _, fused = _both(monkeypatch, tmp_path, FloatMask(mask), torch.randn(2, 3, 8, 16))
+    assert fused.op_histogram["tract_transformers_sdpa"] == 1
+
+
+def test_row_without_keys_is_not_fused(monkeypatch, tmp_path):
+    """tract's kernel returns 0 for a row that attends nothing; the chain (like torch with a
+    finite fill) returns a uniform average there, so such a mask keeps the chain."""
+    mask = torch.zeros(1, 1, 8, 8)
+    mask[..., 2, :] = -1e30
+    _, fused = _both(monkeypatch, tmp_path, FloatMask(mask), torch.randn(1, 2, 8, 16))
+    assert fused.op_histogram["tract_transformers_sdpa"] == 0 and fused.op_histogram["softmax"] == 1
+
+
+def test_long_sequences_keep_matmul_and_softmax(monkeypatch, tmp_path):
+    """From 64×64 up tract's flash kernel is slower than its matmuls: the chain stays."""
+    _, fused = _both(monkeypatch, tmp_path, Causal(), torch.randn(1, 64, 32))
+    assert fused.op_histogram["tract_transformers_sdpa"] == 0 and fused.op_histogram["softmax"] == 1
+
+
+def test_weights_used_twice_are_not_fused(monkeypatch, tmp_path):
+    """need_weights=True: the attention weights are an output, so the chain must stay."""
+
+    class Both(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            out, weights = self.mha(x, x, x, need_weights=True, average_attn_weights=False)
+            return out, weights
+
+    model, x = Both().eval(), torch.randn(1, 6, 16)
+    report = torchlower.export(model, x, tmp_path / "m.nnef.tar", frontend="jit")
+    assert report.errors and all(e.ok for e in report.errors)
+    assert report.op_histogram["tract_transformers_sdpa"] == 0
+
+
+def test_f16_export_is_left_alone(tmp_path):
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    report = torchlower.export(layer, torch.randn(1, 8, 32), tmp_path / "m.nnef.tar", precision="f16")
+    assert report.op_histogram["tract_transformers_sdpa"] == 0

@@ -1,0 +1,288 @@
+"""A loaded, optimized tract model that runs many times: ``torchlower.load(path).run(...)``.
+
+The model lives in a child process by default (``python -m torchlower.nnef.session FOLDER``),
+for two reasons the tract Python package imposes:
+
+- tract can abort the whole process on a Rust panic instead of raising; a user's process must
+  survive that, so the abort becomes a ``CheckError`` and the next call starts a fresh child;
+- tract has no thread setting in its Python API: its pool reads ``RAYON_NUM_THREADS`` once,
+  when it starts. A child gets its own environment, so ``threads=`` works per artifact.
+
+The child loads and optimizes (``into_runnable``) once, then answers run requests on its
+stdin/stdout. Arrays travel as raw bytes behind a one-line JSON header (dtype, shape), so a
+call costs one copy each way and no pickling. ``isolated=False`` runs tract in this process
+instead (lowest per-call cost, no abort protection, threads from the environment).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from torchlower.errors import CheckError, InvalidArgumentError
+
+_WIRE_DTYPES = frozenset(
+    [
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    ]
+)
+
+
+def tract_model(folder: str) -> Any:
+    """Load ``folder`` with every registry torchlower may use (the model is not optimized yet)."""
+    import tract
+
+    return tract.nnef().with_tract_extra().with_tract_transformers().load(folder)
+
+
+def facts(model: Any) -> dict[str, list[str]]:
+    """tract's view of the declared inputs and derived outputs: ``"B,3,f32"`` per tensor."""
+    return {
+        "inputs": [str(model.input_fact(i)) for i in range(model.input_count())],
+        "outputs": [str(model.output_fact(i)) for i in range(model.output_count())],
+    }
+
+
+def parse_fact(text: str) -> tuple[list[int | str], str]:
+    """``"B,10,f32"`` → ``(["B", 10], "float32")``; symbolic sizes stay text (``"S+1"``)."""
+    from torchlower import dtypes
+
+    *dims, datum = text.split(",")
+    shape: list[int | str] = [int(d) if d.strip().isdigit() else d.strip() for d in dims]
+    return shape, dtypes.name(datum.strip())
+
+
+# ---- wire format -------------------------------------------------------------------------
+def send(stream: IO[bytes], header: dict[str, Any], arrays: Sequence[np.ndarray]) -> None:
+    """One message: a JSON line (with each array's dtype and shape), then the arrays' bytes."""
+    arrays = [np.asarray(a, order="C") for a in arrays]  # (ascontiguousarray makes 0-d arrays 1-d)
+    header = {**header, "arrays": [[a.dtype.name, list(a.shape)] for a in arrays]}
+    stream.write(json.dumps(header).encode() + b"\n")
+    for a in arrays:
+        if a.size:  # an empty tensor has a header and no bytes
+            stream.write(memoryview(a.reshape(-1).view(np.uint8)))
+    stream.flush()
+
+
+def receive(stream: IO[bytes]) -> tuple[dict[str, Any], list[np.ndarray]] | None:
+    """The next message, or None at end of stream (the other side is gone)."""
+    line = stream.readline()
+    if not line:
+        return None
+    header = json.loads(line)
+    arrays = []
+    for dtype_name, shape in header.pop("arrays"):
+        if dtype_name not in _WIRE_DTYPES:
+            raise CheckError(f"tract returned a tensor of unsupported dtype {dtype_name!r}")
+        dtype = np.dtype(dtype_name)
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        buffer = bytearray(size)
+        view, got = memoryview(buffer), 0
+        while got < size:
+            n = stream.readinto(view[got:])  # type: ignore[attr-defined]
+            if not n:
+                return None
+            got += n
+        arrays.append(np.frombuffer(buffer, dtype=dtype).reshape(shape))
+    return header, arrays
+
+
+# ---- child side --------------------------------------------------------------------------
+def serve(folder: str) -> int:
+    """Load and optimize once, report the facts, then answer run requests until stdin closes."""
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # a stray print in a library must not corrupt the protocol
+    requests = os.fdopen(0, "rb")
+    try:
+        model = tract_model(folder)
+        known = facts(model)
+        runnable = model.into_runnable()
+    except Exception as exc:  # tract raises TractError; reported as text to the parent
+        send(replies, {"error": _short(exc)}, [])
+        return 3
+    send(replies, {"error": None, **known}, [])
+    while (message := receive(requests)) is not None:
+        _, inputs = message
+        try:
+            outputs = [t.to_numpy() for t in runnable.run(inputs)]
+        except Exception as exc:
+            send(replies, {"error": _short(exc)}, [])
+            continue
+        send(replies, {"error": None}, outputs)
+    return 0
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).split('Stack backtrace')[0].strip()}"[:4000]
+
+
+# ---- parent side -------------------------------------------------------------------------
+class Session:
+    """An optimized tract model of one artifact folder; ``run`` is called many times.
+
+    ``folder`` may be deleted once the constructor returns (tract has read it all).
+    """
+
+    def __init__(self, folder: Path, threads: int | None = None, isolated: bool = True) -> None:
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise InvalidArgumentError(f"threads must be a positive integer, got {threads!r}")
+        if threads is not None and not isolated:
+            raise InvalidArgumentError(
+                "threads= needs isolated=True: tract's thread pool reads RAYON_NUM_THREADS once per"
+                " process; set that variable before the first run instead"
+            )
+        self.folder, self.threads, self.isolated = folder, threads, isolated
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stderr: IO[bytes] | None = None
+        self.runnable: Any = None
+        self.facts: dict[str, list[str]] = {}
+        self._start()
+
+    def _start(self) -> None:
+        if not self.isolated:
+            try:
+                model = tract_model(str(self.folder))
+                self.facts = facts(model)
+                self.runnable = model.into_runnable()
+            except Exception as exc:
+                raise CheckError(f"tract could not load {self.folder}: {_short(exc)}") from None
+            return
+        env = dict(os.environ, RUST_BACKTRACE="0", RUST_LIB_BACKTRACE="0")
+        if self.threads is not None:
+            env["RAYON_NUM_THREADS"] = str(self.threads)
+            if self.threads == 1:
+                env["TRACT_FLASH_SDPA_ST"] = "1"  # tract's flash attention has its own pool
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the child)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torchlower.nnef.session", str(self.folder)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        header, _ = self._exchange(None, "load")
+        self.facts = {"inputs": header["inputs"], "outputs": header["outputs"]}
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """tract's outputs on ``inputs`` (already checked against the declaration)."""
+        with self.lock:
+            if not self.isolated:
+                try:
+                    return [t.to_numpy() for t in self.runnable.run(list(inputs))]
+                except Exception as exc:
+                    raise CheckError(f"tract could not run the model: {_short(exc)}") from None
+            if self.proc is None:
+                raise CheckError(
+                    "the tract process of this artifact stopped earlier; load the artifact again"
+                )
+            return self._exchange(inputs, "run")[1]
+
+    def _exchange(self, inputs: Sequence[np.ndarray] | None, what: str) -> tuple[dict[str, Any], list[Any]]:
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        reply = None
+        try:
+            if inputs is not None:
+                send(self.proc.stdin, {}, inputs)
+            reply = receive(self.proc.stdout)
+        except (BrokenPipeError, ConnectionResetError):
+            reply = None
+        if reply is None:
+            raise CheckError(f"tract could not {what} {self.folder}: {self._death()}")
+        if reply[0]["error"] is not None:
+            if what == "load":
+                self.close()
+            raise CheckError(f"tract could not {what} the model: {reply[0]['error']}")
+        return reply
+
+    def _death(self) -> str:
+        """Why the child stopped answering (an abort names the signal and tract's panic text)."""
+        assert self.proc is not None and self.stderr is not None
+        code = self.proc.wait()
+        self.stderr.seek(0)
+        text = self.stderr.read().decode(errors="replace")
+        panic = text.find("panicked at")
+        tail = (text[panic:] if panic >= 0 else text).strip()
+        tail = tail.split("\nnote: run with")[0].split("stack backtrace:")[0].strip()[:2000]
+        self.proc = None
+        what = f"tract aborted its process (signal {-code})" if code < 0 else f"exit status {code}"
+        return f"{what}. {tail}".strip()
+
+    def close(self) -> None:
+        """Stop the child (or drop the in-process model); idempotent."""
+        proc, self.proc, self.runnable = self.proc, None, None
+        if proc is not None:
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.stderr is not None:
+            self.stderr.close()
+            self.stderr = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to clean up with
+            self.close()
+
+
+def query_facts(folder: Path, timeout: float = 600) -> dict[str, list[str]]:
+    """tract's facts of ``folder`` without optimizing or running it (a child process, as above)."""
+    env = dict(os.environ, RUST_BACKTRACE="0", RUST_LIB_BACKTRACE="0")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "torchlower.nnef.session", "--facts", str(folder)],
+            capture_output=True,
+            env=env,
+            timeout=timeout,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    except subprocess.TimeoutExpired:
+        raise CheckError(f"tract did not load {folder} within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        text = proc.stderr.decode(errors="replace")
+        panic = text.find("panicked at")
+        tail = (text[panic:] if panic >= 0 else text).strip().split("stack backtrace:")[0][:2000]
+        raise CheckError(f"tract could not load {folder}: {tail}")
+    return json.loads(proc.stdout)
+
+
+def _print_facts(folder: str) -> int:
+    try:
+        known = facts(tract_model(folder))
+    except Exception as exc:
+        sys.stderr.write(_short(exc) + "\n")
+        return 3
+    sys.stdout.write(json.dumps(known))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--facts"]:
+        sys.exit(_print_facts(sys.argv[2]))
+    sys.exit(serve(sys.argv[1]))

@@ -1,0 +1,188 @@
+"""The check of an artifact at several input points: the example and fresh inputs like it.
+
+One example proves little: a trace that froze a branch, a scale taken from the input or a
+data-dependent shape all pass on the very input they were traced with. So the check also runs
+at ``RANDOM_POINTS`` fresh inputs drawn to resemble the example — same dtype and shape; floats
+with the example's mean and standard deviation (kept on its side of zero when it is all
+non-negative or all non-positive, so ``log`` / ``sqrt`` inputs stay in their domain); integers
+within the example's min..max (a quarter of the elements redrawn uniformly, the rest kept, so an
+attention mask stays mostly a mask), or a shuffle of the example when its values are all
+distinct (indices, permutations); bools at random — with fixed seeds (deterministic) from a
+local ``torch.Generator`` (the user's RNG state is untouched). Under dynamic axes the points at
+other sizes are added. tract loads the artifact once for all points.
+
+A point where PyTorch itself fails (a random input the model rejects, a size it cannot run
+at) is skipped and reported as such, never counted as checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from torchlower.errors import CheckError
+from torchlower.nnef.tract import OutputError, compare, run_points_in_tract
+
+RANDOM_POINTS = 3  # fresh inputs checked besides the example
+_KEEP = 0.75  # share of integer elements kept from the example (ids and masks stay plausible)
+SEED = 1300  # point k is drawn with seed SEED + k
+
+Reference = Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
+Tolerance = Callable[[Sequence[np.ndarray]], float]
+
+
+@dataclass
+class CheckPoint:
+    """One input set the artifact was checked at, with the error of every output there."""
+
+    label: str  # "example", "random 1 (seed 1301)", "S=3"
+    inputs: list[tuple[int, ...]]  # the input shapes
+    errors: list[OutputError] = field(default_factory=list)
+    skipped: str | None = None  # why this point was not checked (PyTorch failed there)
+
+    @property
+    def ok(self) -> bool:
+        return self.skipped is None and all(e.ok for e in self.errors)
+
+
+@dataclass(frozen=True)
+class Point:
+    label: str
+    inputs: tuple[torch.Tensor, ...]
+    expected: list[torch.Tensor] | None = None  # already known (the example's outputs)
+
+
+def random_points(example: Sequence[torch.Tensor], count: int = RANDOM_POINTS) -> list[Point]:
+    """``count`` input sets resembling ``example`` (see the module docstring), seeds fixed."""
+    out = []
+    for k in range(1, count + 1):
+        g = torch.Generator().manual_seed(SEED + k)
+        out.append(Point(f"random {k} (seed {SEED + k})", tuple(like(t, g) for t in example)))
+    return out
+
+
+def like(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """A fresh tensor resembling ``t``: its dtype and shape, values of its kind and spread."""
+    if t.is_quantized or t.is_complex() or t.numel() == 0:
+        return t.clone()
+    if t.dtype == torch.bool:
+        return torch.rand(t.shape, generator=g) < 0.5
+    flat = t.detach().reshape(-1)
+    if t.is_floating_point():
+        finite = flat[torch.isfinite(flat)].double()
+        if finite.numel() == 0:
+            finite = torch.zeros(1, dtype=torch.float64)
+        mean = float(finite.mean())
+        std = float(finite.std()) if finite.numel() > 1 else 0.0
+        if not std > 0:
+            std = max(abs(mean), 1.0)
+        draw = torch.randn(t.shape, generator=g, dtype=torch.float64) * std + mean
+        lo, hi = float(finite.min()), float(finite.max())
+        if lo >= 0 and hi > 0:
+            draw = draw.abs()
+        elif hi <= 0 and lo < 0:
+            draw = -draw.abs()
+        return draw.to(t.dtype)
+    if flat.numel() > 1 and flat.unique().numel() == flat.numel():
+        return flat[torch.randperm(flat.numel(), generator=g)].reshape(t.shape).clone()
+    lo, hi = int(flat.min()), int(flat.max())
+    drawn = torch.randint(lo, hi + 1, t.shape, generator=g, dtype=torch.int64).to(t.dtype)
+    keep = torch.rand(t.shape, generator=g) < _KEEP
+    return torch.where(keep, t, drawn)
+
+
+@dataclass
+class Outcome:
+    points: list[CheckPoint]
+    original: list[CheckPoint]  # against ``original`` (compressed exports), same inputs
+    first_outputs: list[np.ndarray] = field(default_factory=list)  # tract's, at the first point
+
+    def errors(self, original: bool = False) -> list[OutputError]:
+        """Every checked output at every point, named ``out`` (example) or ``out (label)``."""
+        return [e for p in (self.original if original else self.points) for e in p.errors]
+
+
+def check_points(
+    artifact: Path,
+    points: Sequence[Point],
+    reference: Reference,
+    names: Sequence[str],
+    tolerance: Tolerance,
+    original: Reference | None = None,
+    against: str = "PyTorch",
+    shown: Path | None = None,
+) -> Outcome:
+    """Run ``artifact`` at every point (one tract load) and compare with ``reference``.
+
+    Raises ``CheckError`` naming the point and output when one differs beyond tolerance
+    (``against`` names the reference, ``shown`` the path the user knows the artifact by).
+    ``original`` (compressed exports): the same tract outputs compared with the original
+    model too — informative, it never fails the check.
+    """
+    checked: list[CheckPoint] = []
+    wanted: list[tuple[Point, list[np.ndarray]]] = []
+    finite: list[bool] = []  # per output: finite at the first point (the example)
+    for p in points:
+        cp = CheckPoint(p.label, [tuple(t.shape) for t in p.inputs])
+        checked.append(cp)
+        try:
+            outputs = p.expected if p.expected is not None else _eager(reference, p.inputs)
+        except Exception as exc:
+            if p is points[0]:
+                raise
+            cp.skipped = f"PyTorch fails there ({type(exc).__name__}: {_first_line(exc)})"
+            continue
+        arrays = [t.detach().numpy() for t in outputs]
+        if p is points[0]:
+            finite = [_all_finite(a) for a in arrays]
+        elif any(f and not _all_finite(a) for f, a in zip(finite, arrays, strict=False)):
+            # a drawn input outside the model's domain (a fully masked row, log of a negative):
+            # PyTorch's own result is NaN/inf there, so there is nothing meaningful to compare
+            cp.skipped = "PyTorch's output is not finite at this drawn input (finite at the example)"
+            continue
+        wanted.append((p, arrays))
+    live = [cp for cp in checked if cp.skipped is None]
+    try:
+        actual = run_points_in_tract(artifact, [[t.detach().numpy() for t in p.inputs] for p, _ in wanted])
+    except CheckError as exc:
+        raise CheckError(_name_input_set(str(exc), [p.label for p, _ in wanted]), exc.errors) from exc
+    for cp, (p, want), got in zip(live, wanted, actual, strict=True):
+        labelled = [n if p is points[0] else f"{n} ({p.label})" for n in names]
+        cp.errors = compare(labelled, want, got, tolerance(want))
+    originals: list[CheckPoint] = []
+    if original is not None:
+        for cp, (p, _), got in zip(live, wanted, actual, strict=True):
+            want = [t.detach().numpy() for t in _eager(original, p.inputs)]
+            labelled = [e.name for e in cp.errors]
+            originals.append(CheckPoint(cp.label, cp.inputs, compare(labelled, want, got, float("inf"))))
+    bad = [e for cp in live for e in cp.errors if not e.ok]
+    if bad:
+        detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
+        raise CheckError(f"{shown or artifact}: tract disagrees with {against} — {detail}", bad)
+    return Outcome(checked, originals, actual[0] if actual else [])
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    return bool(np.isfinite(a).all()) if a.dtype.kind in "fc" else True
+
+
+def _eager(reference: Reference, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The reference on copies of ``inputs`` (a model writing into its input must not leak)."""
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        return reference([t.clone() for t in inputs])
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else repr(exc)
+
+
+def _name_input_set(text: str, labels: Sequence[str]) -> str:
+    """tract's "input set 2: …" as "at random 2 (seed …): …"."""
+    for k, label in enumerate(labels):
+        text = text.replace(f"input set {k}:", f"at {label}:")
+    return text
