@@ -9,7 +9,10 @@ import pytest
 import torch
 
 import torchlower
+from tests import torchvision_shim
 from torchlower.api import FRONTENDS, ExportReport
+
+torchvision_shim.install()  # before anything (transformers) imports torchvision
 
 pytest_plugins = ["tests.coverage_plugin"]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 import torchlower
+from tests.conftest import export_and_check
 from tests.fuzz_harness import tolerance
 from tests.test_rules_math import Fn
 from torchlower.errors import CheckError, TorchlowerError
@@ -377,3 +378,15 @@ def test_tanh_gelu_in_the_saturated_tail(tmp_path, frontend):
     verified_or_refused(
         lambda t: (F.gelu(t, approximate="tanh"), 1 / F.gelu(t, approximate="tanh")), (x,), tmp_path, frontend
     )
+
+
+def test_strided_slice_of_a_split_axis(tmp_path, frontend):
+    """LeViT's subsample ``x.view(B, 4, 4, C)[:, ::2, ::2]``: tract's declutter pulled the strided
+    slice over the axis-splitting reshape and failed to load ("Pulling Downsample over Reshape:
+    Invalid axis"); the guard writes it as gathers."""
+
+    def subsample(t: torch.Tensor) -> torch.Tensor:
+        b, _, c = t.shape
+        return torch.relu(t).view(b, 4, 4, c)[:, ::2, 1::2].reshape(b, -1, c) * 2
+
+    export_and_check(Fn(subsample), (torch.randn(2, 16, 8),), tmp_path, frontend)

@@ -205,7 +205,7 @@ class Spec:
         if all(v == values[0] for v in values):
             return int(values[0])
         deps = self.depends(values) or list(self.base)
-        for features in _feature_sets(deps):
+        for features in _feature_sets(deps, _divisors(deps, self.points, values)):
             expr = _solve(features, self.points, values)
             if expr is not None:
                 return SymDim.wrap(expr)
@@ -320,8 +320,22 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-def _feature_sets(deps: list[str]) -> list[list[Any]]:
-    """Candidate bases, simplest first: linear, product, bilinear, floor division by small ints."""
+def _divisors(deps: list[str], points: Sequence[dict[str, int]], values: Sequence[int]) -> list[int]:
+    """Divisors above 8 that the sizes themselves suggest (an STFT's hop of 160 frames a signal
+    of T samples into T // 160 + 1): the symbol's range over the value's range, and neighbours."""
+    if len(deps) != 1 or len(points) < 2:
+        return []
+    xs = [p[deps[0]] for p in points]
+    spread = max(values) - min(values)
+    if spread <= 0:
+        return []
+    k = round((max(xs) - min(xs)) / spread)
+    return [d for d in (k - 1, k, k + 1) if d > 8]
+
+
+def _feature_sets(deps: list[str], divisors: Sequence[int] = ()) -> list[list[Any]]:
+    """Candidate bases, simplest first: linear, product, bilinear, floor division by small ints
+    (then by the suggested ``divisors``)."""
     import sympy
 
     sym = {s: sympy.Symbol(s, integer=True, positive=True) for s in deps}
@@ -342,6 +356,8 @@ def _feature_sets(deps: list[str]) -> list[list[Any]]:
             for c in range(-2 * k, 2 * k):
                 f = sympy.floor((sym[s] + c) / k)
                 sets.append([one, f, *others, *[f * o for o in others]])
+    for k in divisors:  # one symbol: the constant term absorbs whole multiples of k in c
+        sets += [[one, sympy.floor((sym[deps[0]] + c) / k)] for c in range(k)]
     return sets
 
 

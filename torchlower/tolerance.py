@@ -1,7 +1,8 @@
 """Default tolerances of the tract check, shared by ``export`` and ``check`` (numpy only).
 
 Each scales with the largest finite magnitude of the expected outputs (an inf must not make the
-tolerance inf): float32 gets 1e-4 of it (at least 1e-4 absolute), f16 weights and compute 1e-2,
+tolerance inf): float32 gets 1e-4 of it (at least 1e-4 absolute; one f16 step for f16 outputs),
+f16 weights and compute 1e-2,
 and a quantized model one quantization step more, since tract and torch may round a code to its
 neighbour (ties, requantization order), which moves the float result by one step.
 """
@@ -20,8 +21,13 @@ def _scale(expected: Sequence[np.ndarray]) -> float:
 
 
 def default(expected: Sequence[np.ndarray]) -> float:
-    """1e-4 relative to the largest finite magnitude (at least absolute 1e-4)."""
-    return 1e-4 * _scale(expected)
+    """1e-4 relative to the largest finite magnitude (at least absolute 1e-4); an f16 output
+    (a model computing in f16 itself) cannot be closer than its own rounding, so at least one
+    f16 step (2**-10 relative, ×1.01) at that magnitude."""
+    tol = 1e-4 * _scale(expected)
+    if any(e.dtype == np.float16 for e in expected):
+        tol = max(tol, 1.01 * 2.0**-10 * _scale(expected))
+    return tol
 
 
 def f16(expected: Sequence[np.ndarray]) -> float:

@@ -219,10 +219,13 @@ def interpret_program(
     prefix: str = "",
     module: nn.Module | None = None,
     symbols: dict[str, str] | None = None,
+    mutations: dict[int, Any] | None = None,
 ) -> list[Any]:
     """Run the program's graph on symbolic ``inputs`` (flat user inputs); flat user outputs.
 
     Parameters and buffers are read from ``module`` when given (the program may be shared).
+    ``mutations``, when given, receives {user input position: its new value} for the inputs the
+    program writes in place (a wrapped ``x[:, 1:] += y`` helper).
     """
     user = iter(inputs)
     values: list[Any] = []
@@ -248,6 +251,11 @@ def interpret_program(
     interpreter.symbols = symbols or {}
     outputs = interpreter.run(*values)
     specs = program.graph_signature.output_specs
+    if mutations is not None:  # new values of user inputs the program writes in place
+        names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+        for o, s in zip(outputs, specs, strict=True):
+            if s.kind == OutputKind.USER_INPUT_MUTATION and s.target in names:
+                mutations[names.index(s.target)] = o
     return [o for o, s in zip(outputs, specs, strict=True) if s.kind == OutputKind.USER_OUTPUT]
 
 
@@ -400,7 +408,9 @@ def lower_call(
         program, symbols = export_program(call, tensors, None, builder.rules, key), None
     prefix = where + "." if own is None else where
     module = None if own is None else call
-    flat = interpret_program(program, builder, session, symbolic, prefix, module, symbols)
+    mutations: dict[int, Any] = {}
+    flat = interpret_program(program, builder, session, symbolic, prefix, module, symbols, mutations)
+    session.writes.extend((symbolic[i], new) for i, new in sorted(mutations.items()))
     return pytree.tree_unflatten(flat, program.call_spec.out_spec)
 
 

@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 
 from torchlower import progress
 from torchlower.errors import InvalidArgumentError, LoweringError
-from torchlower.frontends import fx_dynamic, pycalls
+from torchlower.frontends import fx_dynamic, fx_views, pycalls
 from torchlower.frontends.fx_index import fold as _fold
 from torchlower.frontends.fx_index import lower_getitem, lower_setitem, static
 from torchlower.frontends.fx_trace import EXAMPLE, ShapePass, Tracer, trace
@@ -40,7 +40,7 @@ class Interpreter(fx.Interpreter):
     def __init__(
         self, module: nn.Module, builder: Any, session: Session | None = None, *, prefix: str = ""
     ) -> None:
-        super().__init__(module)
+        super().__init__(module, garbage_collect_values=False)  # writes through views read old values
         self.builder = builder
         self.owns_session = session is None
         self.session = session if session is not None else Session(builder, "fx")
@@ -48,6 +48,7 @@ class Interpreter(fx.Interpreter):
         self.extra_traceback = False
         self._node: fx.Node | None = None
         self._inplace = False
+        self.inplace_nodes: set[fx.Node] = set()
         self.symbols: dict[str, str] = {}  # torch.export's symbol names → the user's (dynamic axes)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
@@ -63,7 +64,13 @@ class Interpreter(fx.Interpreter):
         self.session.location = source_location(n, self.session.scope)
         result = super().run_node(n)
         if self._inplace and n.args and isinstance(n.args[0], fx.Node):
-            self.env[n.args[0]] = result  # in-place op: later readers of the operand see the result
+            self.inplace_nodes.add(n)  # later readers of the operand (and of its base) see the result
+            fx_views.write_through(self, n, n.args[0], result)
+        writes, self.session.writes[:] = list(self.session.writes), []
+        for old, new in writes:  # a wrapped function wrote into its argument (MViT's _add_shortcut)
+            for target in n.all_input_nodes:
+                if self.env.get(target) is old:
+                    fx_views.write_through(self, n, target, new)
         return result
 
     # ---- opcodes ------------------------------------------------------------------------
@@ -101,6 +108,8 @@ class Interpreter(fx.Interpreter):
                 return target(*args, **kwargs)
             except TypeError:
                 pass  # e.g. ``S / 2``: the rules materialize it
+        if target is getattr and args[1] in ("real", "imag"):  # complex parts: ops, not attributes
+            return self.session.apply(f"aten::{args[1]}", [args[0]], self._where(), self._metas())
         if target is getattr:
             return _value_attr(args[0], args[1])
         if target is len:

@@ -36,22 +36,35 @@ def lower_getitem(session: Session, x: Value, index: Any, where: str, metas: lis
 
 
 def lower_setitem(session: Session, x: Value, index: Any, value: Any, where: str) -> Any:
-    """``x[index] = value`` with tensor indices: ``index_put`` (the new value of ``x``)."""
+    """``x[index] = value``: the new value of ``x``.
+
+    The slices, integers and ``None`` of the index select a view of ``x``; ``value`` is copied
+    into it (``copy``, or ``index_put`` for the index tensors), and the view is scattered back
+    into ``x`` (``views.write_back``).
+    """
+    from torchlower.frontends import views
+
     items = _items(x, index, where)
-    if not any(isinstance(i, Value) for i in items):
-        raise LoweringError(
-            f"{where}: assignment through basic indexing {index!r} is not supported; "
-            "use an index tensor or torch.where"
-        )
     steps = _basic_steps(x, items, where)
-    if len(steps) != 1 or steps[0][0] != "aten::index.Tensor":
-        raise LoweringError(f"{where}: assignment x[{index!r}] mixes slices and index tensors")
-    indices = steps[0][1][0]
     if not isinstance(value, Value):
         value = constant(torch.tensor(value, dtype=x.dtype))
-    args = [x, indices, value, False]
-    metas: list[Meta] = [(x.dtype, x.shape)]
-    return session.apply("aten::index_put", args, where, metas, fold(torch.ops.aten.index_put, args, {}))
+    indexed = steps[-1] if steps and steps[-1][0] == "aten::index.Tensor" else None
+    if indexed is not None:
+        steps = steps[:-1]
+    bases = [x]
+    for op, rest in steps:
+        step = fold(overload(op), (bases[-1], *rest), {})
+        bases.append(session.apply(op, [bases[-1], *rest], where, None, step))
+    view = bases.pop()
+    if indexed is not None:
+        args = [view, indexed[1][0], value, False]
+        new = session.apply("aten::index_put", args, where, None, fold(torch.ops.aten.index_put, args, {}))
+    else:
+        args = [view, value, False]
+        new = session.apply("aten::copy", args, where, None, fold(torch.ops.aten.copy, args, {}))
+    for (op, rest), base in reversed(list(zip(steps, bases, strict=True))):
+        new = views.write_back(session, where, base, views.op_name(op), rest, new)
+    return new
 
 
 def _items(x: Value, index: Any, where: str) -> list[Any]:

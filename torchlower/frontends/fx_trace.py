@@ -7,11 +7,13 @@ shapes and, for calls the interpreter will hand to ``torch.export``, their real 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import math
 import operator
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -140,12 +142,54 @@ def trace(
     """``model`` as a ``GraphModule`` traced with ``Tracer`` (``example``: the real inputs, if known)."""
     tracer = Tracer(rules, example=example)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _packed_sizes():
             graph = tracer.trace(model, concrete_args=_defaulted(model, example))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         raise TraceError(f"FX tracing failed on {type(model).__qualname__}: {first}") from exc
     return fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+_SIZE_VARARGS = ("zeros", "ones", "empty", "rand", "randn")
+_FROM_DATA = ("tensor", "as_tensor", "scalar_tensor")
+
+
+@contextlib.contextmanager
+def _packed_sizes() -> Iterator[None]:
+    """``torch.zeros(n, d)`` with traced sizes recorded as ``torch.zeros((n, d))``.
+
+    torch's argument parser packs ``*size`` only when the first size is an int, so with FX
+    proxies (``x.size(1)``) the call fails ("zeros() takes 1 positional argument"); a tuple of
+    proxies is accepted and traced. ``torch.tensor(proxy)`` does not dispatch to FX at all: it
+    is recorded as a call here.
+    """
+    originals = {name: getattr(torch, name) for name in (*_SIZE_VARARGS, *_FROM_DATA)}
+
+    def packing(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def call(*size: Any, **kwargs: Any) -> Any:
+            if len(size) > 1 and any(isinstance(s, fx.Proxy) for s in size):
+                return fn(tuple(size), **kwargs)
+            return fn(*size, **kwargs)
+
+        return call
+
+    def recording(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def call(data: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(data, fx.Proxy):  # torch.tensor(x.numel()): recorded, folded when static
+                return data.tracer.create_proxy("call_function", fn, (data, *args), kwargs)
+            return fn(data, *args, **kwargs)
+
+        return call
+
+    try:
+        for name, fn in originals.items():
+            setattr(torch, name, packing(fn) if name in _SIZE_VARARGS else recording(fn))
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
 
 
 class _Proxy(fx.Proxy):
@@ -159,6 +203,15 @@ class _Proxy(fx.Proxy):
             if isinstance(value, (tuple, list, torch.Tensor)):
                 return len(value)
         return super().__len__()
+
+    def __getattr__(self, name: str) -> Any:
+        """``x.dtype`` is the real run's dtype when inputs are known (``torch.finfo(x.dtype)``)."""
+        tracer = self.tracer
+        if name == "dtype" and isinstance(tracer, Tracer) and tracer.example is not None:
+            value = tracer._evaluate(self.node)
+            if isinstance(value, torch.Tensor):
+                return value.dtype
+        return super().__getattr__(name)
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
@@ -187,7 +240,8 @@ class ShapePass(ShapeProp):
 
 
 def lowered_by_export(target: Any, args: Any, kwargs: dict[str, Any], rules: Registry) -> bool:
-    """A torch Python function call (``F.interpolate``, ``torch.norm(p="fro")``) that reaches no rule.
+    """A torch Python function call (``F.interpolate``, ``torch.norm(p="fro")``) that reaches no
+    rule, or a function a library wrapped for FX (``torch.fx.wrap``).
 
     FX records such calls whole; the interpreter lowers them through ``torch.export`` of the call
     alone, which yields the ATen ops the Python code dispatches to. Decided on the real call,
@@ -195,8 +249,10 @@ def lowered_by_export(target: Any, args: Any, kwargs: dict[str, Any], rules: Reg
     """
     if not isinstance(target, types.FunctionType) or target in pycalls.OPERATORS:
         return False
-    if not getattr(target, "__module__", "").startswith("torch.") or rules.lookup_function(target):
+    if rules.lookup_function(target):
         return False
+    if not getattr(target, "__module__", "").startswith("torch."):
+        return True  # a library's ``torch.fx.wrap``-ed function (torchvision's stochastic_depth…)
     probe = lambda t: Value("probe", t.dtype, tuple(t.shape))  # noqa: E731
     args, kwargs = pytree.tree_map_only(torch.Tensor, probe, (tuple(args), dict(kwargs)))
     try:

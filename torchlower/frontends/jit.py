@@ -17,7 +17,7 @@ from torch import nn
 from torchlower import dynamic, progress
 from torchlower.dynamic import Spec
 from torchlower.errors import InvalidArgumentError, LoweringError, TraceError, ValueDependentTraceError
-from torchlower.frontends import jit_trace, provenance
+from torchlower.frontends import jit_trace, provenance, views
 from torchlower.frontends.jit_trace import FastTrace, dynamic_overrides, maybe_quantize_args, trace
 from torchlower.frontends.session import MISSING, Meta, Session
 from torchlower.values import SymDim, Value, constant
@@ -25,12 +25,16 @@ from torchlower.values import SymDim, Value, constant
 _SCALAR_TYPES = {
     "Float": torch.float32, "Double": torch.float64, "Half": torch.float16,
     "BFloat16": torch.bfloat16, "Long": torch.int64, "Int": torch.int32, "Short": torch.int16,
-    "Char": torch.int8, "Byte": torch.uint8, "Bool": torch.bool,
+    "Char": torch.int8, "Byte": torch.uint8, "Bool": torch.bool, "UInt16": torch.uint16,
+    "UInt32": torch.uint32, "UInt64": torch.uint64, "ComplexFloat": torch.complex64,
 }  # fmt: skip
 # ScalarType enum values, as traced graphs store dtype arguments
 _DTYPE_OF_CODE = {
     0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
-    5: torch.float16, 6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16,
+    5: torch.float16, 6: torch.float32, 7: torch.float64, 8: torch.complex32, 9: torch.complex64,
+    10: torch.complex128, 11: torch.bool, 12: torch.qint8, 13: torch.quint8, 14: torch.qint32,
+    15: torch.bfloat16, 23: torch.float8_e5m2, 24: torch.float8_e4m3fn, 27: torch.uint16,
+    28: torch.uint32, 29: torch.uint64,
 }  # fmt: skip
 
 
@@ -164,7 +168,7 @@ def lower_jit(
         if len(outputs) == 1:
             env[outputs[0]] = results
             if _is_inplace(node.kind()):
-                _rebind_inplace(node, env, results)
+                _write_through(node, env, results, session)
         else:
             if results is MISSING:
                 results = [MISSING] * len(outputs)
@@ -231,6 +235,7 @@ _VIEW_OPS = {
         "narrow",
         "view",
         "view_as",
+        "reshape_as",
         "reshape",
         "expand",
         "expand_as",
@@ -254,27 +259,66 @@ _VIEW_OPS = {
 }
 
 
-def _rebind_inplace(node: torch._C.Node, env: dict[Any, Any], result: Any) -> None:
-    """Later uses of a tensor mutated in place (``y[i] = v``) see the new value.
+def _write_through(node: torch._C.Node, env: dict[Any, Any], result: Any, session: Session) -> None:
+    """Later readers of a tensor written in place (``y[i] = v``, ``y[:, 2].zero_()``) see the write.
 
-    Every alias with the same graph name (identity views such as ``y[:]``) is rebound; a write
-    through a real view into a tensor that is read afterwards cannot be expressed: refuse it.
+    A write into a view is scattered back through each view op up to the tensor that owns the
+    storage (``views.write_back``); that tensor is rebound, and the views of it taken earlier
+    (identity views such as ``y[:]`` included) are recomputed. A write through a view with no
+    inverse (expand, unfold, split…) into a tensor read later is refused.
     """
-    target = next(iter(node.inputs()))
-    old = env[target]
-    env[target] = result
-    if isinstance(old, Value):  # constants share placeholder names ("const"): match them by identity
-        for key, value in list(env.items()):
-            if isinstance(value, Value) and (value is old if old.is_const else value.name == old.name):
-                env[key] = result
-    producer = target.node()
-    if producer.kind() in _VIEW_OPS:
+    value, new = next(iter(node.inputs())), result
+    while _is_view(value, env):
+        producer, op = value.node(), views.op_name(value.node().kind())
         base = next(iter(producer.inputs()))
-        if env.get(base) is not result and any(u.user.isAfter(node) for u in base.uses()):
+        args = _normalize_args(producer.schema(), [env[i] for i in producer.inputs()])[1:]
+        new = views.write_back(session, _scope(producer), env[base], op, args, new)
+        value = base
+    producer = value.node()
+    if producer.kind() in _VIEW_OPS or producer.kind() == "prim::ListUnpack":
+        base = next(iter(producer.inputs()))
+        if any(u.user.isAfter(node) for u in base.uses()):
             raise LoweringError(
                 f"in-place {node.kind()} at {_scope(node) or '<top level>'} writes through a view "
-                f"({producer.kind()}) into a tensor read later; write into the tensor itself instead"
+                f"({producer.kind()}) into a tensor read later, and that view has no functional "
+                "inverse; write into the tensor itself instead"
             )
+    old, env[value] = env[value], new  # not the same-named values: ``clone`` lowers to its input
+    _refresh_views(value, old, node, env, session)
+
+
+def _is_view(value: torch._C.Value, env: dict[Any, Any]) -> bool:
+    """Whether ``value`` aliases the first input of the node that made it (views.aliases)."""
+    producer = value.node()
+    if not producer.kind().startswith("aten::") or value not in env:
+        return False
+    base = next(iter(producer.inputs()), None)
+    return base is not None and views.aliases(views.op_name(producer.kind()), env[value], env.get(base))
+
+
+def _refresh_views(
+    root: torch._C.Value, old_root: Any, node: torch._C.Node, env: dict[Any, Any], session: Session
+) -> None:
+    """Recompute the views of ``root`` (and views of those) taken before ``node`` wrote into it;
+    earlier in-place results on them are aliases and take the new value. Whether an aliasing op
+    (``to``, ``contiguous``) was a view is decided on the values from before the write."""
+    stack = [(root, old_root)]
+    while stack:
+        value, old_value = stack.pop()
+        for use in value.uses():
+            user = use.user
+            if use.offset != 0 or user is node or user.isAfter(node) or len(list(user.outputs())) != 1:
+                continue
+            out = user.output()
+            previous = env.get(out)
+            aliasing = user.kind().startswith("aten::") and views.op_name(user.kind()) in views.ALIASING
+            if user.kind() in _VIEW_OPS or (aliasing and views.aliases("to", previous, old_value)):
+                env[out] = _lower_node(user, [env[i] for i in user.inputs()], session)
+            elif _is_inplace(user.kind()):
+                env[out] = env[next(iter(user.inputs()))]
+            else:
+                continue
+            stack.append((out, previous))
 
 
 def _is_inplace(kind: str) -> bool:

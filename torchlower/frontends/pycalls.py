@@ -78,7 +78,12 @@ def resolve_function(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         return _operator(target, args)
     builtin = _find_builtin(target)
     if builtin is not None and builtin.startswith("aten::"):
-        return _bind(builtin, args, kwargs)
+        call = _bind(builtin, args, kwargs)
+        if call.bound is None and len(args) > 1 and _is_number(args[0]) and isinstance(args[1], Value):
+            # torch.mul(2.0, x) / torch.sub(1, x): the number is a 0-d tensor in Python's promotion
+            number = constant(torch.tensor(args[0], dtype=_scalar_dtype(args[0], args[1])))
+            call = _bind(builtin, (number, *args[1:]), kwargs)
+        return call
     if getattr(target, "__module__", "") in ("torch.nn.functional", "torch.functional", "torch"):
         return _wrapper(target, args, kwargs)
     return Call(target, None)

@@ -131,13 +131,17 @@ def coerce(ty: Any, n: int | None, value: Any, wrapped_numbers: bool = False) ->
         elem = ty.getElementType()
         if isinstance(value, (int, float)) and not isinstance(value, bool) and n is not None:
             value = [value] * n  # int[2] kernel_size=3 means [3, 3]
-        elif isinstance(value, int) and not isinstance(value, bool) and isinstance(elem, torch._C.IntType):
+        elif isinstance(value, int) and not isinstance(value, bool) and str(elem) in ("int", "SymInt"):
             value = [value]
         if not isinstance(value, (list, tuple)):
             return _NO
         items = [coerce(elem, None, v) for v in value]
         return _NO if any(i is _NO for i in items) else items
     kind = str(ty)
+    if isinstance(value, Value) and value.is_const and value.const.dim() == 0 and kind in _NUMBERS:
+        value = value.const.item()  # torch.arange(torch.tensor(5)): Python reads a 0-d tensor as its number
+        if kind in ("int", "SymInt") and not isinstance(value, int):
+            return _NO
     if kind in ("int", "SymInt"):
         sized = isinstance(value, int) and not isinstance(value, bool)
         return value if sized or isinstance(value, SymDim) else _NO
@@ -158,6 +162,9 @@ def coerce(ty: Any, n: int | None, value: Any, wrapped_numbers: bool = False) ->
     if kind == "Device":
         return value if isinstance(value, (torch.device, str)) else _NO
     return _NO
+
+
+_NUMBERS = ("int", "SymInt", "float", "Scalar", "number")
 
 
 def _optional(ty: Any) -> bool:

@@ -58,6 +58,8 @@ class Session:
     missing: Counter[str] = field(default_factory=Counter)
     first_use: dict[str, str] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)  # registered keys of the rules that ran
+    # (old, new) values of tensors a call wrote in place (export of an FX-wrapped function)
+    writes: list[tuple[Any, Any]] = field(default_factory=list)
     scope: str | None = None  # module path of the current node, when `where` is not one (FX)
     location: str | None = None  # "block.1 (model.py:12)" for errors, when the front end knows it
 
@@ -80,14 +82,28 @@ class Session:
                 self.record_missing(describe(normalize_key(key)), where)
             return MISSING
         if fold is not None and _foldable(key, args):
-            folded = _try_fold(fold, args)
+            folded = _try_fold(fold, args, inplace=_is_inplace(key))
             if folded is not _FAILED:
                 return _wrap_constants(folded)
         if rule is None:
             self.record_missing(describe(normalize_key(key)), where)
             return MISSING
+        if _contains_complex(args) and not getattr(rule.fn, "complex_aware", False):
+            return self._complex(key, args, where, metas)
         self.used.add(describe(rule.key))
         return self.invoke(rule.fn, describe(normalize_key(key)), args, where, metas)
+
+    def _complex(self, key: object, args: Sequence[Any], where: str, metas: Sequence[Meta] | None) -> Any:
+        """A call with a complex operand: only rules that read the ``[re, im]`` layout may run
+        (``rules/complex_parts.py``); any other is reported, never fed a complex tensor."""
+        from torchlower.rules.complex_parts import COMPLEX_OVERRIDES
+
+        name = describe(normalize_key(key))
+        fn = COMPLEX_OVERRIDES.get(name.split("::")[-1].split(".")[0])
+        if fn is None:
+            self.record_missing(f"{name} (on a complex tensor)", where)
+            return MISSING
+        return self.invoke(fn, name, args, where, metas)
 
     def apply_module(
         self, module: Any, args: Sequence[Any], where: str, metas: Sequence[Meta] | None = None
@@ -150,10 +166,20 @@ def _foldable(key: object, args: Sequence[Any]) -> bool:
     return not _contains(args, Value, only_non_const=True)
 
 
-def _try_fold(fold: Callable[..., Any], args: Sequence[Any]) -> Any:
+def _is_inplace(key: object) -> bool:
+    name = str(normalize_key(key)).split("::")[-1].split(".")[0]
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _try_fold(fold: Callable[..., Any], args: Sequence[Any], inplace: bool = False) -> Any:
+    """``fold(*args)`` on the constants' tensors; an in-place op works on a copy of its target,
+    which may be a model's buffer or a view of one (the front end writes the result back)."""
+    unwrapped = [_unwrap(a) for a in args]
+    if inplace and unwrapped and isinstance(unwrapped[0], torch.Tensor):
+        unwrapped[0] = unwrapped[0].clone()
     try:
         with torch.no_grad():
-            return fold(*[_unwrap(a) for a in args])
+            return fold(*unwrapped)
     except Exception:  # folding is an optimisation: the rule handles what torch refuses
         return _FAILED
 
@@ -172,6 +198,14 @@ def _wrap_constants(result: Any) -> Any:
     if isinstance(result, (list, tuple)):
         return type(result)(_wrap_constants(r) for r in result)
     return result
+
+
+def _contains_complex(args: Any) -> bool:
+    if isinstance(args, Value):
+        return args.dtype is not None and args.dtype.is_complex
+    if isinstance(args, (list, tuple)):
+        return any(_contains_complex(a) for a in args)
+    return False
 
 
 def _contains(args: Any, kind: type, only_non_const: bool = False) -> bool:

@@ -28,6 +28,9 @@ TRACT_DTYPES = {
     torch.int32: "i32",
     torch.int64: "i64",
     torch.uint8: "u8",
+    torch.uint16: "u16",
+    torch.uint32: "u32",
+    torch.uint64: "u64",
     torch.bool: "bool",
 }
 
@@ -146,6 +149,11 @@ class NNEFBuilder:
             dotted = self.tract and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+", name)
             if text.identifier(name) != name and not dotted:  # tract reads dotted ones as i"a.b"
                 raise InvalidArgumentError(f"output name {name!r} is not a valid NNEF identifier")
+            if value.dtype is not None and value.dtype.is_complex:
+                raise LoweringError(
+                    f"output {name!r} is a complex tensor, which tract has no type for; return "
+                    "torch.view_as_real(...) (a trailing [re, im] axis) or its .abs() / .real / .imag"
+                )
             value = self.tensor(value)
             if self._narrows(value.dtype):  # the caller gets f32 back
                 value = self.call(
@@ -429,7 +437,7 @@ def _dtype_kind(dtype: torch.dtype) -> str:
         return "b"
     if dtype.is_floating_point or dtype.is_complex:
         return "f"
-    return "u" if dtype == torch.uint8 else "i"
+    return "u" if dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64) else "i"
 
 
 def _scalar_meta(value: float | int | bool) -> tuple[torch.dtype, Shape]:

@@ -22,6 +22,10 @@ These run after ``passes.optimize`` on every graph but quantized ones (graph.qua
   ``softmax`` / ``log_softmax`` as if they were elementwise, so ``softmax(x)[::2]`` becomes
   ``softmax(x[::2])``. A strided slice that such a pull could reach a softmax from becomes a
   ``tract_core_gather`` of constant indices, which tract does not move.
+- ``gather_strided_after_split``: tract's declutter pulls a strided slice over a ``reshape`` that
+  split an axis and fails to load ("Pulling Downsample over Reshape: Invalid axis"; LeViT's
+  ``x.view(B, 4, 4, C)[:, ::2, ::2]``). A strided slice that such a pull reaches the splitting
+  reshape from becomes the same constant gathers.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ def apply(b: NNEFBuilder) -> None:
     broadcast_after_matmul(b)
     flat_matmul_after_reshape(b)
     gather_strided_after_softmax(b)
+    gather_strided_after_split(b)
     b.assignments = b.live_assignments()
 
 
@@ -235,6 +240,25 @@ def gather_strided_after_softmax(b: NNEFBuilder) -> bool:
     return _replacing(b, replace)
 
 
+def gather_strided_after_split(b: NNEFBuilder) -> bool:
+    """A strided slice that tract would pull over an axis-splitting reshape becomes gathers."""
+    producers, uses = _producers(b), _uses(b)
+
+    def replace(a: Assignment) -> list[Assignment] | None:
+        if a.op == "slice" and _strided(a) and _reaches(a.args[0], producers, uses, _splits_an_axis):
+            return _as_gathers(b, a)
+        return None
+
+    return _replacing(b, replace)
+
+
+def _splits_an_axis(a: Assignment) -> bool:
+    """A reshape to a higher rank (``[B, 16, C]`` → ``[B, 4, 4, C]``)."""
+    if a.op != "reshape" or not a.args or not isinstance(a.args[0], Value) or a.args[0].shape is None:
+        return False
+    return len(a.attrs.get("shape", ())) > len(a.args[0].shape)
+
+
 def _replacing(b: NNEFBuilder, replace: Callable[[Assignment], list[Assignment] | None]) -> bool:
     """Each assignment replaced by ``replace(a)`` where that is not None (``passes._rewrite``)."""
 
@@ -252,6 +276,13 @@ def _strided(a: Assignment) -> bool:
 
 def _reaches_softmax(x: Any, producers: dict[str, Assignment], uses: dict[str, int]) -> bool:
     """Whether a softmax sits above ``x`` on a path of single-use values (tract's pull path)."""
+    return _reaches(x, producers, uses, lambda p: p.op in _SOFTMAX)
+
+
+def _reaches(
+    x: Any, producers: dict[str, Assignment], uses: dict[str, int], match: Callable[[Assignment], bool]
+) -> bool:
+    """Whether an assignment ``match`` accepts sits above ``x`` on a path of single-use values."""
     frontier, depth = [x], 0
     while frontier and depth < _PULL_DEPTH:
         step = []
@@ -259,7 +290,7 @@ def _reaches_softmax(x: Any, producers: dict[str, Assignment], uses: dict[str, i
             p = producers.get(v.name) if isinstance(v, Value) else None
             if p is None or uses[v.name] != 1:
                 continue
-            if p.op in _SOFTMAX:
+            if match(p):
                 return True
             step += [arg for arg in p.args if isinstance(arg, Value)]
         frontier, depth = step, depth + 1

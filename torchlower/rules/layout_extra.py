@@ -14,10 +14,18 @@ import torch
 
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, reshape
+from torchlower.rules.common import Builder, cast, reshape
 from torchlower.rules.creation import filled
 from torchlower.rules.indexing import gather
-from torchlower.rules.layout import broadcast_to, concat, dims_of, gather_axis, slice_dim, transpose
+from torchlower.rules.layout import (
+    broadcast_to,
+    concat,
+    dims_of,
+    gather_axis,
+    slice_dim,
+    transpose,
+    unsqueeze,
+)
 from torchlower.values import Value, constant, normalize_dim
 
 
@@ -25,6 +33,26 @@ from torchlower.values import Value, constant, normalize_dim
 def fill(b: Builder, x: Value, value: float | int | bool) -> Value:
     """fill.Scalar(Tensor self, Scalar value) -> Tensor"""
     return filled(b, value, dims_of(x), x.dtype)
+
+
+@rule("aten::fill.Tensor", "aten::fill_.Tensor")
+def fill_tensor(b: Builder, x: Value, value: Value) -> Value:
+    """fill.Tensor(Tensor self, Tensor value) -> Tensor: a 0-d ``value`` (a graph value too)."""
+    if value.is_const:
+        return filled(b, value.const.item(), dims_of(x), x.dtype)
+    return broadcast_to(b, cast(b, value, x.dtype), dims_of(x), x.dtype)
+
+
+@rule("aten::copy", "aten::copy_")
+def copy(b: Builder, x: Value, src: Value, non_blocking: bool) -> Value:
+    """copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
+
+    ``x[...] = src``: ``src`` broadcast to ``x``'s shape, in ``x``'s dtype (the front ends
+    scatter the result back when ``x`` is a view).
+    """
+    if isinstance(src, Value) and src.is_const and src.const.dim() == 0:
+        return filled(b, src.const.item(), dims_of(x), x.dtype)
+    return broadcast_to(b, cast(b, src, x.dtype), dims_of(x), x.dtype)
 
 
 @rule("aten::zero", "aten::zero_")
@@ -114,7 +142,8 @@ def repeat_interleave(
     """repeat_interleave.self_int(Tensor self, SymInt repeats, int? dim=None, *,
     SymInt? output_size=None) -> Tensor  (also .self_Tensor)
 
-    Limits: repeats must be static (an int or a constant tensor).
+    Limits: repeats must be static (an int or a constant tensor). A single count on a dynamic
+    dim is a broadcast over a new axis and a reshape, so the size stays symbolic.
     """
     if isinstance(repeats, Value):
         if not repeats.is_const:
@@ -123,6 +152,13 @@ def repeat_interleave(
     if dim is None:
         x, dim = reshape(b, x, [_numel(x)]), 0
     dim = normalize_dim(dim, x.rank)
+    count = repeats if isinstance(repeats, int) else int(repeats) if repeats.numel() == 1 else None
+    if count is not None and not isinstance(dims_of(x)[dim], int):
+        shape = list(dims_of(x))
+        wide_shape = [*shape[: dim + 1], count, *shape[dim + 1 :]]
+        wide = broadcast_to(b, unsqueeze(b, x, [dim + 1]), wide_shape, x.dtype)
+        shape[dim] = shape[dim] * count
+        return reshape(b, wide, shape)
     index = torch.arange(dims_of(x)[dim]).repeat_interleave(repeats)
     return gather_axis(b, x, constant(index), dim)
 

@@ -14,6 +14,7 @@ from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Operand, Scalar, align_ranks, cast, shape_of
 from torchlower.rules.layout import dims_of, gather_axis, transpose, unsqueeze
+from torchlower.rules.layout_extra import diagonal
 from torchlower.rules.linear import matmul
 from torchlower.values import Value, constant, normalize_dim
 
@@ -122,15 +123,23 @@ def einsum(b: Builder, equation: str, operands: Sequence[Value], path: Sequence[
     """einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor
 
     Each operand is laid out on the union of subscripts (unit dims where absent), the operands
-    are multiplied with broadcasting and the contracted subscripts are summed.
-    Limits: a subscript repeated within one operand (diagonals) is refused.
+    are multiplied with broadcasting and the contracted subscripts are summed. A subscript
+    repeated within one operand (``'ii->i'``, ``'bii'``) first takes that diagonal.
     """
     terms, out = _einsum_terms(equation, [o.rank for o in operands])
+    if len(set(out)) != len(out):
+        raise LoweringError(f"einsum '{equation}': output subscripts '{out}' repeat a letter")
     letters = "".join(dict.fromkeys(out + "".join(terms)))
     product: Value | None = None
     for term, x in zip(terms, operands, strict=True):
-        if len(set(term)) != len(term) or len(term) != x.rank:
+        if len(term) != x.rank:
             raise LoweringError(f"einsum '{equation}': subscripts '{term}' for an operand of rank {x.rank}")
+        while len(set(term)) != len(term):  # diagonal of a repeated subscript: it moves last
+            c = next(c for c in term if term.count(c) > 1)
+            i = term.index(c)
+            j = term.index(c, i + 1)
+            x = diagonal(b, x, 0, i, j)
+            term = "".join(t for k, t in enumerate(term) if k not in (i, j)) + c
         present = [c for c in letters if c in term]
         x = transpose(b, x, [term.index(c) for c in present])
         missing = [i for i, c in enumerate(letters) if c not in term]

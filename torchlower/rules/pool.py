@@ -68,6 +68,14 @@ def _window(
     d = _expand(dilation, n, "dilation")
     pairs: Pairs = []
     out: list[int] = []
+    dims = list(shape_of(x)[-n:])
+    if any(not isinstance(i, int) for i in dims) and not ceil_mode:
+        # dynamic H/W: NNEF's explicit padding floors like torch, so the padding is symmetric and
+        # the output size an expression tract evaluates (ceil_mode's extra padding depends on the size)
+        for i, kk, ss, pp, dd in zip(dims, k, s, p, d, strict=True):
+            pairs.append((pp, pp))
+            out.append((i + (2 * pp - dd * (kk - 1) - 1)) // ss + 1)
+        return k, s, d, pairs, out
     for i, kk, ss, pp, dd in zip(_spatial(x, n, "pool"), k, s, p, d, strict=True):
         span = dd * (kk - 1) + 1
         o = (i + 2 * pp - span + (ss - 1 if ceil_mode else 0)) // ss + 1
@@ -171,9 +179,12 @@ def _divisor_map(
 def adaptive_avg_pool(b: Builder, x: Value, output_size: Sequence[int | None]) -> Value:
     """adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor  (any output size)"""
     n = len(output_size)
+    first = x.rank - n
+    if all(o == 1 for o in output_size):  # a global average: any (dynamic) spatial size
+        shape = (*shape_of(x)[:first], *([1] * n))
+        return b.call("mean_reduce", [x], {"axes": list(range(first, x.rank))}, dtype=x.dtype, shape=shape)
     sizes = _spatial(x, n, "adaptive_avg_pool")
     outs = [i if o is None else int(o) for i, o in zip(sizes, output_size, strict=True)]
-    first = x.rank - n
     shape = (*shape_of(x)[:first], *outs)
     if all(o == 1 for o in outs):
         axes = list(range(first, x.rank))

@@ -87,6 +87,59 @@ def resample(
     return x
 
 
+def _symbolic(x: Value) -> bool:
+    return any(not isinstance(d, int) for d in shape_of(x)[2:])
+
+
+def _integer_factors(x: Value, factors: Sequence[float] | None, kind: str, align: bool | None) -> list[int]:
+    """Scale factors of a resampling over dynamic H/W, which must be whole numbers (the weights
+    then repeat with period ``s`` whatever the size); the weights of other factors depend on it."""
+    fs = [float(f) for f in factors or ()]
+    if not fs or any(f != int(f) or f < 1 for f in fs) or align or kind not in ("nearest", "linear"):
+        raise LoweringError(
+            f"interpolate over dynamic spatial dims {shape_of(x)[2:]} needs whole scale factors with "
+            f"mode nearest or (bi/tri)linear and align_corners=False (got scale_factor={factors}, "
+            f"mode {kind}, align_corners={align}); give static sizes for the others"
+        )
+    return [int(f) for f in fs]
+
+
+def _phases(b: Builder, x: Value, axis: int, kind: str, s: int) -> Value:
+    """Resample ``axis`` by the whole factor ``s`` on a dynamic size: output ``s·i + r`` is
+    ``x[i]`` (nearest) or a blend of ``x[i]`` with its clamped neighbour at torch's source offset
+    ``(r + 0.5) / s - 0.5``; the ``s`` phases are interleaved by a stack and a reshape."""
+    from torchlower.rules.layout import concat, dims_of, slice_dim, unsqueeze
+
+    n = dims_of(x)[axis]
+    ahead = concat(b, [slice_dim(b, x, axis, 0, 1), x], axis)  # x[max(i - 1, 0)] after the slice
+    behind = concat(b, [x, slice_dim(b, x, axis, n - 1, n)], axis)  # x[min(i + 1, n - 1)]
+    previous, following = slice_dim(b, ahead, axis, 0, n), slice_dim(b, behind, axis, 1, n + 1)
+    phases = []
+    for r in range(s):
+        d = 0.0 if kind == "nearest" else (r + 0.5) / s - 0.5
+        p = x
+        if d != 0.0:
+            other = previous if d < 0 else following
+            near = b.call("mul", [x, 1.0 - abs(d)], dtype=x.dtype, shape=x.shape)
+            far = b.call("mul", [other, abs(d)], dtype=x.dtype, shape=x.shape)
+            p = b.call("add", [near, far], dtype=x.dtype, shape=x.shape)
+        phases.append(unsqueeze(b, p, [axis + 1]))
+    y = concat(b, phases, axis + 1) if s > 1 else phases[0]
+    shape = list(dims_of(x))
+    shape[axis] = n * s
+    return b.call("reshape", [y], {"shape": shape}, dtype=x.dtype, shape=tuple(shape))
+
+
+def symbolic_resample(
+    b: Builder, x: Value, kind: str, factors: Sequence[float] | None, align: bool | None
+) -> Value:
+    """Resampling by whole factors on dynamic H/W (see ``_phases``)."""
+    for i, s in enumerate(_integer_factors(x, factors, kind, align)):
+        if s > 1:
+            x = _phases(b, x, 2 + i, kind, s)
+    return x
+
+
 def _vec_size(
     name: str, x: Value, size: Sequence[int] | None, align: bool | None, factors: Sequence[float] | None
 ) -> list[int]:
@@ -127,6 +180,8 @@ def _nearest_rules(name: str, kind: str) -> None:
     def vec(
         b: Builder, x: Value, output_size: Sequence[int] | None, scale_factors: Sequence[float] | None
     ) -> Value:
+        if _symbolic(x) and output_size is None:
+            return symbolic_resample(b, x, kind, scale_factors, None)
         size = _vec_size(name, x, output_size, None, scale_factors)
         return resample(b, x, kind, size, _scales(scale_factors, len(size)), False)
 
@@ -149,6 +204,8 @@ def _interpolating_rules(name: str, kind: str) -> None:
         align_corners: bool,
         scale_factors: Sequence[float] | None,
     ) -> Value:
+        if _symbolic(x) and output_size is None:
+            return symbolic_resample(b, x, kind, scale_factors, align_corners)
         size = _vec_size(name, x, output_size, align_corners, scale_factors)
         return resample(b, x, kind, size, _scales(scale_factors, len(size)), align_corners)
 

@@ -28,6 +28,12 @@ def reshape(b: Builder, x: Value, shape: Sequence[Any]) -> Value:
     return b.call("reshape", [x], {"shape": target}, dtype=x.dtype, shape=None)
 
 
+@rule("aten::reshape_as", "aten::view_as")
+def reshape_as(b: Builder, x: Value, other: Value) -> Value:
+    """reshape_as(Tensor(a) self, Tensor other) -> Tensor(a)  (also view_as)"""
+    return reshape(b, x, list(shape_of(other)))
+
+
 @rule("aten::_reshape_alias")
 def reshape_alias(b: Builder, x: Value, size: Sequence[Any], stride: Sequence[int]) -> Value:
     """_reshape_alias(Tensor(a) self, SymInt[] size, SymInt[] stride) -> Tensor(a)
@@ -156,7 +162,9 @@ def identity(b: Builder, x: Value, memory_format: object = None) -> Value:
     return x
 
 
-@rule("aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout")
+@rule("aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout",
+      "aten::dropout_", "aten::feature_dropout_", "aten::alpha_dropout_",
+      "aten::feature_alpha_dropout_")  # fmt: skip
 def dropout(b: Builder, x: Value, p: float, train: bool | None) -> Value:
     """dropout(Tensor input, float p, bool train) -> Tensor: identity in eval."""
     if train and p > 0:
