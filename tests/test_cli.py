@@ -30,7 +30,9 @@ def command() -> list[str]:
 
 
 def env(**extra: str) -> dict[str, str]:
-    base = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    site = ROOT / "tests" / "subprocess_site"  # torchvision's CUDA-wheel bypass, as in conftest
+    path = os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    base = dict(os.environ, PYTHONPATH=path)
     return {**base, **extra}
 
 

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
+from torch.nn import functional as F
 
 import torchlower
 from tests.conftest import export_and_check
@@ -390,3 +392,15 @@ def test_strided_slice_of_a_split_axis(tmp_path, frontend):
         return torch.relu(t).view(b, 4, 4, c)[:, ::2, 1::2].reshape(b, -1, c) * 2
 
     export_and_check(Fn(subsample), (torch.randn(2, 16, 8),), tmp_path, frontend)
+
+
+class LogSoftplus(nn.Module):
+    def forward(self, x):
+        return torch.log(F.softplus(x)), F.softplus(x, beta=2.0)
+
+
+def test_softplus_keeps_small_values(tmp_path):
+    """tract's softplus is log(exp(x) + 1): 0 below x ≈ -17, so log(softplus(-30)) was -inf
+    (found by the value-dependence fuzz as atan2(log(softplus(x)), y)); torch uses log1p."""
+    x = torch.tensor([[-30.0, -17.0, -5.0, 0.0, 3.0, 19.0, 25.0]])
+    export_and_check(LogSoftplus(), x, tmp_path, "jit")

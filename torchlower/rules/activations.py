@@ -14,6 +14,7 @@ import torch
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Scalar, cast
+from torchlower.rules.math import log1p
 from torchlower.values import Value, normalize_dim
 
 
@@ -118,10 +119,11 @@ def hardsigmoid(b: Builder, x: Value) -> Value:
 def softplus(b: Builder, x: Value, beta: Scalar = 1.0, threshold: Scalar = 20.0) -> Value:
     """softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor
 
-    log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (as torch does).
+    log1p(exp(beta x)) / beta, and x itself where beta x > threshold (as torch does). Not NNEF's
+    softplus: its log(exp(x) + 1) rounds to 0 below x ≈ -17, and log(softplus(-30)) became -inf.
     """
     bx = _bin(b, "mul", x, float(beta)) if beta != 1 else x
-    soft = _unary(b, "softplus", bx)
+    soft = log1p(b, _unary(b, "exp", bx))
     if beta != 1:
         soft = _bin(b, "div", soft, float(beta))
     linear = b.call("gt", [bx, float(threshold)], dtype=torch.bool, shape=x.shape)
