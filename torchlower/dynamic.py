@@ -327,7 +327,7 @@ def _divisors(deps: list[str], points: Sequence[dict[str, int]], values: Sequenc
         return []
     xs = [p[deps[0]] for p in points]
     spread = max(values) - min(values)
-    if spread <= 0:
+    if spread <= 0 or len(set(values)) < 3:  # two values are a branch on the size, not a division
         return []
     k = round((max(xs) - min(xs)) / spread)
     return [d for d in (k - 1, k, k + 1) if d > 8]
