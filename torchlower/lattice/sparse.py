@@ -164,9 +164,9 @@ def coord_cache(coords: torch.Tensor) -> dict[object, Any]:
     if entry is not None and entry[0]() is coords:
         return entry[1]
 
-    def forget(ref: weakref.ref) -> None:
-        if key in _CACHES and _CACHES[key][0] is ref:
-            del _CACHES[key]
+    def forget(ref: weakref.ref, caches: dict = _CACHES) -> None:  # bound now: at exit globals are None
+        if key in caches and caches[key][0] is ref:
+            del caches[key]
 
     cache: dict[object, Any] = {}
     _CACHES[key] = (weakref.ref(coords, forget), cache)
