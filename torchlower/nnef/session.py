@@ -29,24 +29,10 @@ from typing import IO, Any
 
 import numpy as np
 
+from torchlower.dtypes import CANONICAL
 from torchlower.errors import CheckError, InvalidArgumentError
 
-_WIRE_DTYPES = frozenset(
-    [
-        "bool",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-    ]
-)
+_WIRE_DTYPES = frozenset(CANONICAL) - {"bfloat16"}  # numpy has no bfloat16 to send
 
 
 def tract_model(folder: str) -> Any:
