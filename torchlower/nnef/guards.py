@@ -26,6 +26,9 @@ These run after ``passes.optimize`` on every graph but quantized ones (graph.qua
   split an axis and fails to load ("Pulling Downsample over Reshape: Invalid axis"; LeViT's
   ``x.view(B, 4, 4, C)[:, ::2, ::2]``). A strided slice that such a pull reaches the splitting
   reshape from becomes the same constant gathers.
+- ``empty_reductions``: tract's ``sum_reduce`` / ``mean_reduce`` over an axis of size 0 panics
+  ("attempt to divide by zero" in its sum kernel) and aborts the process. Such a reduction is
+  torch's empty sum (0) or empty mean (NaN) broadcast to the result's shape.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def apply(b: NNEFBuilder) -> None:
     if b.quantization:
         return
     merge_duplicates(b)
+    empty_reductions(b)
     exact_quotients(b)
     broadcast_after_matmul(b)
     flat_matmul_after_reshape(b)
@@ -102,6 +106,25 @@ _DISCONTINUOUS = {
     "ne",
 }
 _INTEGER_TYPES = {"i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "bool"}
+
+
+_EMPTY_REDUCTION = {"sum_reduce": 0.0, "mean_reduce": float("nan")}
+
+
+def empty_reductions(b: NNEFBuilder) -> bool:
+    """A sum / mean over a static zero-size axis becomes its value broadcast (0 or NaN)."""
+    return _replacing(b, lambda a: _empty_reduction(b, a))
+
+
+def _empty_reduction(b: NNEFBuilder, a: Assignment) -> list[Assignment] | None:
+    x, y = (a.args[0] if a.args else None), a.outputs[0]
+    if a.op not in _EMPTY_REDUCTION or not isinstance(x, Value) or x.shape is None or y.shape is None:
+        return None
+    if not any(x.shape[axis] == 0 for axis in a.attrs.get("axes", [])):
+        return None
+    fill = torch.full([1] * len(y.shape), _EMPTY_REDUCTION[a.op], dtype=y.dtype or torch.float32)
+    value, define = _variable(b, fill, f"constants/{y.name}_empty")
+    return [define, Assignment([y], "tract_core_broadcast", [value], {"shape": list(y.shape)})]
 
 
 def _discontinuous(a: Assignment) -> bool:

@@ -315,8 +315,6 @@ def masked_select(b: Builder, x: Value, mask: Value) -> Value:
     shape = broadcast_shapes(dims_of(x), dims_of(mask))
     flat = reshape(b, broadcast_to(b, x, shape, x.dtype), [int(torch.Size(shape).numel())])
     picks = torch.nonzero(mask.const.bool().expand(shape).reshape(-1)).reshape(-1)
-    if picks.numel() == 0:
-        raise LoweringError("masked_select: the mask selects nothing (tract has no empty tensors)")
     return gather_axis(b, flat, constant(picks), 0)
 
 

@@ -58,14 +58,20 @@ def slice_dim(b: Builder, x: Value, dim: int, start: int, end: int, step: int = 
     if start == 0 and end == shape[dim] and step == 1:
         return x
     if isinstance(start, int) and isinstance(end, int) and end <= start:
-        # tract reads end <= 0 as "to the end" and has no empty slice: an empty constant, which
-        # `cat` drops (the pass-through half of a full rotary embedding, x[..., d:] with d = dim)
-        if x.dtype is None:
-            raise LoweringError(
-                f"slice of {x.name} on dim {dim} is empty ({start}:{end}); tract has no empty tensors"
-            )
         shape[dim] = 0
-        return constant(torch.empty([d if isinstance(d, int) else 1 for d in shape], dtype=x.dtype))
+        if x.dtype is not None and all(isinstance(d, int) for d in shape):
+            # an empty constant, which `cat` drops (the pass-through half of a full rotary
+            # embedding, x[..., d:] with d = dim)
+            return constant(torch.empty(shape, dtype=x.dtype))
+        # other dims symbolic: a real empty slice keeps them (tract slices n:n to size 0)
+        n = dims_of(x)[dim]
+        if not isinstance(n, int):
+            raise LoweringError(
+                f"slice of {x.name} on dim {dim} is empty ({start}:{end}) and its size is symbolic;"
+                " make that dim static"
+            )
+        attrs = {"axes": [dim], "begin": [n], "end": [n]}
+        return b.call("slice", [x], attrs, dtype=x.dtype, shape=tuple(shape))
     shape[dim] = (end - start + step - 1) // step
     attrs = {"axes": [dim], "begin": [start], "end": [end]}
     if step != 1:

@@ -61,10 +61,8 @@ def topk_values(b: Builder, x: Value, k: int, dim: int, largest: bool) -> tuple[
     """Both results of ``tract_core_topk`` (sorted, stable), with their shapes."""
     dim = normalize_dim(dim, x.rank)
     shape = list(dims_of(x))
-    if not 0 < k <= shape[dim]:
-        raise LoweringError(
-            f"topk: k = {k} must be in [1, {shape[dim]}] for dim {dim} (tract has no empty tensors)"
-        )
+    if not 0 <= k <= shape[dim]:  # k = 0: tract's topk gives the empty results torch does
+        raise LoweringError(f"topk: k = {k} must be in [0, {shape[dim]}] for dim {dim}")
     shape[dim] = k
     values, indices = b.call_multi("tract_core_topk", [x], {"k": k, "axis": dim, "largest": largest}, 2)
     return values.with_meta(x.dtype, tuple(shape)), indices.with_meta(torch.int64, tuple(shape))
