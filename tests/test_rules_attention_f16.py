@@ -1,6 +1,7 @@
 """SDPA on f16 tensors, lowered in the order torch's CPU kernel computes it (f32 scores and softmax
-statistics, f16-rounded numerators, f32 products, one final rounding): compared element by
-element with torch's own f16 result, not with an f32 reference."""
+statistics, its fast ``fexp_u20`` exponential on the vector part of each row, f16-rounded
+numerators, f32 products, one final rounding): compared element by element with torch's own f16
+result, not with an f32 reference (``torchlower/rules/attention_f16.py``)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_f16_sdpa_follows_torch_rounding(case: str, shape: tuple[int, ...], tmp_
     diff = np.abs(got - want)
     step = float(np.spacing(np.float16(np.abs(want).max())))  # one f16 step at the output's scale
     assert diff.max() <= step, f"max |torch - tract| = {diff.max()}: more than one f16 step ({step})"
-    # the plain f16 order differed in 40-70% of the elements; torch's order is exact on the small
-    # case and leaves differences in under a third of them on the larger one (torch's blocked,
-    # vectorized kernel sums in another order)
-    assert (diff > 0).mean() <= (0.0 if shape[-2] < 8 else 0.3)
+    # the plain f16 order differed in 40-70 % of the elements, torch's order with the exact exp in
+    # 16-35 % (its vector loop's exp is an approximation); with that approximation only the
+    # summation order inside the matmuls remains (measured 0-0.1 % of the elements)
+    assert (diff > 0).mean() <= (0.0 if shape[-2] < 8 else 0.005)

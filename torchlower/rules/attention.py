@@ -14,6 +14,8 @@ from torch import nn
 
 from torchlower.errors import LoweringError
 from torchlower.rules import module_rule, rule
+from torchlower.rules.attention_f16 import attend_f16
+from torchlower.rules.attention_f16 import to as _to
 from torchlower.rules.common import Builder, align_ranks, reshape, shape_of, unsqueeze_to
 from torchlower.values import Shape, Value, constant
 
@@ -49,7 +51,7 @@ def attend(
     length, source = qs[-2], ks[-2]
     score_shape: Shape = (*qs[:-1], source)
     half = q.dtype == torch.float16
-    if half:  # torch's CPU kernel: scores, mask and softmax statistics in f32 (see _attend_f16)
+    if half:  # torch's CPU kernel: scores, mask and softmax statistics in f32 (see attention_f16)
         q, k, v = (_to(b, t, torch.float32) for t in (q, k, v))
         mask = _to(b, mask, torch.float32) if mask is not None and mask.dtype == torch.float16 else mask
     scores = b.call("matmul", [q, k], {"transposeA": False, "transposeB": True}, dtype=q.dtype)
@@ -64,7 +66,7 @@ def attend(
         scores, mask = align_ranks(b, scores, mask)
         scores = b.call("add", [scores, mask], dtype=q.dtype, shape=score_shape)
     if half:
-        return _attend_f16(b, scores, v, (*qs[:-1], vs[-1]))
+        return attend_f16(b, scores, v, (*qs[:-1], vs[-1]))
     weights = b.call("softmax", [scores], {"axes": [len(score_shape) - 1]}, dtype=q.dtype, shape=score_shape)
     out_shape = (*qs[:-1], vs[-1])
     out = b.call("matmul", [weights, v], {"transposeA": False, "transposeB": False}, dtype=q.dtype)
@@ -89,34 +91,6 @@ def _zero_empty_rows(b: Builder, out: Value, mask: Value) -> Value:
         alive_value = b.call("gt", [top, lowest], dtype=torch.bool, shape=row_shape)
     alive_value, out = align_ranks(b, alive_value, out)
     return b.call("select", [alive_value, out, 0.0], dtype=out.dtype, shape=out.shape)
-
-
-def _to(b: Builder, x: Value, dtype: torch.dtype) -> Value:
-    if x.is_const:
-        return constant(x.const.to(dtype))
-    return b.call("tract_core_cast", [x], {"to": {torch.float32: "f32", torch.float16: "f16"}[dtype]},
-                  dtype=dtype, shape=x.shape)  # fmt: skip
-
-
-def _attend_f16(b: Builder, scores: Value, v: Value, out_shape: Shape) -> tuple[Value, Value]:
-    """The rest of f16 attention in torch's CPU flash-attention order, so the rounding is torch's.
-
-    Scores arrive in f32. The softmax numerators ``exp(s - max)`` and their sum stay f32; the
-    numerators are rounded to f16 before the product with V, which accumulates in f32; the sum
-    divides that product, and only the result is rounded to f16. (Normalizing first and
-    computing in f16, the plain order, is about one f16 step away from torch.)
-    """
-    axis = len(shape_of(scores)) - 1
-    stat_shape = (*shape_of(scores)[:-1], 1)
-    top = b.call("max_reduce", [scores], {"axes": [axis]}, dtype=scores.dtype, shape=stat_shape)
-    shifted = b.call("sub", [scores, top], dtype=scores.dtype, shape=scores.shape)
-    e = b.call("exp", [shifted], dtype=scores.dtype, shape=scores.shape)
-    total = b.call("sum_reduce", [e], {"axes": [axis]}, dtype=scores.dtype, shape=stat_shape)
-    rounded = _to(b, _to(b, e, torch.float16), torch.float32)
-    product = b.call("matmul", [rounded, v], {"transposeA": False, "transposeB": False}, dtype=v.dtype)
-    out = b.call("div", [product, total], dtype=v.dtype, shape=out_shape)
-    weights = b.call("div", [e, total], dtype=e.dtype, shape=e.shape)
-    return _to(b, out, torch.float16), _to(b, weights, torch.float16)
 
 
 def _combine(b: Builder, mask: Value | None, causal: Value, dtype: torch.dtype) -> Value:
