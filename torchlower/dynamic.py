@@ -38,6 +38,7 @@ class Spec:
     far: int | None = None  # index of the far point: dropped when the model cannot run there
     bounds: dict[str, Bounds] = field(default_factory=dict)  # symbol -> (min, max or None)
     skipped: list[tuple[dict[str, int], str]] = field(default_factory=list)  # check sizes PyTorch refuses
+    extra_checks: list[dict[str, int]] = field(default_factory=list)  # sizes a front end wants checked
 
     def drop_far(self) -> None:
         """Forget the far point (e.g. a sequence longer than the model's context)."""
@@ -118,7 +119,7 @@ class Spec:
         large = {s: self._clamp(s, v + 4) for s, v in self.base.items()}
         refused = [p for p, _ in self.skipped]
         out: list[dict[str, int]] = []
-        for p in (small, large):
+        for p in (small, large, *self.extra_checks):
             if p != self.base and p not in out and p not in refused:
                 out.append(p)
         return out

@@ -93,6 +93,8 @@ def tdim_text(expr: object) -> str:
 
     if expr.is_Integer or expr.is_Symbol:
         return str(expr)
+    if type(expr).__name__ == "FloorDiv":  # torch.export's own integer division (torch.utils._sympy)
+        return f"({tdim_text(expr.args[0])} / {tdim_text(expr.args[1])})"
     if isinstance(expr, sympy.floor):
         num, den = sympy.fraction(sympy.together(expr.args[0]))
         return f"({tdim_text(num)} / {tdim_text(den)})"

@@ -278,7 +278,13 @@ def lower_export(
         )
         if spec is None or not pinned:
             raise
-        raise _pinned(spec, pinned, text, module, example) from exc
+        tightened = _model_bounds(spec, pinned, text, module, example)
+        if tightened is not None:
+            program = _export_within(builder, module, example, spec, tightened)
+        elif _only_size_one_guards(text):
+            program = _export_size_oblivious(builder, module, example, spec, pinned, text)
+        else:
+            raise _pinned(spec, pinned, text, module, example) from exc
     reads = _value_reads(program)
     if reads:
         raise ValueDependentTraceError(
@@ -291,6 +297,94 @@ def lower_export(
 
 
 _FIX = re.compile(r"(\w+) = (?:Dim\('\w+'(?:, min=(\d+))?(?:, max=(\d+))?\)|(\d+))")
+
+
+def _model_bounds(
+    spec: Any, symbols: list[str], text: str, module: nn.Module, example: Sequence[Any]
+) -> dict[str, tuple[int, int | None]] | None:
+    """The bounds torch.export suggests, when they are the model's own: PyTorch itself fails
+    just outside each of them (reflect padding needs ``T > pad``), so declaring them restricts
+    nothing the model could run. None when a suggestion pins a size or eager PyTorch runs there."""
+    found: dict[str, tuple[int, int | None]] = {}
+    for sym, lo, hi, const in _FIX.findall(text.split("Suggested fixes:")[-1]):
+        if sym in symbols:
+            if const:
+                return None
+            old_lo, old_hi = spec.bounds.get(sym, (1, None))
+            highs = [h for h in (old_hi, int(hi) if hi else None) if h is not None]
+            new = (max(old_lo, int(lo or 1)), min(highs) if highs else None)
+            if spec.base[sym] < new[0] or (new[1] is not None and spec.base[sym] > new[1]):
+                return None
+            found[sym] = new
+    if set(found) != set(symbols):
+        return None
+    for sym, (lo, hi) in found.items():
+        for outside in [lo - 1] * (lo > 1) + ([hi + 1] if hi is not None else []):
+            try:
+                with torch.no_grad():
+                    module(*spec.example_at(example, {**spec.base, sym: outside}))
+            except Exception:
+                continue
+            return None  # PyTorch runs there: a restriction of torch.export, not of the model
+    return found
+
+
+_GUARD = re.compile(r"satisfy the generated guard (.+?)\.(?:\s|$)")
+
+
+def _only_size_one_guards(text: str) -> bool:
+    """torch.export's 0/1 specialization: every guard is ``expr != 1`` and nothing is suggested."""
+    guards = _GUARD.findall(text)
+    return bool(guards) and "Suggested fixes:" not in text and all(g.strip().endswith("!= 1") for g in guards)
+
+
+def _export_size_oblivious(
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, symbols: list[str], text: str
+) -> ExportedProgram:
+    """Export again with size-oblivious guards, then check the artifact where they were.
+
+    torch.export pins a symbol when the model's code asks whether a size derived from it is 1
+    (a ResNet stem's conv and pool outputs); size-oblivious reasoning answers "no" for every size,
+    so the program may differ from the model exactly where that size is 1. The check therefore
+    also runs with the symbols at their lower bounds, where such a derived size is smallest.
+    """
+    import torch.fx.experimental._config as fx_config
+
+    floor = {**spec.base, **{s: spec.bounds.get(s, (1, None))[0] for s in symbols}}
+    try:
+        with torch.no_grad():
+            module(*spec.example_at(example, floor))
+        spec.extra_checks.append(floor)
+    except Exception as exc:  # PyTorch itself refuses that size: nothing to compare there
+        spec.skipped.append((floor, f"PyTorch fails there ({type(exc).__name__})"))
+    builder.notes.append(
+        f"dynamic axes {spec.where(symbols)}: torch.export asked whether sizes derived from them are 1;"
+        f" exported size-oblivious and checked at {', '.join(f'{s}={floor[s]}' for s in symbols)} as well"
+    )
+    dims = spec.export_dims(example, module)
+    try:
+        with fx_config.patch(backed_size_oblivious=True):
+            return export_program(module, example, None, builder.rules, dynamic_shapes=dims)
+    except LoweringError as exc:
+        raise _pinned(spec, symbols, getattr(exc, "torch_message", text), module, example) from exc
+
+
+def _export_within(
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, bounds: dict[str, Any]
+) -> ExportedProgram:
+    """Export again with the model's own bounds declared; they become tract assertions."""
+    spec.bounds.update(bounds)
+    for sym, (lo, hi) in sorted(bounds.items()):
+        span = f"{lo} <= {sym}" + (f" <= {hi}" if hi is not None else "")
+        builder.notes.append(
+            f"dynamic axis {spec.where([sym])}: {span} (torch.export's bound; PyTorch fails outside it)"
+        )
+    dims = spec.export_dims(example, module)
+    try:
+        return export_program(module, example, None, builder.rules, dynamic_shapes=dims)
+    except LoweringError as exc:
+        text = getattr(exc, "torch_message", "")
+        raise _pinned(spec, sorted(bounds), text, module, example) from exc
 
 
 def _pinned(spec: Any, symbols: list[str], text: str, module: nn.Module, example: Sequence[Any]) -> Any:
