@@ -228,7 +228,34 @@ CASES: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
     ),
     "detach_": (_detach_, (_r(3, 4),)),
     "feature_alpha_dropout": (lambda x: F.feature_alpha_dropout(x, 0.5, False) * 2, (_r(2, 3, 4),)),
+    # the in-place dropouts reach their rules under jit (fx and export see the functional forms)
+    "alpha_dropout_": (lambda x: F.alpha_dropout(x * 1, 0.5, False, inplace=True) + 1, (_r(2, 3),)),
+    "feature_alpha_dropout_": (
+        lambda x: F.feature_alpha_dropout(x * 1, 0.5, False, inplace=True) + 1, (_r(2, 3, 4),)
+    ),
+    "feature_dropout_": (lambda x: torch.feature_dropout_(x * 1, 0.5, False) + 1, (_r(2, 3, 4),)),
+    "resolve_neg": (lambda x: torch.resolve_neg(x) * 2 + x.resolve_neg(), (_r(3, 4),)),
 }
+
+
+class SymbolicAranges(nn.Module):
+    """``arange(1, S + 1)`` and ``arange(1, 2S + 1, 2)`` over a dynamic S (static ones are folded)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        return x + torch.arange(1, n + 1) + torch.arange(1, 2 * n + 1, 2)
+
+
+def test_arange_with_symbolic_bounds(tmp_path, frontend) -> None:
+    """tract sizes ``range(1, 2S + 1, 2)`` as ``(2S + 1) / 2``, which it cannot equate with S."""
+    import torchlower
+
+    report = torchlower.export(
+        SymbolicAranges(), (_r(3, 4),), tmp_path / "m.nnef.tgz", frontend=frontend,
+        dynamic_axes={"x": {1: "S"}},
+    )  # fmt: skip
+    assert {"aten::arange.start", "aten::arange.start_step"} <= set(report.rules_used)
+    assert len(report.points) > 4 and all(e.ok and e.max_abs == 0.0 for e in report.errors)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

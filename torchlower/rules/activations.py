@@ -130,13 +130,13 @@ def softplus(b: Builder, x: Value, beta: Scalar = 1.0, threshold: Scalar = 20.0)
     return b.call("select", [linear, x, soft], dtype=x.dtype, shape=x.shape)
 
 
-@rule("aten::softmax.int", "aten::_softmax", "aten::softmax")
+@rule("aten::softmax.int", "aten::_softmax")  # not softmax.Dimname: its dim is a name
 def softmax(b: Builder, x: Value, dim: int, dtype: torch.dtype | bool | None = None) -> Value:
     """softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor  (also _softmax)"""
     return _softmax(b, "softmax", x, dim, dtype)
 
 
-@rule("aten::log_softmax.int", "aten::_log_softmax", "aten::log_softmax")
+@rule("aten::log_softmax.int", "aten::_log_softmax")
 def log_softmax(b: Builder, x: Value, dim: int, dtype: torch.dtype | bool | None = None) -> Value:
     """log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor  (also _log_softmax)"""
     return _softmax(b, "tract_core_log_softmax", x, dim, dtype)

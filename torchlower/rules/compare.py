@@ -25,13 +25,14 @@ def _compare(op: str) -> object:
     return lower
 
 
+# no front end emits aten::__eq__ & co. for tensors (jit, fx and export all give aten::eq): not keys
 for _op, _aliases in {
-    "eq": ("eq", "eq_", "__eq__"),
-    "ne": ("ne", "ne_", "not_equal", "__ne__"),
-    "lt": ("lt", "lt_", "less", "__lt__"),
-    "le": ("le", "le_", "less_equal", "__le__"),
-    "gt": ("gt", "gt_", "greater", "__gt__"),
-    "ge": ("ge", "ge_", "greater_equal", "__ge__"),
+    "eq": ("eq", "eq_"),
+    "ne": ("ne", "ne_", "not_equal"),
+    "lt": ("lt", "lt_", "less"),
+    "le": ("le", "le_", "less_equal"),
+    "gt": ("gt", "gt_", "greater"),
+    "ge": ("ge", "ge_", "greater_equal"),
 }.items():
     rule(*(f"aten::{a}" for a in _aliases))(_compare(_op))
 

@@ -16,7 +16,7 @@ from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, cast
 from torchlower.rules.layout import broadcast_to, dims_of, scalar_of
-from torchlower.values import Dim, SymDim, Value
+from torchlower.values import Dim, SymDim, Value, constant
 
 
 def filled(b: Builder, value: float | int | bool, shape: Sequence[Dim], dtype: torch.dtype) -> Value:
@@ -135,8 +135,19 @@ def _arange(b: Builder, start: Dim, end: Dim, step: Dim, dtype: torch.dtype | No
     for name, v in (("start", start), ("end", end), ("step", step)):
         if not isinstance(v, (int, SymDim)):
             raise LoweringError(f"arange: {name} must be an integer or a size, got {v!r}")
-    out = b.call("tract_core_range", [start, end, step], dtype=torch.int64, shape=((end - start) // step,))
+    if step == 1 or not isinstance(start, int) or not isinstance(step, int):
+        size = (end - start) // step
+        out = b.call("tract_core_range", [start, end, step], dtype=torch.int64, shape=(size,))
+        out = b.call("tract_core_cast", [out], {"to": "i64"}, dtype=torch.int64, shape=out.shape)
+        return cast(b, out, dtype or torch.int64)
+    # tract sizes range(a, b, s) as (b - a + s - 1) / s, which it cannot simplify ((2S + 1) / 2 is
+    # not S): a range of the simplified length, scaled and shifted, has the size torch gives
+    length = (end - start + step - 1) // step
+    out = b.call("tract_core_range", [0, length, 1], dtype=torch.int64, shape=(length,))
     out = b.call("tract_core_cast", [out], {"to": "i64"}, dtype=torch.int64, shape=out.shape)
+    out = b.call("add", [b.call("mul", [out, constant(torch.tensor([int(step)]))], dtype=torch.int64,
+                                shape=out.shape), constant(torch.tensor([int(start)]))],
+                 dtype=torch.int64, shape=out.shape)  # fmt: skip
     return cast(b, out, dtype or torch.int64)
 
 

@@ -45,7 +45,7 @@ def quantize_per_tensor(b: Builder, x: Value, scale: float, zero_point: int, dty
     return _requantize(b, x, scale, zero_point, qdtype)
 
 
-@rule("aten::dequantize.self", "aten::dequantize")
+@rule("aten::dequantize.self")  # not dequantize.tensors (a list)
 def dequantize(b: Builder, x: Value) -> Value:
     """dequantize.self(Tensor self) -> Tensor"""
     q = b.quant_params(x)
