@@ -29,7 +29,7 @@ from typing import Any
 from torchlower.cli import op_families
 from torchlower.cli.failures import usage_error
 from torchlower.errors import TorchlowerError
-from torchlower.nnef.parse import Expr, Graph, Ident, Invocation
+from torchlower.nnef.graph_model import Expr, Graph, Ident, Invocation
 
 log = logging.getLogger("torchlower")
 DETAILS = ("blocks", "ops")
