@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check torchlower tests
 
 test: $(STAMP) lint
-	TORCHLOWER_VERIFY_COVERAGE=1 $(BIN)/python -m pytest -n 2 tests
+	TORCHLOWER_VERIFY_COVERAGE=1 $(BIN)/python -m pytest -n 2 --durations=25 tests
 
 # Re-record which test proves each rule in tract, then regenerate docs/operators.md from it.
 ops-doc: $(STAMP)
