@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint setup clean ops-doc
+.PHONY: demo test lint setup clean ops-doc ops-doc-merge
 
 setup: $(STAMP)
 
@@ -32,6 +32,11 @@ test: $(STAMP) lint
 # Re-record which test proves each rule in tract, then regenerate docs/operators.md from it.
 ops-doc: $(STAMP)
 	TORCHLOWER_RECORD_COVERAGE=1 $(BIN)/python -m pytest -n 2 -q -p no:warnings tests || true
+	$(BIN)/python -c "from torchlower import coverage; print(coverage.markdown(), end='')" > docs/operators.md
+
+# The same from a targeted run (TESTS=...): its proofs are added to the committed record.
+ops-doc-merge: $(STAMP)
+	TORCHLOWER_RECORD_COVERAGE=merge $(BIN)/python -m pytest -n 2 -q -p no:warnings $(TESTS)
 	$(BIN)/python -c "from torchlower import coverage; print(coverage.markdown(), end='')" > docs/operators.md
 
 clean:

@@ -2,7 +2,10 @@
 
 - Always: every export whose tract check passed reports its rule keys; a rule counts as
   proven by a test only when that whole test passed.
-- ``TORCHLOWER_RECORD_COVERAGE=1``: write the record ``torchlower/ops_coverage.json``.
+- ``TORCHLOWER_RECORD_COVERAGE=1``: write the record ``torchlower/ops_coverage.json`` (run the
+  whole suite: a key no test of this run proved is dropped).
+- ``TORCHLOWER_RECORD_COVERAGE=merge``: add the proofs of keys the committed record lacks (for a
+  targeted run; recorded proofs stay as they are).
 - ``TORCHLOWER_VERIFY_COVERAGE=1`` (``make test``): fail the run when a rule the committed
   record claims as proven was not proven by a passing test in this run.
 Works under pytest-xdist: workers send their findings to the controller.
@@ -56,8 +59,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if workeroutput is not None:  # an xdist worker: hand over to the controller
         workeroutput["rule_proofs"] = json.dumps(_proofs)
         return
-    if os.environ.get("TORCHLOWER_RECORD_COVERAGE") == "1":
-        record = {"proofs": dict(sorted(_proofs.items()))}
+    mode = os.environ.get("TORCHLOWER_RECORD_COVERAGE")
+    if mode in ("1", "merge"):
+        proofs = {**_proofs, **coverage.proofs()} if mode == "merge" else _proofs
+        record = {"proofs": dict(sorted(proofs.items()))}
         coverage.RECORD.write_text(json.dumps(record, indent=1) + "\n")
     if os.environ.get("TORCHLOWER_VERIFY_COVERAGE") == "1":
         lost = sorted(set(coverage.proofs()) - set(_proofs))
