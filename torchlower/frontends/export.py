@@ -280,7 +280,7 @@ def lower_export(
             raise
         tightened = _model_bounds(spec, pinned, text, module, example)
         if tightened is not None:
-            program = _export_within(builder, module, example, spec, tightened)
+            program = _export_within(builder, module, example, spec, tightened, text)
         elif _only_size_one_guards(text):
             program = _export_size_oblivious(builder, module, example, spec, pinned, text)
         else:
@@ -370,9 +370,11 @@ def _export_size_oblivious(
 
 
 def _export_within(
-    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, bounds: dict[str, Any]
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, bounds: dict[str, Any], text: str
 ) -> ExportedProgram:
-    """Export again with the model's own bounds declared; they become tract assertions."""
+    """Export again with the model's own bounds declared; they become tract assertions. When
+    torch.export still refuses, the first refusal (with its suggestion) is the one reported."""
+    before, notes = dict(spec.bounds), len(builder.notes)
     spec.bounds.update(bounds)
     for sym, (lo, hi) in sorted(bounds.items()):
         span = f"{lo} <= {sym}" + (f" <= {hi}" if hi is not None else "")
@@ -383,7 +385,9 @@ def _export_within(
     try:
         return export_program(module, example, None, builder.rules, dynamic_shapes=dims)
     except LoweringError as exc:
-        text = getattr(exc, "torch_message", "")
+        spec.bounds.clear()
+        spec.bounds.update(before)
+        del builder.notes[notes:]
         raise _pinned(spec, sorted(bounds), text, module, example) from exc
 
 
