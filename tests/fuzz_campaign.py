@@ -109,7 +109,10 @@ def values_campaign(n: int, seed: int, max_ops: int, frontends: tuple[str, ...])
             print(f"  {done} cases, {dict(runner.counts)} ({time.monotonic() - started:.0f} s)", flush=True)
 
     campaign._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
-    campaign()
+    try:
+        campaign()
+    except KeyboardInterrupt:  # `kill -INT`: stop early and report the cases run so far
+        print("interrupted: the figures below are for the cases run until then", flush=True)
     runs = sum(runner.counts.values())
     lines = [
         f"value-dependence cases: {runs // len(runner.frontends)} generated, {runs} case runs over"
@@ -126,6 +129,9 @@ def values_campaign(n: int, seed: int, max_ops: int, frontends: tuple[str, ...])
     ]
     for outcome, case in runner.failures:
         lines += ["", f"--- {outcome.status} ({outcome.frontend}): {outcome.detail[:800]}", case.describe()]
+    for outcome, case in runner.noted[:40]:  # to triage by hand: check refusals, noise-only passes
+        lines += ["", f"--- note: {outcome.status} ({outcome.frontend}): {outcome.detail[:800]}"]
+        lines.append(case.describe())
     print("\n".join(lines))
     return 1 if runner.failures else 0
 
