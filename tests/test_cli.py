@@ -297,3 +297,11 @@ def test_python_m_and_demo(tmp_path: Path) -> None:
         assert "verified" in demo.stdout and (tmp_path / "demo.nnef.tgz").is_file()
     else:
         assert "unsupported op" in demo.stderr
+
+
+def test_export_whose_check_fails_leaves_no_file(tmp_path: Path) -> None:
+    """Exit 1 on the mismatch, and no archive (nor staging file) where -o pointed."""
+    target = tmp_path / "m.nnef.tgz"
+    data = cli_json("export", "tests.cli_models:Drifting", "-o", target, "--input", "x:2x3", code=1)
+    assert data["error"]["type"] == "CheckError" and str(target) in data["error"]["message"]
+    assert list(tmp_path.iterdir()) == []
