@@ -132,7 +132,7 @@ def export(
     if dynamic_shapes is not None:
         if dynamic_axes is not None:
             raise InvalidArgumentError("give dynamic_axes or dynamic_shapes, not both")
-        dynamic_axes = dynamic.axes_from_dynamic_shapes(dynamic_shapes, names_in, example)
+        dynamic_axes = dynamic.axes_from_dynamic_shapes(dynamic_shapes, names_in, example, model)
     axes = validate.dynamic_axes(dynamic_axes, names_in, [t.dim() for t in example])
     bounds = (
         dynamic.bounds_from_dynamic_shapes(dynamic_shapes)
