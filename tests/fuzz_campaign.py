@@ -89,7 +89,7 @@ def report(runner: Runner, seconds: float) -> str:
 
 def values_campaign(n: int, seed: int, max_ops: int, frontends: tuple[str, ...]) -> int:
     """``--mode values``: every case must end typed or verified, never verified-but-wrong."""
-    from tests.fuzz_values import ValueRunner, value_cases
+    from tests.fuzz_values import OK, ValueRunner, value_cases
 
     runner = ValueRunner(frontends)
     started = time.monotonic()
@@ -103,7 +103,9 @@ def values_campaign(n: int, seed: int, max_ops: int, frontends: tuple[str, ...])
     )
     @given(value_cases(max_ops))
     def campaign(case: object) -> None:
-        runner.run(case)  # type: ignore[arg-type]
+        for outcome in runner.run(case):  # type: ignore[arg-type]
+            if outcome.status not in OK:  # as it happens: a long run may be stopped early
+                print(f"  !! {outcome.status} ({outcome.frontend}): {outcome.detail[:300]}", flush=True)
         done = sum(runner.counts.values()) // len(runner.frontends)
         if done % 250 == 0:
             print(f"  {done} cases, {dict(runner.counts)} ({time.monotonic() - started:.0f} s)", flush=True)

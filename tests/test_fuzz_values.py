@@ -55,6 +55,12 @@ def test_judge_allows_float32_noise_only_where_torch_itself_has_it() -> None:
     assert judge(0, calm, None, np.array([2.01, 1.0], dtype=np.float32))[0] == "silent"
     assert judge(0, calm, None, np.array([2.0001, 1.0], dtype=np.float32))[0] == "verified"
     assert judge(0, calm, None, np.ones(3, dtype=np.float32))[0] == "silent"  # shape
+    # clamp(log(-1), 0): NaN in torch, 0 in tract (tract's min/max drop NaN): counted apart...
+    nan = np.array([np.nan, 1.0], dtype=np.float32)
+    assert judge(0, nan, nan.astype(np.float64), np.array([0.0, 1.0], dtype=np.float32))[0] == "nan"
+    # ...but not when a finite element is wrong too, nor a number where torch is finite
+    assert judge(0, nan, None, np.array([0.0, 1.5], dtype=np.float32))[0] == "silent"
+    assert judge(0, calm, None, np.array([np.nan, 1.0], dtype=np.float32))[0] == "silent"
 
 
 def test_judge_finds_an_artifact_that_is_wrong_at_fresh_inputs(tmp_path: Path) -> None:
