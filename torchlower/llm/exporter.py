@@ -164,37 +164,29 @@ def export(
     files = dict(src.files)
     if io_samples:
         files |= checks.samples(model, layout, vocab, logits, dequantized, cache_dtype(precision))
-    # written beside the target and renamed after the check: a failed export leaves no archive
-    staging = target.with_name(f".{os.getpid()}-checking-{target.name}")
     release = src.mapping.release if src.mapping is not None else None
-    staged = archive.write(staging, graph, weights, builder.quant_text(), files, release)
-    report = ExportReport(
-        path=staged,
-        model_type=src.model_type,
-        parameters=parameters,
-        layers=layout.layers,
-        max_context=int(context),
-        precision=precision,
-        compress=compress,
-        embeddings=embeddings,
-        logits=logits,
-        weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
-        weight_bytes_by_format=_bytes_by_format(weights),
-        archive_bytes=_size_on_disk(staged),
-        seconds=0.0,
-        bundled=sorted(files),
-        properties=props,
-    )
-    try:
+    with archive.staged(target) as staging:  # renamed after the check: a failure leaves no archive
+        staged = archive.write(staging, graph, weights, builder.quant_text(), files, release)
+        report = ExportReport(
+            path=staged,
+            model_type=src.model_type,
+            parameters=parameters,
+            layers=layout.layers,
+            max_context=int(context),
+            precision=precision,
+            compress=compress,
+            embeddings=embeddings,
+            logits=logits,
+            weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
+            weight_bytes_by_format=_bytes_by_format(weights),
+            archive_bytes=_size_on_disk(staged),
+            seconds=0.0,
+            bundled=sorted(files),
+            properties=props,
+        )
         if check:
             with progress.stage("checking in tract"):
                 _check(report, model, layout, vocab, logits, precision, dequantized)
-        if target.is_dir() and not staged.is_dir():
-            _remove(target)
-        os.replace(staged, target)
-    except BaseException:
-        _remove(staged)
-        raise
     report.path = target
     report.seconds = time.perf_counter() - started
     return report
@@ -274,15 +266,6 @@ def _size_on_disk(path: Path) -> int:
     if path.is_dir():
         return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return path.stat().st_size
-
-
-def _remove(path: Path) -> None:
-    import shutil
-
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 __all__ = ["ExportReport", "SourceError", "export"]

@@ -7,8 +7,10 @@ failed export never leaves a partial file and keeps any previous one.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
+import itertools
 import os
 import shutil
 import tarfile
@@ -223,13 +225,42 @@ def _write_directory(
                     if done is not None:
                         done(memoryview(chunk))
         publish_mode(tmp, directory=True)
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _move(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _move(source: Path, target: Path) -> None:
+    """``source`` onto ``target``: one rename for a file; a directory goes aside first (POSIX
+    cannot swap directories atomically, see docs/reliability.md)."""
+    old = None
+    if target.is_dir():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(source, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+_STAGED = itertools.count()
+
+
+@contextlib.contextmanager
+def staged(target: Path) -> Iterator[Path]:
+    """A name beside ``target`` to write and check the artifact at, moved onto ``target`` when
+    the block succeeds and deleted when it raises.
+
+    Why: the check runs after writing, and an artifact that failed it must not be left where the
+    user asked for one (nor replace a previous good one). Same folder, so the move is a rename.
+    """
+    staging = target.with_name(f".{os.getpid()}-{next(_STAGED)}-checking-{target.name}")
+    try:
+        yield staging
+        _move(staging, target)
+    except BaseException:
+        if staging.is_dir():
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            staging.unlink(missing_ok=True)
         raise
