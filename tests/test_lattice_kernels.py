@@ -95,6 +95,8 @@ STRIDED = [
     (1, 1, 0, 1),
     (2, 3, 0, 1),  # kernel < stride: some transposed-conv targets get no pair
     ((2, 3, 1), (2, 1, 1), (0, 1, 0), (1, 1, 2)),
+    (2, 3, 1, 1),  # kernel ≤ stride with padding: the one-offset-per-axis path
+    ((1, 2, 3), (1, 2, 3), (0, 1, 2), 1),
 ]
 
 

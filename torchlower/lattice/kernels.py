@@ -100,7 +100,7 @@ def _im2col(
     n, in_ch = feats.shape
     ranges = _chunks(kmap.rows, volume * in_ch, chunk)
     table = kmap.table_for(n, volume)
-    padded = torch.cat([feats, feats.new_zeros(1, in_ch)])  # row n: the absent neighbour
+    padded = _padded(feats, 0.0, grad)  # row n: the absent neighbour
     if grad:
         parts = [padded.index_select(0, table[s:e].reshape(-1)).view(e - s, -1) @ w for s, e in ranges]
         return torch.cat(parts) if parts else feats.new_zeros(0, w.shape[1])
@@ -116,6 +116,18 @@ def _im2col(
     with threads.serial() as count:
         threads.run(work, threads.groups(ranges, count, lambda r: r[1] - r[0]))
     return out
+
+
+def _padded(feats: torch.Tensor, fill: float, grad: bool) -> torch.Tensor:
+    """``feats`` and one more row of ``fill``, which the table's sentinel ``n`` reads (a copy per
+    call: cheaper than blanking the absent slots after the gather, ``index_fill_`` ~60 ns a row;
+    ``torch.cat`` is 8× slower than ``copy_`` here)."""
+    if grad:
+        return F.pad(feats, (0, 0, 0, 1), value=fill)
+    padded = feats.new_empty(feats.shape[0] + 1, feats.shape[1])
+    padded[:-1].copy_(feats)
+    padded[-1].fill_(fill)
+    return padded
 
 
 @dataclass(frozen=True)
@@ -289,8 +301,9 @@ def apply_pool(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
         return out / sizes.unsqueeze(1).to(out.dtype) if mode == "avg" else out
     ranges = _chunks(kmap.rows, volume * channels, None)
     table = kmap.table_for(n, volume)
-    padded = torch.cat([feats, feats.new_full((1, channels), float("-inf"))])  # row n: absent
-    if torch.is_grad_enabled() and feats.requires_grad:
+    grad = torch.is_grad_enabled() and feats.requires_grad
+    padded = _padded(feats, float("-inf"), grad)  # row n: absent
+    if grad:
         parts = [padded.index_select(0, table[s:e].reshape(-1)).view(e - s, volume, -1) for s, e in ranges]
         return torch.cat([p.amax(1) for p in parts])
     out = feats.new_empty(kmap.rows, channels)
