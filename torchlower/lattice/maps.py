@@ -20,10 +20,11 @@ from functools import cached_property
 import torch
 
 from torchlower.errors import InvalidArgumentError
+from torchlower.lattice import threads
 from torchlower.lattice.sparse import CoordIndex, Hash, Triple, dense_limit, kernel_offsets, unique_keys
 
 Pairs = tuple[tuple[int, torch.Tensor, torch.Tensor], ...]
-LOOKUP_ROWS = 1 << 16  # rows of shifted keys per grid gather (≤ 7 MiB at K = 27)
+LOOKUP_ROWS = 1 << 13  # rows of shifted keys per grid gather (≤ 0.9 MiB at K = 27)
 
 
 class KernelMap:
@@ -114,6 +115,7 @@ def _offset_keys(h: Hash, delta: torch.Tensor) -> torch.Tensor:
     return h.encode(zero + h.lo) - h.encode(h.lo)
 
 
+@threads.serialized
 def subm_map(coords: torch.Tensor, stride: Triple, kernel: Triple, dilation: Triple) -> KernelMap:
     """Neighbour table ``[N, K]`` in one pass. With a dense grid: one gather of the ``N·K``
     shifted keys. With sorted keys: the centre column is the identity and only one of each
@@ -127,12 +129,17 @@ def subm_map(coords: torch.Tensor, stride: Triple, kernel: Triple, dilation: Tri
     shift = _offset_keys(index.hash, delta).to(keys.dtype)
     if index.grid is not None:  # chunks of rows: the shifted keys stay in cache
         table = torch.empty(n, volume, dtype=torch.int32)
-        query = torch.empty(min(n, LOOKUP_ROWS), volume, dtype=torch.int32)
-        for start in range(0, n, LOOKUP_ROWS):
-            end = min(n, start + LOOKUP_ROWS)
-            q = query[: end - start]
-            torch.add(keys[start:end].unsqueeze(1), shift.unsqueeze(0), out=q)
-            torch.index_select(index.grid, 0, q.view(-1), out=table[start:end].view(-1))
+        grid = index.grid
+
+        def work(run: list[int]) -> None:
+            query = torch.empty(min(n, LOOKUP_ROWS), volume, dtype=torch.int32)
+            for start in run:
+                end = min(n, start + LOOKUP_ROWS)
+                q = query[: end - start]
+                torch.add(keys[start:end].unsqueeze(1), shift.unsqueeze(0), out=q)
+                torch.index_select(grid, 0, q.view(-1), out=table[start:end].view(-1))
+
+        threads.run(work, threads.groups(range(0, n, LOOKUP_ROWS), threads.requested(), lambda _: 1))
         return KernelMap(coords, stride, table=table, in_rows=n, pair_order="out")
     position = {tuple(d): k for k, d in enumerate(delta.tolist())}
     searched, partners = [], []
@@ -181,6 +188,7 @@ def _divisible(v: torch.Tensor, s: int) -> torch.Tensor:
     return v % s == 0
 
 
+@threads.serialized
 def conv_map(
     coords: torch.Tensor,
     stride: Triple,
@@ -273,6 +281,7 @@ def _outputs(
     return KernelMap(out_coords, out_stride, table=table, in_rows=n)
 
 
+@threads.serialized
 def transpose_map(
     coords: torch.Tensor,
     stride: Triple,
@@ -309,6 +318,7 @@ def transpose_map(
     return KernelMap(target, out_stride, table=table, in_rows=n)  # type: ignore[arg-type]
 
 
+@threads.serialized
 def generative_map(coords: torch.Tensor, stride: Triple, kernel: Triple, conv_stride: Triple) -> KernelMap:
     """Generative transposed conv: input o creates ``o·s + k`` at stride ``S / s``."""
     if any(a % b for a, b in zip(stride, conv_stride, strict=True)):

@@ -14,14 +14,17 @@ runs it, so the outputs are the 1-thread outputs at any thread count.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 import torch
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 _LOCK = threading.Lock()
 _STATE = {"depth": 0, "threads": 1}  # nested / concurrent kernels: the first one in restores
@@ -45,6 +48,26 @@ def serial() -> Iterator[int]:
             _STATE["depth"] -= 1
             if _STATE["depth"] == 0 and _STATE["threads"] > 1:
                 torch.set_num_threads(_STATE["threads"])
+
+
+def requested() -> int:
+    """The caller's thread count inside ``serial`` (where torch's own count reads 1)."""
+    with _LOCK:
+        return _STATE["threads"] if _STATE["depth"] else torch.get_num_threads()
+
+
+def serialized(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` inside ``serial``: kernel-map builders are many small ops, and OpenMP runs every
+    one of them as a parallel region whose barrier waits for all threads — on a busy machine
+    a preempted thread stalls each op (2-thread maps measured 10–50× slower than 1-thread at
+    load 9 on 2 cores). One Python-thread split per map costs one such wait, not hundreds."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with serial():
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def groups(items: Sequence[T], count: int, weight: Callable[[T], int]) -> list[list[T]]:
@@ -85,4 +108,4 @@ def run(work: Callable[[list[T]], None], runs: list[list[T]]) -> None:
             raise error
 
 
-__all__ = ["groups", "run", "serial"]
+__all__ = ["groups", "requested", "run", "serial", "serialized"]
