@@ -1,11 +1,12 @@
 """The compute of sparse convolutions and pools over a kernel map (``maps.py`` builds them).
 
 Convolution, three ways, chosen by fill (the share of table slots that hold a pair):
-- **im2col** (output fill ≥ ``IM2COL_FILL``, e.g. submanifold convs on surfaces): a thousand
-  or so output rows at a time, gather their ``K`` neighbours' features with ``index_select``
-  into one reused buffer (absent = a zero row), then one ``mm`` with the ``[K·I, O]`` weight
-  into the output slice. The arithmetic is the original engine's, bit for bit; only the
-  ``1 − fill`` padding is wasted;
+- **im2col** (output fill ≥ ``IM2COL_FILL``, e.g. submanifold convs on surfaces): a few
+  hundred output rows at a time (``IM2COL_FLOATS``: the chunk stays in L2), gather their ``K``
+  neighbours' features with ``index_select`` into one reused buffer (absent = the zero row
+  appended to a copy of the features), then one ``mm`` with the ``[K·I, O]`` weight into the
+  output slice. The arithmetic is the original engine's, bit for bit; only the ``1 − fill``
+  padding is wasted;
 - **inputs** (input fill ≥ ``INPUTS_FILL``: generative and kernel = stride transposed convs,
   where nearly every input feeds every offset): one GEMM ``[N, I] @ [I, K·O]`` gives every
   input × offset product, and each output sums its pairs' rows with ``embedding_bag``;
@@ -17,7 +18,8 @@ Buffers are one chunk (im2col) or one block (pairs), never ``M·K·C``; only ``i
 Pools: sum and mean are one ``embedding_bag`` in the original summation order, max a chunked
 gather + ``amax`` (bit for bit the original scatter-reduce in all three modes).
 Without autograd every op writes into reused buffers (``out=``); with it, the same steps run
-as recorded ops so training works.
+as recorded ops so training works. Without autograd, chunks run in parallel over Python threads
+with every GEMM single-threaded (``threads.py``): the outputs do not depend on the thread count.
 """
 
 from __future__ import annotations
@@ -314,26 +316,39 @@ def apply_pool(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
         out = F.embedding_bag(inputs, feats, starts, mode="sum")
         return out / sizes.unsqueeze(1).to(out.dtype) if mode == "avg" else out
     ranges = _chunks(kmap.rows, volume * channels, None)
-    table = kmap.table_for(n, volume)
     grad = torch.is_grad_enabled() and feats.requires_grad
-    if grad:
+    table = None if grad else _max_table(kmap, n, volume)
+    if table is None:  # autograd, or an output without inputs (−inf, as before)
+        padded_table = kmap.table_for(n, volume)
         with _padded(kmap, feats, float("-inf"), grad) as padded:  # row n: absent
-            parts = [
-                padded.index_select(0, table[s:e].reshape(-1)).view(e - s, volume, -1) for s, e in ranges
-            ]
-        return torch.cat([p.amax(1) for p in parts])
+            parts = [padded.index_select(0, padded_table[s:e].reshape(-1)) for s, e in ranges]
+            return torch.cat([p.view(-1, volume, channels).amax(1) for p in parts])
     out = feats.new_empty(kmap.rows, channels)
 
     def work(run: list[tuple[int, int]]) -> None:
         buf = feats.new_empty(max(e - s for s, e in run) * volume, channels)
         for start, end in run:
             gathered = buf[: (end - start) * volume]
-            torch.index_select(padded, 0, table[start:end].view(-1), out=gathered)
+            torch.index_select(feats, 0, table[start:end].view(-1), out=gathered)
             torch.amax(gathered.view(end - start, volume, channels), 1, out=out[start:end])
 
-    with threads.serial() as count, _padded(kmap, feats, float("-inf"), grad) as padded:
+    with threads.serial() as count:
         threads.run(work, threads.groups(ranges, count, lambda r: r[1] - r[0]))
     return out
+
+
+def _max_table(kmap: KernelMap, in_rows: int, volume: int) -> torch.Tensor | None:
+    """The table with every absent slot reading the row's first present input instead: a
+    repeated operand leaves a max unchanged (NaN included), so the gather needs no padded copy
+    of the features with a −inf row (built once per map). None when some output has no input
+    (a strided conv's outputs always have one)."""
+    key = ("max-table", in_rows, volume)
+    if key not in kmap.memo:
+        table = kmap.table_for(in_rows, volume)
+        present = table != in_rows
+        first = table.gather(1, present.to(torch.uint8).argmax(1, keepdim=True))
+        kmap.memo[key] = torch.where(present, table, first) if bool(present.any(1).all()) else None
+    return kmap.memo[key]  # type: ignore[return-value]
 
 
 def _volume(kmap: KernelMap) -> int:
