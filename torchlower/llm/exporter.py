@@ -167,7 +167,7 @@ def export(
     # written beside the target and renamed after the check: a failed export leaves no archive
     staging = target.with_name(f".{os.getpid()}-checking-{target.name}")
     release = src.mapping.release if src.mapping is not None else None
-    staged = archive.write(staging, graph, weights, builder.quant_text(), files, release)
+    staged = archive.write(staging, graph, weights, builder.quant_text(), files, release, huffman_only=True)
     report = ExportReport(
         path=staged,
         model_type=src.model_type,
