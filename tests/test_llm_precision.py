@@ -43,7 +43,10 @@ def test_q4_0_linear_and_embeddings(tmp_path: Path) -> None:
     assert plain.weight_bytes_by_format["q4_0"] > 0 and plain.original_errors
     assert len(llm.generate(plain.path, PROMPT, 8)) == 8
     model = llm_models.build("llama")  # untied: the embedding and LM head can be packed too
-    linear = llm.export(model, tmp_path / "b.nnef.tgz", compress="q4_0", check=False)
+    linear = llm.export(model, tmp_path / "b.nnef.tgz", compress="q4_0")
+    # unchecked, the writer packs each tensor as it writes it (quant.DeferredBlocks): same bytes
+    deferred = llm.export(model, tmp_path / "d.nnef.tgz", compress="q4_0", check=False)
+    assert deferred.path.read_bytes() == linear.path.read_bytes() and not deferred.errors
     both = llm.export(model, tmp_path / "c.nnef.tgz", compress="q4_0", embeddings="q4_0")
     assert both.errors and all(e.ok for e in both.errors)
     assert both.weight_bytes_by_format["q4_0"] > linear.weight_bytes_by_format["q4_0"]
