@@ -78,6 +78,7 @@ def test_bundle_and_io_samples_run_in_tract(folder: tuple[Path, Any], exported: 
     assert files["config.json"] == (folder[0] / "config.json").read_bytes()
     graph = files["graph.nnef"].decode()
     assert "extension tract_assert P + S <= 128;" in graph and "tract_core_properties" in graph
+    assert "_torchlower_cos" in graph and " sin(" not in graph  # rotary from tables (llm/rope.py)
     runnable = (
         tract.nnef().with_tract_extra().with_tract_transformers().load(str(exported.path)).into_runnable()
     )

@@ -203,9 +203,7 @@ def _edge(chain: list[str], slots: dict[str, _Slot], label: str) -> str:
     text = ""
     if label:
         lx, ly = (pts[0][0] + pts[1][0]) / 2 + 4, (pts[0][1] + pts[1][1]) / 2
-        text = (
-            f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="9" fill="#333">{escape(label)}</text>'
-        )
+        text = f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="9" fill="#333">{escape(label)}</text>'
     return f'<g class="edge"><path d="{path}" fill="none" stroke="#555" marker-end="url(#arrow)"/>{text}</g>'
 
 

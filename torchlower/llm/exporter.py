@@ -23,7 +23,9 @@ from torchlower import tolerance as tolerances
 from torchlower.api import _build, _bytes_by_format, _eval_view
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks
+from torchlower.llm.alibi import alibi_table
 from torchlower.llm.precision import cache_dtype, drop_cache_casts
+from torchlower.llm.rope import rotary_tables
 from torchlower.llm.source import SourceError, check_tokenizer, open_source
 from torchlower.llm.wrapper import CachedCausalLM, CacheLayout, dynamic_rope_limit, layout_of, static_rope
 from torchlower.nnef import archive, guards, passes
@@ -126,7 +128,8 @@ def export(
     spec = dynamic.Spec.build(
         validate.dynamic_axes(axes, names_in, [t.dim() for t in example]), names_in, example
     )
-    with progress.stage("tracing (export)", unit="ops"), static_rope(model):
+    tracing = progress.stage("tracing (export)", unit="ops")
+    with tracing, static_rope(model), rotary_tables(model, context), alibi_table(model, context):
         builder = _build("export", wrapper, example, names_in, names_out, len(names_out), precision, spec)
     dequantized = None
     if compress is not None or embeddings == "q4_0":
