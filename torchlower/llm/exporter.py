@@ -24,6 +24,7 @@ from torchlower.api import _build, _bytes_by_format, _eval_view
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks
 from torchlower.llm.alibi import alibi_table
+from torchlower.llm.kv_pattern import unsplit_query_concats
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, drop_cache_casts, keep_f32
 from torchlower.llm.rope import rotary_tables
 from torchlower.llm.source import SourceError, check_tokenizer, open_source
@@ -151,6 +152,7 @@ def export(
         drop_cache_casts(builder)
     passes.optimize(builder)
     guards.apply(builder)
+    unsplit_query_concats(builder)
     keep_f32(builder, wrapper, parts)
     if src.mapping is not None:
         src.mapping.release_all()  # folds and passes may have read some weights
