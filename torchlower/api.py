@@ -480,7 +480,15 @@ def _flatten_outputs(out: Any) -> list[torch.Tensor]:
     leaves, _ = torch.utils._pytree.tree_flatten(out)
     bad = [type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)]
     if bad:
-        raise InvalidArgumentError(f"model outputs must be tensors; found {', '.join(sorted(set(bad)))}")
+        found = sorted(set(bad))
+        fix = "return tensors, or tuples / lists / dicts of tensors"
+        if any(name.endswith("Cache") for name in found):  # transformers' DynamicCache & co.
+            fix = (
+                "the model returns its KV cache object: build it with use_cache=False"
+                " (model.config.use_cache = False), or export a causal LM with its cache as tensors"
+                " through torchlower.llm.export (docs/llm.md)"
+            )
+        raise InvalidArgumentError(f"model outputs must be tensors; found {', '.join(found)}: {fix}")
     return leaves
 
 
