@@ -57,13 +57,13 @@ def _table_able(module: nn.Module) -> bool:
 def _install(module: nn.Module, context: int) -> bool:
     """Build the tables with the module itself; keep them only if lookups reproduce it exactly."""
     inv_freq = module.inv_freq
+    if 2 * context * 2 * inv_freq.numel() * 4 > TABLE_LIMIT:  # cos + sin, [context, 2 x freqs] f32
+        return False
     probe = torch.zeros(1, 1, dtype=torch.float32, device=inv_freq.device)
     positions = torch.arange(context, device=inv_freq.device)[None]
     with torch.no_grad():
         cos, sin = module(probe, positions)
     if cos.dim() != 3 or cos.shape[:2] != (1, context) or sin.shape != cos.shape:
-        return False
-    if 2 * cos.numel() * cos.element_size() > TABLE_LIMIT:
         return False
     module.register_buffer("_torchlower_cos", cos[0].contiguous(), persistent=False)
     module.register_buffer("_torchlower_sin", sin[0].contiguous(), persistent=False)
