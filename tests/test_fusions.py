@@ -121,3 +121,39 @@ def test_f16_export_is_left_alone(tmp_path):
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
     report = torchlower.export(layer, torch.randn(1, 8, 32), tmp_path / "m.nnef.tar", precision="f16")
     assert report.op_histogram["tract_transformers_sdpa"] == 0
+
+
+class RaggedSoftmax(nn.Module):
+    """Softmax rows of 50 into a matmul and of 40 into an add (neither a multiple of 64)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = x @ x.transpose(-2, -1)
+        return scores.softmax(-1) @ x + (x * 3.0).softmax(-1)
+
+
+def test_ragged_softmax_rows_are_padded(monkeypatch, tmp_path):
+    """Rows padded with -inf weights: same numbers, and v padded instead of the weights sliced."""
+    plain, fused = _both(monkeypatch, tmp_path, RaggedSoftmax(), torch.randn(2, 50, 40))  # 50² > flash
+    assert plain.op_histogram["pad"] == 0
+    assert fused.op_histogram["pad"] == 3 and fused.op_histogram["slice"] == 1
+
+
+def test_padded_rows_keep_inf_and_lowest_rows(tmp_path):
+    """A row of -inf stays NaN and a row of finfo.min stays uniform, as in PyTorch (a finite pad
+    value would tie with finfo.min and change that row)."""
+
+    class Plain(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.softmax(-1)
+
+    x = torch.randn(3, 70)
+    x[1] = float("-inf")
+    x[2] = torch.finfo(torch.float32).min
+    report = torchlower.export(Plain(), x, tmp_path / "p.nnef.tar", check=False)  # NaN is the answer
+    assert report.op_histogram["pad"] == 1
+    got = run_in_tract(report.path, [x.numpy()])[0]
+    want = Plain()(x).numpy()
+    assert (torch.isnan(torch.from_numpy(got)) == torch.isnan(torch.from_numpy(want))).all()
+    finite = ~torch.isnan(torch.from_numpy(want))
+    assert abs(got[finite.numpy()] - want[finite.numpy()]).max() <= 1e-6
+    assert abs(got[2] - 1 / 70).max() <= 1e-7
