@@ -9,9 +9,7 @@ kernel computes what the chain computes (see each docstring).
   group of 4 heads, median of 10 rounds): 0.4–0.7× the time of the matmul/softmax chain for
   ``L·S`` ≤ 48², but 2–3× slower from 64×64 up (its 32×32 tiles are ndarray dots, not tract's
   packed matmuls), so it fires only up to ``MAX_FLASH_AREA``.
-- ``pad_softmax_rows``: a last-axis ``softmax`` whose row length is not a multiple of 64 runs on
-  rows padded to one (see its docstring): tract 0.23.9's softmax kernel takes 2× longer on a
-  ragged row tail than on 64 more aligned elements.
+- then ``rows.apply``: last-axis softmax and max in the forms tract runs fastest (``nnef/rows.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from torchlower.nnef.passes import _const, _producers, _rewrite, _uses, _variabl
 from torchlower.values import Value
 
 Assignment = text.Assignment
-ROW_ALIGN = 64  # tract's softmax kernel runs whole rows of 64 floats fast, a ragged tail slowly
 MAX_FLASH_AREA = 48 * 48  # query length × key length up to which flash SDPA beat matmul+softmax
 # tract's flash kernel skips a 32×32 tile whose mask entries are all below -65503; a row whose
 # largest mask entry is at least this keeps every skipped entry ≥ 55 000 below its maximum, so
@@ -40,8 +37,10 @@ _FILL_CEILING = -1e9
 def apply(b: NNEFBuilder) -> bool:
     if not b.tract or b.precision != "f32" or b.quantization:
         return False
+    from torchlower.nnef import rows
+
     changed = fuse_attention(b)
-    return pad_softmax_rows(b) or changed
+    return rows.apply(b) or changed
 
 
 def fuse_attention(b: NNEFBuilder) -> bool:
@@ -205,90 +204,3 @@ def _additive(
     if (mask.amax(dim=-1) < _ROW_FLOOR).any():
         return None  # a row that attends nothing: tract's kernel and the chain disagree there
     return mask.clamp(min=torch.finfo(torch.float32).min).contiguous()
-
-
-def _aligned_length(n: int) -> int | None:
-    """The padded row length for a softmax row of ``n``, or None where padding was not faster.
-
-    Measured (bench/ab.py, tract 0.23.9, one thread, 64-1024 rows): 16 → 37 µs and 17 → 64 µs
-    for 64 rows; 159 → 794 µs plain, 365 µs padded to 192 with the pad, mask add and slice;
-    lengths 16 and 32 and multiples of 64 are already fast, 24 gains under 10 %.
-    """
-    if n <= 24 or n == 32 or n % ROW_ALIGN == 0:
-        return None
-    return -(-n // ROW_ALIGN) * ROW_ALIGN
-
-
-def _zero_pad(pads: list[tuple[int, int]]) -> dict[str, Any]:
-    return {"padding": pads, "border": "constant", "value": 0.0}
-
-
-def pad_softmax_rows(b: NNEFBuilder) -> bool:
-    """``softmax(x, axes=[-1])`` → ``softmax(pad(x) + M)`` on rows padded to a multiple of 64.
-
-    The pad is 0.0 and ``M`` adds ``-inf`` to the padded columns only (NNEF has no ``-inf``
-    literal, so it sits in a small constant), so every padded weight is exactly
-    ``exp(-inf) = 0`` and the real ones are the unpadded softmax: a row of all ``-inf`` still
-    gives NaN and a row of all ``finfo.min`` still gives 1/n, as in PyTorch. When the softmax
-    feeds ``matmul(weights, v)`` (attention), ``v`` gets zero rows instead of slicing the
-    weights back (a smaller copy); otherwise the padded columns are sliced off.
-    """
-    uses = _uses(b)
-    consumers = {x.name: a for a in b.assignments for x in a.args if isinstance(x, Value)}
-    changed = False
-
-    def step(a: Assignment, out: list[Assignment]) -> bool:
-        nonlocal changed
-        if id(a) in retarget:
-            out.extend(retarget.pop(id(a)))
-            return True
-        x = a.args[0] if a.op == "softmax" and len(a.args) == 1 else None
-        shape = _static(x.shape) if isinstance(x, Value) and x.dtype == torch.float32 else None
-        if shape is None or not shape or a.attrs.get("axes") != [len(shape) - 1]:
-            out.append(a)
-            return False
-        n = shape[-1]
-        padded = _aligned_length(n)
-        if padded is None:
-            out.append(a)
-            return False
-        rank, y = len(shape), a.outputs[0]
-        pads = [(0, 0)] * (rank - 1) + [(0, padded - n)]
-        wide = [*shape[:-1], padded]
-        p = Value(b.fresh(f"{y.name}_rows"), torch.float32, tuple(wide))
-        out.append(Assignment([p], "pad", [x], _zero_pad(pads), a.scope))
-        tail = torch.zeros([1] * (rank - 1) + [padded])
-        tail[..., n:] = -math.inf
-        m, define = _variable(b, tail, f"constants/{y.name}_row_tail")
-        out.append(define)
-        p2 = Value(b.fresh(f"{y.name}_rows"), torch.float32, tuple(wide))
-        out.append(Assignment([p2], "add", [p, m], {}, a.scope))
-        s = Value(b.fresh(f"{y.name}_rows"), torch.float32, tuple(wide))
-        out.append(Assignment([s], "softmax", [p2], dict(a.attrs), a.scope))
-        mm = consumers.get(y.name) if uses[y.name] == 1 else None
-        v = mm.args[1] if mm is not None and mm.op == "matmul" and len(mm.args) == 2 else None
-        vs = _static(v.shape) if isinstance(v, Value) and v.dtype == torch.float32 else None
-        if (
-            mm is not None
-            and isinstance(mm.args[0], Value)
-            and mm.args[0].name == y.name
-            and v.name != y.name
-            and not mm.attrs.get("transposeA")
-            and not mm.attrs.get("transposeB")
-            and vs is not None
-            and len(vs) == rank
-            and vs[-2] == n
-        ):
-            vp = Value(b.fresh(f"{v.name}_rows"), torch.float32, (*vs[:-2], padded, vs[-1]))
-            vpads = [(0, 0)] * (rank - 2) + [(0, padded - n), (0, 0)]
-            pad_v = Assignment([vp], "pad", [v], _zero_pad(vpads), a.scope)
-            retarget[id(mm)] = [pad_v, Assignment(mm.outputs, "matmul", [s, vp], dict(mm.attrs), mm.scope)]
-        else:
-            end = {"axes": [rank - 1], "begin": [0], "end": [n]}
-            out.append(Assignment([y], "slice", [s], end, a.scope))
-        changed = True
-        return True
-
-    retarget: dict[int, list[Assignment]] = {}
-    _rewrite(b, step)
-    return changed
