@@ -99,9 +99,18 @@ def test_row_without_keys_is_not_fused(monkeypatch, tmp_path):
 
 
 def test_long_sequences_keep_matmul_and_softmax(monkeypatch, tmp_path):
-    """From 64×64 up tract's flash kernel is slower than its matmuls: the chain stays."""
-    _, fused = _both(monkeypatch, tmp_path, Causal(), torch.randn(1, 64, 32))
+    """Beyond 64×64 even a causal mask (whose masked tiles tract's kernel skips) leaves the
+    flash kernel slower than tract's matmuls: the chain stays."""
+    _, fused = _both(monkeypatch, tmp_path, Causal(), torch.randn(1, 72, 32))
     assert fused.op_histogram["tract_transformers_sdpa"] == 0 and _softmaxes(fused) == 1
+
+
+def test_flash_length_depends_on_skipped_tiles(monkeypatch, tmp_path):
+    """At 48×48 the causal mask fuses (a whole 32×32 tile is skipped), no mask does not."""
+    _, causal = _both(monkeypatch, tmp_path, Causal(), torch.randn(1, 48, 32))
+    _, dense = _both(monkeypatch, tmp_path, FloatMask(torch.zeros(1, 1, 48, 48)), torch.randn(1, 2, 48, 16))
+    assert causal.op_histogram["tract_transformers_sdpa"] == 1
+    assert dense.op_histogram["tract_transformers_sdpa"] == 0
 
 
 def test_weights_used_twice_are_not_fused(monkeypatch, tmp_path):
