@@ -9,11 +9,12 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml requirements-dev.txt
-	@# Graphviz draws `torchlower inspect --svg/--png`; best effort (root + apt only), never fatal
+	@# Graphviz is optional (pictures fall back to torchlower's own layout); installed here so the
+	@# suite also covers the Graphviz path. Best effort (root + apt only), never fatal
 	@command -v dot >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q graphviz >/dev/null 2>&1 || \
 		  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q graphviz >/dev/null 2>&1; }; }; } || \
-		echo "note: Graphviz (dot) not installed; graph pictures will be unavailable"
+		echo "note: Graphviz (dot) not installed; its picture tests are skipped"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
@@ -26,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check torchlower tests
 
 test: $(STAMP) lint
-	TORCHLOWER_VERIFY_COVERAGE=1 $(BIN)/python -m pytest -n 2 tests
+	TORCHLOWER_VERIFY_COVERAGE=1 $(BIN)/python -m pytest -n 2 --durations=25 tests
 
 # Re-record which test proves each rule in tract, then regenerate docs/operators.md from it.
 ops-doc: $(STAMP)

@@ -259,10 +259,9 @@ def test_ops_table() -> None:
     assert md == coverage.markdown()
 
 
-def test_progress_on_a_terminal_only(tmp_path: Path) -> None:
-    """A pty as stderr shows stage names; piped stderr (every other test) has none."""
+def stderr_on_a_terminal(*args: Any) -> str:
+    """What a command draws on a terminal's stderr (a pty), with progress shown at once."""
     master, slave = pty.openpty()
-    args = ["export", MLP, "-o", tmp_path / "p.nnef.tgz", "--input", "x:2x8"]
     proc = subprocess.Popen(
         [*command(), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE, stderr=slave,
         env=env(TORCHLOWER_PROGRESS_DELAY="0"),
@@ -280,7 +279,13 @@ def test_progress_on_a_terminal_only(tmp_path: Path) -> None:
         seen += chunk
     os.close(master)
     assert proc.wait(60) == 0
-    text = seen.decode("utf-8", "replace")
+    return seen.decode("utf-8", "replace")
+
+
+def test_progress_on_a_terminal_only(tmp_path: Path) -> None:
+    """A pty as stderr shows stage names; piped stderr (every other test) has none."""
+    args = ["export", MLP, "-o", tmp_path / "p.nnef.tgz", "--input", "x:2x8"]
+    text = stderr_on_a_terminal(*args)
     assert "lowering" in text or "tracing" in text
     quiet = cli(*args, "--quiet", "--no-check")
     assert quiet.returncode == 0 and quiet.stdout == "" and "tracing" not in quiet.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,10 +47,11 @@ def other():
 """
 
 
-def torchlower(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def torchlower(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "torchlower", *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, "-m", "torchlower", *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+        env={**os.environ, **env},
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +92,20 @@ def test_inspect_json_and_picture(folder: Path) -> None:
     assert data["picture"]["nodes"] == 23 and (folder / "net.svg").read_text().startswith("<?xml")
     text = torchlower("inspect", "net", cwd=folder)
     assert text.returncode == 0 and "sparse_coords" in text.stdout and "sha256" in text.stdout
+
+
+def test_pictures_without_graphviz(folder: Path) -> None:
+    """No `dot` on PATH: SVG and PNG of a lattice folder come from the Python layout."""
+    from PIL import Image
+
+    for fmt in ("svg", "png"):
+        done = torchlower(
+            "inspect", "net", "--json", f"--{fmt}", f"net.{fmt}", cwd=folder, PATH="/nonexistent"
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["picture"]["nodes"] == 23
+    assert "subm_conv3d" in (folder / "net.svg").read_text()
+    assert Image.open(folder / "net.png").format == "PNG"
 
 
 def test_check_against_the_model(folder: Path) -> None:

@@ -151,3 +151,16 @@ def test_transformers_model(tmp_path, frontend, name):
         # transformers models branch on tensor values / shapes: torch.fx symbolic tracing cannot follow
         pytest.skip(f"{name}: not symbolically traceable by torch.fx ({str(exc)[:120]})")
     assert report.max_abs_error <= 1e-4
+
+
+def test_a_returned_kv_cache_is_refused_with_the_way_out(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A bare ``GPT2Model`` returns its DynamicCache: the error says use_cache=False or llm.export,
+    and leaves no file."""
+    import torchlower
+    from torchlower.errors import InvalidArgumentError
+
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=99))
+    with pytest.raises(InvalidArgumentError, match=r"DynamicCache.*use_cache=False.*torchlower\.llm\.export"):
+        torchlower.export(model.eval(), (torch.randint(0, 99, (1, 5)),), tmp_path / "g.nnef.tgz")
+    assert not (tmp_path / "g.nnef.tgz").exists()

@@ -84,11 +84,14 @@ class _Outer(nn.Module):
         return self.block(x)
 
 
-def test_export_front_end_errors_name_module_and_source_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
+def test_errors_name_module_and_source_line(frontend: str, tmp_path: Path) -> None:
+    """Every front end names the model's own line (jit: its recorded stack; fx: the stack traces
+    the tracer records), not torch's frames and not ``<top level>``."""
     from torchlower.errors import UnsupportedOpsError
 
     with pytest.raises(UnsupportedOpsError) as caught:
-        torchlower.export(_Outer().eval(), torch.randn(2, 3, 3), tmp_path / "x.nnef.tgz", frontend="export")
+        torchlower.export(_Outer().eval(), torch.randn(2, 3, 3), tmp_path / "x.nnef.tgz", frontend=frontend)
     text = str(caught.value)
     line = _Inner.forward.__code__.co_firstlineno + 1
     assert f"aten::linalg_det ×1 (first used at block.1 (test_names.py:{line} in forward))" in text

@@ -91,9 +91,32 @@ def test_grouped_picture_with_graphviz(encoder: Path, tmp_path: Path) -> None:
     assert drawn.count('class="cluster"') == 2 and ">layers.0.self_attn<" in drawn
 
 
-def test_png_without_graphviz_names_the_way_out(encoder: Path, tmp_path: Path) -> None:
-    proc = cli("inspect", encoder, "--png", tmp_path / "x.png", PATH=str(tmp_path))
-    assert proc.returncode == 2 and "--svg" in proc.stderr
+def test_png_without_graphviz(encoder: Path, tmp_path: Path) -> None:
+    """No `dot`: PNG is the same Python layout rasterized with Pillow, byte-identical when redrawn."""
+    from PIL import Image
+
+    first, again = tmp_path / "a.png", tmp_path / "b.png"
+    pic = no_dot_json("inspect", encoder, "--png", first)["picture"]
+    no_dot_json("inspect", encoder, "--png", again)
+    assert pic["renderer"] == "python" and pic["format"] == "png"
+    assert first.read_bytes() == again.read_bytes()
+    image = Image.open(first)
+    assert image.format == "PNG" and image.width > 200 and image.height > 400
+    colours = {rgb for _, rgb in image.convert("RGB").getcolors(1 << 20)}
+    for family in ("attention", "normalization"):
+        hex_colour = op_families.color(family).lstrip("#")
+        assert tuple(int(hex_colour[i : i + 2], 16) for i in (0, 2, 4)) in colours, family
+
+
+def test_png_of_a_long_graph_is_scaled_to_open() -> None:
+    from torchlower.cli import picture_png
+    from torchlower.cli.picture_layout import Scene
+
+    assert picture_png.scale_for(Scene(800, 600)) == 2.0
+    tall = Scene(900, 400_000)
+    k = picture_png.scale_for(tall)
+    assert tall.height * k <= picture_png.MAX_SIDE
+    assert tall.width * tall.height * k * k <= picture_png.MAX_PIXELS
 
 
 TRACT_OPS = """

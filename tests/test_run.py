@@ -12,7 +12,7 @@ import torch
 
 import torchlower
 from tests.cli_models import TwoHeads
-from tests.test_cli import cli, cli_json
+from tests.test_cli import cli, cli_json, stderr_on_a_terminal
 from torchlower.errors import CheckError, InvalidArgumentError
 
 
@@ -177,43 +177,11 @@ def test_progress_is_silent_when_piped(dynamic: tuple[Path, Any]) -> None:
     assert os.environ.get("TORCHLOWER_PROGRESS") != "0"
 
 
-def _stderr_on_a_terminal(*args: Any) -> str:
-    """What a command draws on a terminal's stderr (a pty), with progress shown at once."""
-    import pty
-    import select
-    import subprocess
-
-    from tests.test_cli import ROOT, command, env
-
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [*command(), *map(str, args)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=slave,
-        env=env(TORCHLOWER_PROGRESS_DELAY="0"),
-    )
-    os.close(slave)
-    seen = b""
-    while True:
-        ready, _, _ = select.select([master], [], [], 60)
-        try:
-            chunk = os.read(master, 65536) if ready else b""
-        except OSError:
-            chunk = b""
-        if not chunk:
-            break
-        seen += chunk
-    os.close(master)
-    assert proc.wait(60) == 0
-    return seen.decode("utf-8", "replace")
-
-
 def test_progress_of_run_and_picture_on_a_terminal(dynamic: tuple[Path, Any], tmp_path: Path) -> None:
-    ran = _stderr_on_a_terminal("run", dynamic[0], "--symbol", "B=2")
+    ran = stderr_on_a_terminal("run", dynamic[0], "--symbol", "B=2")
     # a stage is drawn once the display is up (a timer thread): the long ones always are
     assert "tract load+optimize" in ran and "running" in ran
-    drawn = _stderr_on_a_terminal("inspect", dynamic[0], "--svg", tmp_path / "p.svg")
+    drawn = stderr_on_a_terminal("inspect", dynamic[0], "--svg", tmp_path / "p.svg")
     assert "tract shapes" in drawn and "drawing" in drawn
     quiet = cli("run", dynamic[0], "--quiet")
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""

@@ -20,6 +20,7 @@ from torchlower import coverage, dynamic, progress, validate, verification
 from torchlower import tolerance as tolerances
 from torchlower.errors import (
     CheckError,
+    DynamicAxisError,
     InvalidArgumentError,
     LoweringError,
     TorchlowerError,
@@ -183,8 +184,10 @@ def export(
         frontend = candidate
         break
     else:
-        # a value-dependent trace is the most useful diagnosis: it names the line to rewrite
-        chosen = next((f for f in failures[::-1] if isinstance(f, ValueDependentTraceError)), failures[0])
+        # the most useful diagnosis first: a dynamic axis fixed by an argument (bounds), then a
+        # value-dependent trace (it names the line to rewrite), then the first front end's
+        preferred = (DynamicAxisError, ValueDependentTraceError)
+        chosen = next((f for kind in preferred for f in failures if isinstance(f, kind)), failures[0])
         for note in notes:
             chosen.add_note(note)
         raise chosen
@@ -480,7 +483,15 @@ def _flatten_outputs(out: Any) -> list[torch.Tensor]:
     leaves, _ = torch.utils._pytree.tree_flatten(out)
     bad = [type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)]
     if bad:
-        raise InvalidArgumentError(f"model outputs must be tensors; found {', '.join(sorted(set(bad)))}")
+        found = sorted(set(bad))
+        fix = "return tensors, or tuples / lists / dicts of tensors"
+        if any(name.endswith("Cache") for name in found):  # transformers' DynamicCache & co.
+            fix = (
+                "the model returns its KV cache object: build it with use_cache=False"
+                " (model.config.use_cache = False), or export a causal LM with its cache as tensors"
+                " through torchlower.llm.export (docs/llm.md)"
+            )
+        raise InvalidArgumentError(f"model outputs must be tensors; found {', '.join(found)}: {fix}")
     return leaves
 
 

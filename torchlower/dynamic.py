@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchlower.errors import InvalidArgumentError, LoweringError
+from torchlower.errors import DynamicAxisError, InvalidArgumentError
 from torchlower.values import Dim, Shape, SymDim, Value
 
 UNFIT = object()  # fit_value's "no expression" (None is a legitimate constant)
@@ -385,7 +385,7 @@ def materialize(b: Any, d: SymDim) -> Value:
     return b.call("tract_core_cast", [d], {"to": "i64"}, dtype=torch.int64, shape=())
 
 
-def not_dynamic(spec: Spec, symbols: Sequence[str], what: str, advice: bool = True) -> LoweringError:
+def not_dynamic(spec: Spec, symbols: Sequence[str], what: str, advice: bool = True) -> DynamicAxisError:
     """The error for a size that cannot stay symbolic (one paragraph: input, axis, op, line)."""
     tail = (
         ". Make that size static (drop it from dynamic_axes), give it bounds the model accepts"
@@ -394,7 +394,7 @@ def not_dynamic(spec: Spec, symbols: Sequence[str], what: str, advice: bool = Tr
         if advice
         else ""
     )
-    return LoweringError(f"{spec.where(symbols)} cannot be dynamic: {what}{tail}")
+    return DynamicAxisError(f"{spec.where(symbols)} cannot be dynamic: {what}{tail}")
 
 
 # ---- scalar arithmetic on sizes -----------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 
 from torchlower import dtypes
 from torchlower.errors import InvalidArgumentError
-from torchlower.nnef.parse import Expr, Ident, Input
+from torchlower.nnef.graph_model import Expr, Ident, Input
 
 Inputs = Mapping[str, Any] | Sequence[Any] | np.ndarray
 

@@ -11,7 +11,8 @@ Nodes are coloured by op family (``op_families.py``), labelled with the op (or b
 module path, and carry the op's attributes as a tooltip. Edges carry tensor shapes, symbolic
 for dynamic graphs (``B×S×64``): tract derives them when it loads a copy of the graph that lists
 every tensor as an output (nothing is run). Graphviz draws the picture when ``dot`` is on PATH;
-otherwise ``svg_layout.py`` lays it out in Python (SVG only).
+otherwise ``picture_layout.py`` lays it out in Python and ``picture_svg`` / ``picture_png``
+draw it, so SVG and PNG need nothing beyond ``pip install torchlower``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from torchlower.cli import op_families
 from torchlower.cli.failures import usage_error
 from torchlower.errors import TorchlowerError
-from torchlower.nnef.parse import Expr, Graph, Ident, Invocation
+from torchlower.nnef.graph_model import Expr, Graph, Ident, Invocation
 
 log = logging.getLogger("torchlower")
 DETAILS = ("blocks", "ops")
@@ -84,23 +85,22 @@ def draw(artifact: Path, picture: Path, fmt: str, shapes: bool = True, detail: s
     if shapes:
         known.update(probe_shapes(artifact, art.graph))
     pic = build(art.graph, known, detail)
-    dot = shutil.which("dot")
     with progress.stage("drawing"):
-        if fmt == "dot":
-            picture.write_text(dot_source(pic))
-            return Drawn(len(pic.nodes), len(pic.edges), len(pic.clusters), "graphviz")
-        if dot is None:
-            if fmt != "svg":
-                raise usage_error(
-                    "PNG pictures need Graphviz's `dot` program, which is not installed",
-                    "write --svg (drawn without Graphviz), or install Graphviz (apt-get install graphviz).",
-                )
-            from torchlower.cli import svg_layout
+        renderer = write_picture(pic, picture, fmt)
+    return Drawn(len(pic.nodes), len(pic.edges), len(pic.clusters), renderer)
 
-            picture.write_text(svg_layout.svg(pic))
-            return Drawn(len(pic.nodes), len(pic.edges), len(pic.clusters), "python")
-        render(dot, dot_source(pic), picture, fmt)
-    return Drawn(len(pic.nodes), len(pic.edges), len(pic.clusters), "graphviz")
+
+def write_picture(pic: Picture, picture: Path, fmt: str) -> str:
+    """Graphviz when ``dot`` is on PATH, else the Python layout; returns which one drew it."""
+    if fmt == "dot":
+        picture.write_text(dot_source(pic))
+        return "graphviz"
+    dot = shutil.which("dot")
+    if dot is None:
+        write_python_picture(pic, picture, fmt)
+        return "python"
+    render(dot, dot_source(pic), picture, fmt)
+    return "graphviz"
 
 
 # ---- shapes -------------------------------------------------------------------------------
@@ -358,6 +358,21 @@ def dot_source(pic: Picture) -> str:
 
 def _esc(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def write_python_picture(pic: Picture, picture: Path, fmt: str) -> None:
+    """Draw without Graphviz: the Python layered layout, written as SVG or rasterized as PNG."""
+    from torchlower.cli import picture_layout
+
+    scene = picture_layout.scene(pic)
+    if fmt == "svg":
+        from torchlower.cli import picture_svg
+
+        picture.write_text(picture_svg.svg(scene))
+    else:
+        from torchlower.cli import picture_png
+
+        picture.write_bytes(picture_png.png(scene))
 
 
 def render(dot: str, source: str, picture: Path, fmt: str) -> None:

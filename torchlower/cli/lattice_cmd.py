@@ -7,9 +7,6 @@ NNEF commands and the lattice ones share their options but not their code.
 from __future__ import annotations
 
 import argparse
-import html
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ from torchlower.cli import specs
 from torchlower.cli.console import Output
 from torchlower.cli.factory import build_model
 from torchlower.cli.failures import output_error, short, usage_error
+from torchlower.cli.graph_picture import Edge, Node, Picture, write_picture
 
 
 def is_lattice(target: Path) -> bool:
@@ -67,88 +65,56 @@ def render_inspect(console: Console, data: dict[str, Any]) -> None:
     console.print(t)
 
 
-FAMILIES = {
-    "input": "#b7e1a1",
-    "weight": "#e0e0e0",
-    "conv": "#8ecae6",
-    "pool": "#90be6d",
-    "feature": "#ffb703",
-    "sparse": "#f4a261",
-    "points": "#cdb4db",
-}
-
-
 def family(op: str) -> str:
+    """The op family of the NNEF pictures (same colours): a sparse net reads like a dense one."""
     if op == "weight":
         return "weight"
-    if "conv" in op:
-        return "conv"
+    if "conv" in op or op in ("linear", "embedding_lookup"):
+        return "linear"
     if "pool" in op or op == "trilinear_upsample3d":
-        return "pool"
-    if op.startswith("sparse."):
-        return "sparse"
-    if op in ("voxelize", "devoxelize"):
-        return "points"
-    return "feature"
+        return "pooling"
+    if op.startswith("sparse.") or op in ("voxelize", "devoxelize"):
+        return "layout"
+    if op in ("activation", "softmax"):
+        return "activation"
+    if "norm" in op:
+        return "normalization"
+    return "arithmetic"
 
 
-def draw(folder: Any, picture: Path, fmt: str) -> tuple[int, int]:
+def picture(folder: Any) -> Picture:
     """One node per input and op (weights as grey cylinders), one edge per operand use."""
     art = folder.artifact
-    lines = [
-        "digraph lattice {",
-        '  graph [rankdir=TB, fontname="Helvetica", fontsize=11, nodesep=0.25, ranksep=0.35];',
-        '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11];',
-        '  edge [color="#555555", arrowsize=0.7];',
-    ]
     producer: dict[str, str] = {}
-    used: dict[str, str] = {}
+    nodes: list[Node] = []
     for i, (name, role) in enumerate(zip(art.input_names, art.input_roles, strict=True)):
         producer[name] = f"i{i}"
-        used.setdefault("input", FAMILIES["input"])
-        label = f"<<b>{html.escape(name)}</b><br/><font point-size='9'>{html.escape(role)}</font>>"
-        lines.append(f'  i{i} [label={label}, shape=ellipse, fillcolor="{FAMILIES["input"]}"];')
+        nodes.append(Node(f"i{i}", name, role, f"input {name} ({role})", "input", shape="ellipse"))
     outputs = set(art.returns)
+    edges: list[Edge] = []
     for i, op in enumerate(art.ops):
         kind = family(op.op)
-        used.setdefault(kind, FAMILIES[kind])
-        for r in op.results:
-            producer[r] = f"n{i}"
-        name = html.escape(", ".join(op.results))
-        shape = "cylinder" if kind == "weight" else "box"
-        label = (
-            f"<{html.escape(op.attrs.get('storage_key', name))}>"
-            if kind == "weight"
-            else f"<<b>{html.escape(op.op)}</b><br/><font point-size='9'>{name}</font>>"
-        )
-        border = ", peripheries=2" if outputs.intersection(op.results) else ""
-        lines.append(f'  n{i} [label={label}, shape={shape}, fillcolor="{FAMILIES[kind]}"{border}];')
-    edges = 0
-    for i, op in enumerate(art.ops):
+        results = ", ".join(op.results)
         for src in dict.fromkeys(op.operands):
             if src in producer:
-                lines.append(f"  {producer[src]} -> n{i};")
-                edges += 1
-    cells = "".join(f'<td bgcolor="{c}">  {k}  </td>' for k, c in used.items())
-    lines += [f'  label=<<table border="0" cellspacing="4"><tr>{cells}</tr></table>>;', "}"]
-    source = "\n".join(lines) + "\n"
-    if fmt == "dot":
-        picture.write_text(source)
-    else:
-        _render(source, picture, fmt)
-    return len(art.input_names) + len(art.ops), edges
+                edges.append(Edge(producer[src], f"n{i}", ""))
+        for r in op.results:
+            producer[r] = f"n{i}"
+        if kind == "weight":
+            key = str(op.attrs.get("storage_key", results))
+            nodes.append(Node(f"n{i}", key, results, f"weight {key}", kind, shape="cylinder"))
+        else:
+            tip = f"{op.op} -> {results}"
+            nodes.append(
+                Node(f"n{i}", op.op, results, tip, kind, output=bool(outputs.intersection(op.results)))
+            )
+    return Picture(nodes, edges)
 
 
-def _render(source: str, picture: Path, fmt: str) -> None:
-    dot = shutil.which("dot")
-    if dot is None:
-        raise usage_error(
-            "drawing needs Graphviz's `dot` program, which is not installed",
-            "install Graphviz, or write the source with --dot graph.dot and render it elsewhere.",
-        )
-    proc = subprocess.run([dot, f"-T{fmt}", "-o", str(picture)], input=source, text=True, capture_output=True)
-    if proc.returncode != 0:
-        raise usage_error(f"Graphviz failed to draw {picture}: {proc.stderr.strip()[:500]}")
+def draw(folder: Any, target: Path, fmt: str) -> tuple[int, int]:
+    pic = picture(folder)
+    write_picture(pic, target, fmt)
+    return len(pic.nodes), len(pic.edges)
 
 
 # ---- check ------------------------------------------------------------------------------------

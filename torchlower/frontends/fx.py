@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 
 from torchlower import progress
 from torchlower.errors import InvalidArgumentError, LoweringError
-from torchlower.frontends import fx_dynamic, fx_views, pycalls
+from torchlower.frontends import fx_dynamic, fx_views, provenance, pycalls
 from torchlower.frontends.fx_index import fold as _fold
 from torchlower.frontends.fx_index import lower_getitem, lower_setitem, static
 from torchlower.frontends.fx_trace import EXAMPLE, ShapePass, Tracer, trace
@@ -243,8 +243,10 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 def source_location(node: fx.Node, scope: str) -> str | None:
     """``block.1 (model.py:12 in forward)``: the module path and the model's source line, from
-    the ``stack_trace`` torch.export / FX keep in node meta (the innermost frame is the call)."""
+    the ``stack_trace`` torch.export / FX keep in node meta: its innermost frame of the user's code
+    (symbolic tracing records torch.fx's own frames below it)."""
     frames = _FRAME.findall(str(node.meta.get("stack_trace") or ""))
+    frames = [f for f in frames if not provenance.is_library(f[0])] or frames
     line = f"{Path(frames[-1][0]).name}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
     if not (scope or line):
         return None

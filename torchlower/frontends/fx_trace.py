@@ -49,6 +49,7 @@ class Tracer(fx.Tracer):
         self.rules.ensure_loaded()
         wrapped = [k for k in self.rules.functions if isinstance(k, types.FunctionType)]
         super().__init__((math,), tuple(autowrap_functions) + tuple(wrapped))
+        self.record_stack_traces = True  # node.meta["stack_trace"]: errors name the model's line
         self._traceable: dict[int, bool] = {}
         self.example = example  # real inputs, when known: ``forward(self, *xs)``, ``a, b = f(x)``
         self._values: dict[fx.Node, Any] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -185,6 +186,7 @@ def _lower_node(
 ) -> Any:
     kind = node.kind()
     where = _scope(node)
+    session.location = _source_location(node, where)
     if kind == "prim::Constant":
         value = node.output().toIValue()
         return constant(value, name="const") if isinstance(value, torch.Tensor) else value
@@ -395,6 +397,19 @@ def _split_params(params: str) -> list[str]:
             current += ch
     parts.append(current)
     return [p for p in (p.strip() for p in parts) if p and p != "*"]
+
+
+_JIT_FRAME = re.compile(r"^(.*)\((\d+)\): (\S+)$", re.MULTILINE)
+
+
+def _source_location(node: torch._C.Node, scope: str) -> str | None:
+    """``block.1 (model.py:12 in forward)``: the innermost frame of the trace's recorded stack that
+    is the user's code (not torch's or torchlower's), so errors name the model's line."""
+    for path, line, fn in _JIT_FRAME.findall(node.sourceRange()):
+        if not provenance.is_library(path):
+            where = f"{Path(path).name}:{line} in {fn}"
+            return f"{scope} ({where})" if scope else where
+    return scope or None
 
 
 def _scope(node: torch._C.Node) -> str:

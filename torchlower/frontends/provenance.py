@@ -93,10 +93,15 @@ class _Taint(TorchFunctionMode):
         return out
 
 
+def is_library(path: str) -> bool:
+    """A frame of torch's or torchlower's own code, not the model's."""
+    return path.startswith((_TORCH_DIR, _OWN_DIR))
+
+
 def _user_frame(what: str) -> Conversion:
     """The innermost frame outside torch and torchlower: the model's own source line."""
     for frame in reversed(traceback.extract_stack()):
-        if not frame.filename.startswith((_TORCH_DIR, _OWN_DIR)) and frame.filename[:1] != "<":
+        if not is_library(frame.filename) and frame.filename[:1] != "<":
             code = (frame.line or linecache.getline(frame.filename, frame.lineno or 0)).strip()
             return Conversion(what, frame.filename, frame.lineno or 0, code)
     return Conversion(what, "<unknown>", 0, "")
@@ -105,7 +110,7 @@ def _user_frame(what: str) -> Conversion:
 def raised_at(exc: BaseException) -> str | None:
     """``model.py:12: `x.reshape(2, 8)``` — the model's own line an exception came from."""
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if not frame.filename.startswith((_TORCH_DIR, _OWN_DIR)) and frame.filename[:1] != "<":
+        if not is_library(frame.filename) and frame.filename[:1] != "<":
             code = (frame.line or "").strip()
             return f"{Path(frame.filename).name}:{frame.lineno}" + (f": `{code}`" if code else "")
     cause = exc.__cause__ or exc.__context__

@@ -223,8 +223,10 @@ def _keeps_batch_axes(reshape: Assignment, x: Value) -> bool:
     if not isinstance(source, Value) or source.shape is None or x.shape is None:
         return False
     batch = list(x.shape[:-2])
-    return len(source.shape) >= len(batch) and list(source.shape[: len(batch)]) == batch and all(
-        isinstance(d, int) for d in batch
+    return (
+        len(source.shape) >= len(batch)
+        and list(source.shape[: len(batch)]) == batch
+        and all(isinstance(d, int) for d in batch)
     )
 
 

@@ -14,12 +14,14 @@ results (``a, b = op(...)``).
 from __future__ import annotations
 
 import re
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torchlower.errors import ArtifactError
-from torchlower.nnef.known_ops import is_known_op
+from torchlower.nnef.graph_check import attach_metadata, check_graph
+from torchlower.nnef.graph_model import Expr, Graph, Ident, Input, Invocation, Variable, referenced_names
+
+__all__ = ["Expr", "Graph", "Ident", "Input", "Invocation", "Variable", "parse", "tokenize"]
 
 MAX_DEPTH = 64  # nesting of arrays/tuples/expressions; real graphs use < 5
 MAX_INT = 2**63 - 1
@@ -34,90 +36,6 @@ _TOKEN = re.compile(
       |(?P<op>->|<=|>=|==|!=|&&|\|\||[()\[\]{}<>,;:=+\-*/^?!])""",
     re.VERBOSE,
 )
-
-
-@dataclass(frozen=True)
-class Ident:
-    """A reference to a tensor or a symbol (``B``) inside an argument."""
-
-    name: str
-
-    def __str__(self) -> str:
-        return self.name
-
-
-@dataclass(frozen=True)
-class Expr:
-    """Arithmetic on literals and identifiers (``B * 2``, ``-S``)."""
-
-    op: str
-    args: tuple[Any, ...]
-
-    def __str__(self) -> str:
-        if self.op in ("min", "max"):
-            return f"{self.op}({', '.join(_show(a) for a in self.args)})"
-        if len(self.args) == 1:
-            return f"{self.op}{_show(self.args[0])}"
-        return f"({_show(self.args[0])} {self.op} {_show(self.args[1])})"
-
-
-@dataclass
-class Invocation:
-    """``outputs = op<generic>(args, attrs);`` at ``line``."""
-
-    line: int
-    outputs: list[str]
-    op: str
-    generic: str | None
-    args: list[Any]
-    attrs: dict[str, Any]
-    call: bool = True  # False for tract's plain ``x = [[0.5]];`` / ``y = x;`` (op "literal" / "alias")
-    scope: str = ""  # module path from the nearest ``# module: PATH`` comment above (torchlower's)
-
-
-@dataclass(frozen=True)
-class Input:
-    name: str
-    shape: tuple[Any, ...]  # ints, symbol names (str) or Expr
-    dtype: str  # tract datum type ('f32', 'i64', ...) or 'scalar'/'integer'/'logical'
-    line: int
-
-
-@dataclass(frozen=True)
-class Variable:
-    name: str
-    label: str
-    shape: tuple[int, ...]
-    kind: str  # scalar | integer | logical
-    line: int
-
-
-@dataclass
-class Graph:
-    """What ``graph.nnef`` declares, checked for internal consistency."""
-
-    name: str
-    version: str
-    extensions: list[str]
-    symbols: list[str]
-    fragments: list[str]
-    inputs: list[Input]
-    outputs: list[str]
-    assignments: list[Invocation]
-    variables: list[Variable] = field(default_factory=list)
-    # name -> line of its first assignment, for names assigned again later. tract accepts this
-    # (its builder's scope is a map: a later assignment shadows the earlier one from there on)
-    # and torch_to_nnef writes it for shapes; the Khronos parser refuses it. torchlower never does.
-    reassigned: dict[str, int] = field(default_factory=dict)
-    # ``# example sizes: B=2, S=6`` (torchlower's): the sizes the export traced and verified at
-    example_sizes: dict[str, int] = field(default_factory=dict)
-
-    def op_histogram(self) -> Counter[str]:
-        return Counter(a.op for a in self.assignments)
-
-
-def _show(value: Any) -> str:
-    return str(value) if isinstance(value, (Ident, Expr)) else repr(value)
 
 
 @dataclass
@@ -275,7 +193,7 @@ class _Parser:
         if not self._is_call():
             value = self.expr(0)
             self.take(";")
-            op = "alias" if _idents(value) else "literal"
+            op = "alias" if referenced_names(value) else "literal"
             return Invocation(line, outputs, op, None, [value], {}, call=False)
         op = self.ident()
         generic = None
@@ -439,103 +357,6 @@ def parse(text: str | bytes) -> Graph:
         line = text[: text.index("\0")].count("\n") + 1
         raise ArtifactError(f"graph.nnef line {line}: NUL byte in the text")
     graph = _Parser(text).document()
-    _check(graph)
-    _attach_scopes(graph, text)
+    check_graph(graph)
+    attach_metadata(graph, text)
     return graph
-
-
-_SCOPE = re.compile(r"^[ \t]*# module: ?(.*)$")
-
-
-_SIZES = re.compile(r"^# example sizes: ((?:[A-Za-z_]\w*=\d{1,12}(?:, )?)+)$", re.MULTILINE)
-
-
-def _attach_scopes(graph: Graph, text: str) -> None:
-    """Give each assignment the module path of the last ``# module:`` comment before its line;
-    read the example sizes of declared symbols."""
-    sizes = _SIZES.search(text[:65536])
-    if sizes:
-        pairs = (item.split("=") for item in sizes.group(1).split(", ") if item)
-        graph.example_sizes = {k: int(v) for k, v in pairs if k in graph.symbols}
-    lines = text.split("\n")
-    marks = [(i + 1, m.group(1).strip()) for i, line in enumerate(lines) if (m := _SCOPE.match(line))]
-    if not marks:
-        return
-    k, scope = 0, ""
-    for a in graph.assignments:
-        while k < len(marks) and marks[k][0] < a.line:
-            scope = marks[k][1][:1000]
-            k += 1
-        a.scope = scope
-
-
-def _check(graph: Graph) -> None:
-    """Single assignment, references to defined names only, known ops, declared I/O."""
-    fragments = set(graph.fragments)
-    symbols = set(graph.symbols)
-    first_line: dict[str, int] = {}
-    for a in graph.assignments:
-        if len(set(a.outputs)) != len(a.outputs):
-            raise ArtifactError(f"graph.nnef line {a.line}: a name appears twice on the left of '='")
-        for name in a.outputs:
-            if name in first_line:
-                graph.reassigned.setdefault(name, first_line[name])
-            else:
-                first_line[name] = a.line
-    defined: set[str] = set()
-    for a in graph.assignments:
-        if a.call and not is_known_op(a.op) and a.op not in fragments:
-            raise ArtifactError(f"graph.nnef line {a.line}: unknown op {a.op!r}")
-        for ref in _idents([a.args, list(a.attrs.values())]):
-            if ref in defined or ref in symbols:
-                continue
-            if ref in first_line:
-                raise ArtifactError(
-                    f"graph.nnef line {a.line}: {ref!r} is used before its assignment"
-                    f" at line {first_line[ref]}"
-                )
-            raise ArtifactError(f"graph.nnef line {a.line}: {ref!r} is not defined")
-        if a.op == "variable":
-            graph.variables.append(_variable(a))
-        defined.update(a.outputs)
-    for name in graph.outputs:
-        if name not in defined:
-            raise ArtifactError(f"graph.nnef: output {name!r} is never assigned")
-    for inp in graph.inputs:
-        if inp.name in graph.reassigned:
-            again = next(a.line for a in graph.assignments if inp.name in a.outputs and a.line != inp.line)
-            raise ArtifactError(
-                f"graph.nnef line {again}: input {inp.name!r} is assigned again (declared at line {inp.line})"
-            )
-        if not inp.line:
-            raise ArtifactError(
-                f"graph.nnef: input {inp.name!r} is not declared with external/tract_core_external"
-            )
-    if len({i.name for i in graph.inputs}) != len(graph.inputs):
-        raise ArtifactError("graph.nnef: an input is listed twice in the graph header")
-    if len(set(graph.outputs)) != len(graph.outputs):
-        raise ArtifactError("graph.nnef: an output is listed twice in the graph header")
-
-
-def _variable(a: Invocation) -> Variable:
-    label, shape = a.attrs.get("label"), a.attrs.get("shape")
-    if len(a.outputs) != 1 or not isinstance(label, str) or not label:
-        raise ArtifactError(f"graph.nnef line {a.line}: variable needs one result and a string label")
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise ArtifactError(f"graph.nnef line {a.line}: variable {label!r} needs shape = [non-negative ints]")
-    kind = a.generic or "scalar"
-    if kind not in ("scalar", "integer", "logical"):
-        raise ArtifactError(f"graph.nnef line {a.line}: variable<{kind}> is not a tensor type")
-    return Variable(a.outputs[0], label, tuple(shape), kind, a.line)
-
-
-def _idents(value: Any) -> list[str]:
-    if isinstance(value, Ident):
-        return [value.name]
-    if isinstance(value, Expr):
-        return [n for v in value.args for n in _idents(v)]
-    if isinstance(value, (list, tuple)):
-        return [n for v in value for n in _idents(v)]
-    return []

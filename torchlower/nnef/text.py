@@ -87,7 +87,7 @@ SIZES_COMMENT = "# example sizes: "  # symbol sizes of the inputs the export tra
 def with_scopes(assignments: Sequence[Assignment], lines: Sequence[str]) -> list[str]:
     """``lines`` (one per assignment) with a ``# module: PATH`` comment wherever the module
     changes. tract and the Khronos parser skip comments; the picture and ``inspect`` read them
-    to group nodes by module (``nnef/parse.py`` attaches them to the assignments)."""
+    to group nodes by module (``nnef/graph_check.py`` attaches them to the assignments)."""
     out: list[str] = []
     current = ""
     for a, line in zip(assignments, lines, strict=True):

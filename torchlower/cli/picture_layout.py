@@ -1,20 +1,20 @@
-"""A layered (Sugiyama-style) layout of a ``Picture`` written as SVG, without Graphviz.
+"""A layered (Sugiyama-style) layout of a ``Picture`` as a ``Scene`` of boxes, curves and text.
 
-``pip install torchlower`` users get pictures on machines without ``dot``. The layout is the
+``pip install torchlower`` users get pictures on machines without ``dot``: ``picture_svg``
+writes a scene as SVG, ``picture_png`` rasterizes the same scene with Pillow. The layout is the
 classic recipe in its simplest useful form: layers by longest path from the inputs (in the
 graph's own order, so an edge that would close a cycle between collapsed blocks just points
 upwards), a virtual point per layer on long edges, a few barycenter sweeps to reduce
 crossings with the members of one cluster kept side by side, then x positions relaxed towards
-the neighbours' mean. Tooltips are SVG ``<title>`` elements (browsers show them on hover).
+the neighbours' mean.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
-from html import escape
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
-from torchlower.cli import op_families
 from torchlower.cli.graph_picture import Node, Picture
 
 CHAR_W, SMALL_W = 7.0, 5.6  # average glyph widths (px) of the 12 / 9.5 px Helvetica text
@@ -147,107 +147,99 @@ def _separate(row: list[_Slot]) -> None:
             a.x = need
 
 
-def svg(pic: Picture) -> str:
-    """The picture as a standalone SVG document."""
+Point = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class ClusterBox:
+    name: str
+    members: int
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+
+
+@dataclass(frozen=True)
+class EdgeCurve:
+    """An edge through its layers' points; drawn as one cubic Bézier per pair of points."""
+
+    points: tuple[Point, ...]
+    label: str
+
+    def segments(self) -> Iterator[tuple[Point, Point, Point, Point]]:
+        for (ax, ay), (bx, by) in itertools.pairwise(self.points):
+            mid = (ay + by) / 2
+            yield (ax, ay), (ax, mid), (bx, mid), (bx, by)
+
+    def label_at(self) -> Point:
+        (ax, ay), (bx, by) = self.points[0], self.points[1]
+        return (ax + bx) / 2 + 4, (ay + by) / 2
+
+
+@dataclass(frozen=True)
+class NodeBox:
+    node: Node
+    x: float  # centre
+    y: float
+    w: float
+    h: float
+
+
+@dataclass(frozen=True)
+class LegendItem:
+    family: str
+    x: float
+    y: float
+    w: float
+
+
+@dataclass
+class Scene:
+    """Everything a renderer draws, in pixels, back to front: clusters, edges, nodes, legend."""
+
+    width: float
+    height: float
+    clusters: list[ClusterBox] = field(default_factory=list)
+    edges: list[EdgeCurve] = field(default_factory=list)
+    nodes: list[NodeBox] = field(default_factory=list)
+    legend: list[LegendItem] = field(default_factory=list)
+
+
+def scene(pic: Picture) -> Scene:
+    """Lay ``pic`` out and place every shape."""
     slots, layers, chains = layout(pic)
     placed = [s for row in layers for s in row]
     width = max((s.x + s.width / 2 for s in placed), default=100.0) + PAD * 2
     height = max((s.y + NODE_H / 2 for s in placed), default=100.0) + PAD * 2 + 40
     width = max(width, 120.0 * len(pic.families()) / 1.5)
-    out = [
-        '<?xml version="1.0" encoding="UTF-8"?>',
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}"'
-        f' viewBox="0 0 {width:.0f} {height:.0f}" font-family="Helvetica, Arial, sans-serif">',
-        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7"'
-        ' markerHeight="7" orient="auto-start-reverse">'
-        '<path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
-        f'<rect width="{width:.0f}" height="{height:.0f}" fill="white"/>',
-    ]
-    out += _clusters(pic, slots)
-    out += [_edge(chain, slots, pic.edges[k].label) for k, chain in enumerate(chains)]
-    out += [_node(s) for s in placed if s.node is not None]
-    out += _legend(pic, height - 30)
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
-
-
-def _clusters(pic: Picture, slots: dict[str, _Slot]) -> list[str]:
-    parts = []
+    out = Scene(width, height)
     for cluster in pic.clusters:
         members = [slots[n.id] for n in pic.nodes if n.cluster == cluster]
-        x0 = min(s.x - s.width / 2 for s in members) - PAD
-        x1 = max(s.x + s.width / 2 for s in members) + PAD
-        y0 = min(s.y - NODE_H / 2 for s in members) - PAD - 14
-        y1 = max(s.y + NODE_H / 2 for s in members) + PAD
-        parts.append(
-            f'<g class="cluster"><title>{escape(cluster)} ({len(members)} nodes)</title>'
-            f'<rect x="{x0:.1f}" y="{y0:.1f}" width="{x1 - x0:.1f}" height="{y1 - y0:.1f}" rx="8"'
-            ' fill="#f6f8fc" stroke="#8899bb"/>'
-            f'<text x="{x0 + 8:.1f}" y="{y0 + 14:.1f}" font-size="12" fill="#334">'
-            f"{escape(cluster)}</text></g>"
+        out.clusters.append(
+            ClusterBox(
+                cluster,
+                len(members),
+                min(s.x - s.width / 2 for s in members) - PAD,
+                min(s.y - NODE_H / 2 for s in members) - PAD - 14,
+                max(s.x + s.width / 2 for s in members) + PAD,
+                max(s.y + NODE_H / 2 for s in members) + PAD,
+            )
         )
-    return parts
+    out.edges = [_curve(chain, slots, pic.edges[k].label) for k, chain in enumerate(chains)]
+    out.nodes = [NodeBox(s.node, s.x, s.y, s.width, NODE_H) for s in placed if s.node is not None]
+    x = PAD * 2
+    for fam in pic.families():
+        w = len(fam) * SMALL_W + 16
+        out.legend.append(LegendItem(fam, x, height - 30, w))
+        x += w + 6
+    return out
 
 
-def _edge(chain: list[str], slots: dict[str, _Slot], label: str) -> str:
+def _curve(chain: list[str], slots: dict[str, _Slot], label: str) -> EdgeCurve:
     points = [(slots[k].x, slots[k].y) for k in chain]
     (x0, y0), (x1, y1) = points[0], points[-1]
     down = y1 >= y0
     start = (x0, y0 + NODE_H / 2 if down else y0 - NODE_H / 2)
     end = (x1, y1 - NODE_H / 2 if down else y1 + NODE_H / 2)
-    pts = [start, *points[1:-1], end]
-    path = f"M{pts[0][0]:.1f},{pts[0][1]:.1f}"
-    for (ax, ay), (bx, by) in itertools.pairwise(pts):
-        mid = (ay + by) / 2
-        path += f" C{ax:.1f},{mid:.1f} {bx:.1f},{mid:.1f} {bx:.1f},{by:.1f}"
-    text = ""
-    if label:
-        lx, ly = (pts[0][0] + pts[1][0]) / 2 + 4, (pts[0][1] + pts[1][1]) / 2
-        text = (
-            f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="9" fill="#333">{escape(label)}</text>'
-        )
-    return f'<g class="edge"><path d="{path}" fill="none" stroke="#555" marker-end="url(#arrow)"/>{text}</g>'
-
-
-def _node(s: _Slot) -> str:
-    n = s.node
-    assert n is not None
-    fill = op_families.color(n.family)
-    x, y, w, h = s.x - s.width / 2, s.y - NODE_H / 2, s.width, NODE_H
-    if n.shape == "ellipse":
-        body = (
-            f'<ellipse cx="{s.x:.1f}" cy="{s.y:.1f}" rx="{w / 2:.1f}" ry="{h / 2:.1f}" fill="{fill}"'
-            ' stroke="#333"/>'
-        )
-    else:
-        weight = "2.2" if n.ops > 1 else "1.2"
-        radius = "2" if n.shape == "cylinder" else "6"
-        body = (
-            f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="{radius}" fill="{fill}"'
-            f' stroke="#333" stroke-width="{weight}"/>'
-        )
-    if n.output:
-        body += (
-            f'<rect x="{x - 3:.1f}" y="{y - 3:.1f}" width="{w + 6:.1f}" height="{h + 6:.1f}" rx="8"'
-            ' fill="none" stroke="#333"/>'
-        )
-    return (
-        f'<g class="node" id="{n.id}"><title>{escape(n.tooltip)}</title>{body}'
-        f'<text x="{s.x:.1f}" y="{s.y - 3:.1f}" font-size="12" font-weight="bold"'
-        f' text-anchor="middle">{escape(n.title)}</text>'
-        f'<text x="{s.x:.1f}" y="{s.y + 12:.1f}" font-size="9.5" text-anchor="middle"'
-        f' fill="#333">{escape(n.subtitle)}</text></g>'
-    )
-
-
-def _legend(pic: Picture, y: float) -> list[str]:
-    parts, x = [], PAD * 2
-    for fam in pic.families():
-        w = len(fam) * SMALL_W + 16
-        parts.append(
-            f'<g class="legend"><rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="18" rx="3"'
-            f' fill="{op_families.color(fam)}" stroke="#999"/><text x="{x + 8:.1f}" y="{y + 13:.1f}"'
-            f' font-size="9.5">{escape(fam)}</text></g>'
-        )
-        x += w + 6
-    return parts
+    return EdgeCurve((start, *points[1:-1], end), label)

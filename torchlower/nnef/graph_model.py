@@ -1,0 +1,103 @@
+"""The parsed form of ``graph.nnef``: what the parser returns and readers (runner, pictures,
+inspection) walk. Kept apart from the parser so a reader imports data, not grammar."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Ident:
+    """A reference to a tensor or a symbol (``B``) inside an argument."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Expr:
+    """Arithmetic on literals and identifiers (``B * 2``, ``-S``)."""
+
+    op: str
+    args: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        if self.op in ("min", "max"):
+            return f"{self.op}({', '.join(_show(a) for a in self.args)})"
+        if len(self.args) == 1:
+            return f"{self.op}{_show(self.args[0])}"
+        return f"({_show(self.args[0])} {self.op} {_show(self.args[1])})"
+
+
+@dataclass
+class Invocation:
+    """``outputs = op<generic>(args, attrs);`` at ``line``."""
+
+    line: int
+    outputs: list[str]
+    op: str
+    generic: str | None
+    args: list[Any]
+    attrs: dict[str, Any]
+    call: bool = True  # False for tract's plain ``x = [[0.5]];`` / ``y = x;`` (op "literal" / "alias")
+    scope: str = ""  # module path from the nearest ``# module: PATH`` comment above (torchlower's)
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    shape: tuple[Any, ...]  # ints, symbol names (str) or Expr
+    dtype: str  # tract datum type ('f32', 'i64', ...) or 'scalar'/'integer'/'logical'
+    line: int
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    label: str
+    shape: tuple[int, ...]
+    kind: str  # scalar | integer | logical
+    line: int
+
+
+@dataclass
+class Graph:
+    """What ``graph.nnef`` declares, checked for internal consistency."""
+
+    name: str
+    version: str
+    extensions: list[str]
+    symbols: list[str]
+    fragments: list[str]
+    inputs: list[Input]
+    outputs: list[str]
+    assignments: list[Invocation]
+    variables: list[Variable] = field(default_factory=list)
+    # name -> line of its first assignment, for names assigned again later. tract accepts this
+    # (its builder's scope is a map: a later assignment shadows the earlier one from there on)
+    # and torch_to_nnef writes it for shapes; the Khronos parser refuses it. torchlower never does.
+    reassigned: dict[str, int] = field(default_factory=dict)
+    # ``# example sizes: B=2, S=6`` (torchlower's): the sizes the export traced and verified at
+    example_sizes: dict[str, int] = field(default_factory=dict)
+
+    def op_histogram(self) -> Counter[str]:
+        return Counter(a.op for a in self.assignments)
+
+
+def _show(value: Any) -> str:
+    return str(value) if isinstance(value, (Ident, Expr)) else repr(value)
+
+
+def referenced_names(value: Any) -> list[str]:
+    """Every identifier an argument refers to, arithmetic and nesting included."""
+    if isinstance(value, Ident):
+        return [value.name]
+    if isinstance(value, Expr):
+        return [n for v in value.args for n in referenced_names(v)]
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in referenced_names(v)]
+    return []
