@@ -130,15 +130,6 @@ def test_picture_svg_png_one_node_per_op(exported: tuple[Path, dict[str, Any]], 
     assert png["picture"]["nodes"] == png["op_count"]
 
 
-def test_png_without_graphviz_is_a_clear_error(exported: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
-    """SVG is drawn without Graphviz (tests/test_picture.py); PNG needs it and says so."""
-    path, _ = exported
-    proc = cli("inspect", path, "--png", tmp_path / "g.png", PATH=str(tmp_path))
-    assert proc.returncode == 2
-    assert "Graphviz" in proc.stderr and "apt-get install graphviz" in proc.stderr and "--svg" in proc.stderr
-    assert not (tmp_path / "g.png").exists()
-
-
 def test_two_inputs_two_outputs_directory_no_check(tmp_path: Path) -> None:
     out = tmp_path / "heads.nnef"
     proc = cli(
@@ -290,6 +281,14 @@ def test_progress_on_a_terminal_only(tmp_path: Path) -> None:
     assert "lowering" in text or "tracing" in text
     quiet = cli(*args, "--quiet", "--no-check")
     assert quiet.returncode == 0 and quiet.stdout == "" and "tracing" not in quiet.stderr
+
+
+def test_a_picture_into_a_missing_folder_is_a_clear_error(
+    exported: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    for renderer_path in (os.environ["PATH"], str(tmp_path)):  # Graphviz, and the Python layout
+        proc = cli("inspect", exported[0], "--png", tmp_path / "no" / "g.png", PATH=renderer_path)
+        assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_python_m_and_demo(tmp_path: Path) -> None:

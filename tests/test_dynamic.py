@@ -258,3 +258,33 @@ def test_far_capture_point_beyond_the_context_is_skipped(tmp_path, dyn_frontend)
     torch.manual_seed(0)
     ids = torch.randint(0, 50, (2, 7))
     export_dynamic(TinyGPT(context=16), (ids,), tmp_path, dyn_frontend, {"ids": {0: "B", 1: "S"}})
+
+
+class _PositionTable(nn.Module):
+    """BERT's shape of failure: positions from a table of 8 (S <= 8 under export) and a value
+    check Python evaluates outside export (jit bakes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.arange(8.0).reshape(1, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_exporting() and bool((x.abs() >= 0).all()):
+            x = x * 1.0
+        return x + self.table[:, : x.shape[1]].expand(x.shape[0], x.shape[1])
+
+
+def test_auto_reports_the_dynamic_bound_first(tmp_path: Path) -> None:
+    """Every front end fails; the error raised is the one an argument fixes (the bound), with the
+    others as notes."""
+    from torchlower.errors import DynamicAxisError
+
+    with pytest.raises(DynamicAxisError, match=r"axis 1 \(S\) cannot be dynamic.*max=8") as caught:
+        torchlower.export(
+            _PositionTable(), torch.randn(2, 5), tmp_path / "p.nnef.tgz", dynamic_axes={"x": {1: "S"}}
+        )
+    assert any("jit front end skipped" in n for n in caught.value.__notes__)
+    report = torchlower.export(
+        _PositionTable(), torch.randn(2, 5), tmp_path / "p.nnef.tgz", dynamic_axes={"x": {1: ("S", 1, 8)}}
+    )
+    assert report.frontend == "export" and report.max_abs_error < 1e-6

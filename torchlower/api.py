@@ -21,6 +21,7 @@ from torchlower import coverage, dynamic, progress, validate, verification
 from torchlower import tolerance as tolerances
 from torchlower.errors import (
     CheckError,
+    DynamicAxisError,
     InvalidArgumentError,
     LoweringError,
     TorchlowerError,
@@ -184,8 +185,10 @@ def export(
         frontend = candidate
         break
     else:
-        # a value-dependent trace is the most useful diagnosis: it names the line to rewrite
-        chosen = next((f for f in failures[::-1] if isinstance(f, ValueDependentTraceError)), failures[0])
+        # the most useful diagnosis first: a dynamic axis fixed by an argument (bounds), then a
+        # value-dependent trace (it names the line to rewrite), then the first front end's
+        preferred = (DynamicAxisError, ValueDependentTraceError)
+        chosen = next((f for kind in preferred for f in failures if isinstance(f, kind)), failures[0])
         for note in notes:
             chosen.add_note(note)
         raise chosen

@@ -25,7 +25,7 @@ from torchlower.dynamic_shapes import (
     per_parameter,
 )
 from torchlower.dynamic_sizes import scalar_op
-from torchlower.errors import InvalidArgumentError, LoweringError
+from torchlower.errors import DynamicAxisError, InvalidArgumentError
 from torchlower.values import Dim, Shape, SymDim, Value
 
 __all__ = [  # the spellings and size arithmetic live in their own modules; importable from here too
@@ -332,7 +332,7 @@ def materialize(b: Any, d: SymDim) -> Value:
     return b.call("tract_core_cast", [d], {"to": "i64"}, dtype=torch.int64, shape=())
 
 
-def not_dynamic(spec: Spec, symbols: Sequence[str], what: str, advice: bool = True) -> LoweringError:
+def not_dynamic(spec: Spec, symbols: Sequence[str], what: str, advice: bool = True) -> DynamicAxisError:
     """The error for a size that cannot stay symbolic (one paragraph: input, axis, op, line)."""
     tail = (
         ". Make that size static (drop it from dynamic_axes), give it bounds the model accepts"
@@ -341,4 +341,4 @@ def not_dynamic(spec: Spec, symbols: Sequence[str], what: str, advice: bool = Tr
         if advice
         else ""
     )
-    return LoweringError(f"{spec.where(symbols)} cannot be dynamic: {what}{tail}")
+    return DynamicAxisError(f"{spec.where(symbols)} cannot be dynamic: {what}{tail}")

@@ -31,6 +31,11 @@ class LoweringError(TorchlowerError):
     """A rule exists but cannot honour the arguments it was given."""
 
 
+class DynamicAxisError(LoweringError):
+    """A size declared dynamic cannot stay symbolic; the message names input, axis, op and line,
+    and the fix is usually an argument (bounds, or a static axis), not a change to the model."""
+
+
 @dataclass(frozen=True)
 class UnsupportedOp:
     """One operator without a rule: how often it appears and where it is first used."""
