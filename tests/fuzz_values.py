@@ -200,15 +200,15 @@ class ValueRunner:
             got = run_points_in_tract(path, points)
         except CheckError as exc:
             return Outcome(fe, "silent", f"verified, then tract failed at a fresh input: {exc}")
-        allowed = ""
+        found: dict[str, str] = {}  # status -> first detail; silent > nan > noise > verified
         for want, exact, have in zip(wants, exacts, got, strict=True):
             for k, (w, h) in enumerate(zip(want, have, strict=True)):
                 status, detail = judge(k, w, None if exact is None else exact[k], h)
                 if status == "silent":
                     return Outcome(fe, status, detail)
-                if status == "noise" and not allowed:
-                    allowed = detail
-        return Outcome(fe, "noise", allowed) if allowed else Outcome(fe, "verified")
+                found.setdefault(status, detail)
+        status = next((s for s in ("nan", "noise") if s in found), "verified")
+        return Outcome(fe, status, found.get(status, ""))
 
 
 def judge(k: int, want: np.ndarray, exact: np.ndarray | None, have: np.ndarray) -> tuple[str, str]:

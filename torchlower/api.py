@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
@@ -202,7 +203,8 @@ def export(
         for axis, sym in dims.items()
     }
     # checked under a staging name beside the target, renamed after: a failed check leaves no file
-    with archive.staged(target) as staging:
+    # (unchecked, the write itself is atomic: archive.write goes through a temporary sibling)
+    with archive.staged(target) if check else contextlib.nullcontext(target) as staging:
         final = archive.write(staging, builder.graph_text(), weights, builder.quant_text())
         report = ExportReport(
             path=final,
