@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,6 +58,33 @@ def sample_ms(fn: Callable[[], object], min_seconds: float = 0.06) -> float:
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
     fn()
     return statistics.median(sample_ms(fn) for _ in range(repeats))
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def memory_of(size: str) -> str:
+    """One table row: peak resident memory our four maps and calls add on top of the cloud
+    (Linux: ``clear_refs`` 5 resets the peak, ``VmHWM`` reads it), and the time of building
+    the maps + running the calls once, 1 thread. Run in a fresh process per size."""
+    torch.set_num_threads(1)
+    x = cloud(int(float(size.rstrip("kM")) * (1e3 if size.endswith("k") else 1e6)), VOXEL[size])
+    Path("/proc/self/clear_refs").write_text("5")
+    base = _status_kb("VmRSS")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        s = L.SubmConv3d(32, 32, 3)(x)
+        d = L.Conv3d(32, 32, 2, 2)(s)
+        kept = [s, d, L.ConvTranspose3d(32, 32, 2, 2)(d), L.MaxPool3d(2, 2)(s)]
+    ms = (time.perf_counter() - t0) * 1e3
+    extra = (_status_kb("VmHWM") - base) / 1024
+    n = len(x.coords)
+    per = extra * 2**20 / n
+    return f"| {n:,} | {ms:,.0f} | {ms * 1e6 / n:,.0f} | {extra:,.0f} | {per:,.0f} | {len(kept)} |"
 
 
 def load() -> str:
@@ -282,7 +311,22 @@ def main() -> None:
     parser.add_argument("--no-spconv", action="store_true")
     parser.add_argument("--no-before", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--memory", action="store_true", help="only the time + peak memory table")
+    parser.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)
     a = parser.parse_args()
+    if a.memory_of:
+        print(memory_of(a.memory_of))
+        return
+    if a.memory:
+        print(f"load average {load()}; first run of 4 modules (maps built + calls), 1 thread")
+        print("| voxels | maps + calls ms | ns per voxel | peak extra MB | bytes per voxel | modules |")
+        print("|---|---|---|---|---|---|")
+        for size in a.sizes.split(","):
+            cmd = [sys.executable, __file__, "--memory-of", size]
+            row = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+            print(row.splitlines()[-1], flush=True)
+        print(f"load average at the end: {load()}")
+        return
     print(
         f"torch {torch.__version__}, load average {load()} (1/5/15 min), {os.cpu_count()} cores", flush=True
     )

@@ -63,3 +63,16 @@ def q4_mlp() -> nn.Module:
 
     torch.manual_seed(3)
     return MLP().eval()
+
+
+class Drifting(nn.Module):
+    """Multiplies by how often it was called: the traced graph can never match a later call, so
+    every export's check fails (a CheckError the CLI reports with exit 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * float(self.calls)

@@ -89,7 +89,7 @@ def report(runner: Runner, seconds: float) -> str:
 
 def values_campaign(n: int, seed: int, max_ops: int, frontends: tuple[str, ...]) -> int:
     """``--mode values``: every case must end typed or verified, never verified-but-wrong."""
-    from tests.fuzz_values import ValueRunner, value_cases
+    from tests.fuzz_values import OK, ValueRunner, value_cases
 
     runner = ValueRunner(frontends)
     started = time.monotonic()
@@ -103,13 +103,18 @@ def values_campaign(n: int, seed: int, max_ops: int, frontends: tuple[str, ...])
     )
     @given(value_cases(max_ops))
     def campaign(case: object) -> None:
-        runner.run(case)  # type: ignore[arg-type]
+        for outcome in runner.run(case):  # type: ignore[arg-type]
+            if outcome.status not in OK:  # as it happens: a long run may be stopped early
+                print(f"  !! {outcome.status} ({outcome.frontend}): {outcome.detail[:300]}", flush=True)
         done = sum(runner.counts.values()) // len(runner.frontends)
         if done % 250 == 0:
             print(f"  {done} cases, {dict(runner.counts)} ({time.monotonic() - started:.0f} s)", flush=True)
 
     campaign._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
-    campaign()
+    try:
+        campaign()
+    except KeyboardInterrupt:  # `kill -INT`: stop early and report the cases run so far
+        print("interrupted: the figures below are for the cases run until then", flush=True)
     runs = sum(runner.counts.values())
     lines = [
         f"value-dependence cases: {runs // len(runner.frontends)} generated, {runs} case runs over"
@@ -126,6 +131,9 @@ def values_campaign(n: int, seed: int, max_ops: int, frontends: tuple[str, ...])
     ]
     for outcome, case in runner.failures:
         lines += ["", f"--- {outcome.status} ({outcome.frontend}): {outcome.detail[:800]}", case.describe()]
+    for outcome, case in runner.noted[:40]:  # to triage by hand: check refusals, noise-only passes
+        lines += ["", f"--- note: {outcome.status} ({outcome.frontend}): {outcome.detail[:800]}"]
+        lines.append(case.describe())
     print("\n".join(lines))
     return 1 if runner.failures else 0
 

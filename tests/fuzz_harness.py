@@ -12,6 +12,7 @@ non-torchlower exception). Only the first two are acceptable.
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -99,28 +100,42 @@ def _expected(cases: list[Case]) -> list[np.ndarray]:
         return [t.numpy() for t in BatchModel.of(cases).eval()(*batch_inputs(cases))]
 
 
+def run_float64(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[np.ndarray] | None:
+    """``module`` evaluated in float64 (a copy; float inputs widened), or None if it cannot be.
+
+    The reference a float32 result is measured against: how far torch's own float32 answer is
+    from it is what float32 rounding alone does to that program (``f32_noise``).
+    """
+    wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # ``int_tensor - 2.968`` is float64 too
+    try:
+        with torch.no_grad():
+            return [t.numpy() for t in copy.deepcopy(module).double().eval()(*wide)]
+    except Exception:  # a program with an explicit float32 step does not run in float64
+        return None
+    finally:
+        torch.set_default_dtype(default)
+
+
+def noise(want: np.ndarray, exact: np.ndarray | None) -> float:
+    """max |float32 − float64| over the elements finite in both (0 where not comparable)."""
+    if exact is None or want.dtype.kind != "f" or exact.shape != want.shape:
+        return 0.0
+    both = np.isfinite(want) & np.isfinite(exact)
+    return float(np.abs(want[both].astype(np.float64) - exact[both]).max(initial=0.0))
+
+
 def f32_noise(cases: list[Case], want: list[np.ndarray]) -> list[float]:
     """Per output: how far torch's own float32 result is from float64 (0 where not comparable).
 
     A program can be ill-conditioned (``sin`` of an ``expm1`` in the millions): then float32
     rounding alone moves the result, in torch as in tract, by about this much.
     """
-    inputs = tuple(t.double() if t.is_floating_point() else t for t in batch_inputs(cases))
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # ``int_tensor - 2.968`` is float64 too
-    try:
-        with torch.no_grad():
-            exact = BatchModel.of(cases).double().eval()(*inputs)
-    except Exception:  # a program with an explicit float32 step does not run in float64
+    exact = run_float64(BatchModel.of(cases), batch_inputs(cases))
+    if exact is None:
         return [0.0] * len(want)
-    finally:
-        torch.set_default_dtype(default)
-    noise = []
-    for w, e in zip(want, exact, strict=True):
-        e = e.numpy()
-        both = np.isfinite(w) & np.isfinite(e) if w.dtype.kind == "f" and e.shape == w.shape else None
-        noise.append(float(np.abs(w[both] - e[both]).max(initial=0.0)) if both is not None else 0.0)
-    return noise
+    return [noise(w, e) for w, e in zip(want, exact, strict=True)]
 
 
 class Runner:

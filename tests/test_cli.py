@@ -11,6 +11,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tarfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -127,15 +128,6 @@ def test_picture_svg_png_one_node_per_op(exported: tuple[Path, dict[str, Any]], 
     assert width > 100 and height > 100
     assert zlib.crc32(blob[12:29]) == struct.unpack(">I", blob[29:33])[0]
     assert png["picture"]["nodes"] == png["op_count"]
-
-
-def test_png_without_graphviz_is_a_clear_error(exported: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
-    """SVG is drawn without Graphviz (tests/test_picture.py); PNG needs it and says so."""
-    path, _ = exported
-    proc = cli("inspect", path, "--png", tmp_path / "g.png", PATH=str(tmp_path))
-    assert proc.returncode == 2
-    assert "Graphviz" in proc.stderr and "apt-get install graphviz" in proc.stderr and "--svg" in proc.stderr
-    assert not (tmp_path / "g.png").exists()
 
 
 def test_two_inputs_two_outputs_directory_no_check(tmp_path: Path) -> None:
@@ -291,6 +283,14 @@ def test_progress_on_a_terminal_only(tmp_path: Path) -> None:
     assert quiet.returncode == 0 and quiet.stdout == "" and "tracing" not in quiet.stderr
 
 
+def test_a_picture_into_a_missing_folder_is_a_clear_error(
+    exported: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    for renderer_path in (os.environ["PATH"], str(tmp_path)):  # Graphviz, and the Python layout
+        proc = cli("inspect", exported[0], "--png", tmp_path / "no" / "g.png", PATH=renderer_path)
+        assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_python_m_and_demo(tmp_path: Path) -> None:
     version = subprocess.run(
         [sys.executable, "-m", "torchlower", "--version"], cwd=ROOT, env=env(), capture_output=True, text=True
@@ -302,3 +302,46 @@ def test_python_m_and_demo(tmp_path: Path) -> None:
         assert "verified" in demo.stdout and (tmp_path / "demo.nnef.tgz").is_file()
     else:
         assert "unsupported op" in demo.stderr
+
+
+def test_export_whose_check_fails_leaves_no_file(tmp_path: Path) -> None:
+    """Exit 1 on the mismatch, and no archive (nor staging file) where -o pointed."""
+    target = tmp_path / "m.nnef.tgz"
+    data = cli_json("export", "tests.cli_models:Drifting", "-o", target, "--input", "x:2x3", code=1)
+    assert data["error"]["type"] == "CheckError" and str(target) in data["error"]["message"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dynamic_axis_with_bounds(tmp_path: Path) -> None:
+    """``--dynamic x:0=B[2..16]``: the bounds become tract assertions, the check runs inside
+    them, and the archive matches PyTorch in tract at sizes across the range."""
+    import torchlower
+    from tests.cli_models import mlp
+
+    path = tmp_path / "m.nnef.tgz"
+    data = cli_json("export", MLP, "-o", path, "--input", "x:3x8", "--dynamic", "x:0=B[2..16]")
+    assert data["ok"] and {"B=2", "B=7"} <= {p["label"] for p in data["points"]}
+    assert all(2 <= p["inputs"][0][0] <= 16 for p in data["points"])
+    assert data["inputs"][0]["shape"] == ["B", 8]
+    with tarfile.open(path) as tar:
+        text = tar.extractfile("graph.nnef").read().decode()  # type: ignore[union-attr]
+    assert "extension tract_assert B >= 2;" in text and "extension tract_assert B <= 16;" in text
+    model = mlp()
+    with torchlower.load(path) as art:
+        for b in (2, 9, 16):
+            x = torch.randn(b, 8, generator=torch.Generator().manual_seed(b))
+            got = art.run({"x": x.numpy()})["output"]
+            assert np.abs(got - model(x).detach().numpy()).max() < 1e-5, b
+
+
+@pytest.mark.parametrize(
+    ("spec", "culprit"),
+    [("x:0=B[5..2]", "1 <= MIN <= MAX"), ("x:0=B[0..4]", "1 <= MIN <= MAX"),
+     ("x:0=B[a..4]", "SYMBOL[MIN..MAX]"), ("x:0=B[2-4]", "SYMBOL[MIN..MAX]"),
+     ("x:0=B[4..16]", "outside its bounds 4..16")],
+)  # fmt: skip
+def test_dynamic_bounds_malformed_is_exit_2(tmp_path: Path, spec: str, culprit: str) -> None:
+    out = tmp_path / "m.nnef.tgz"
+    data = cli_json("export", MLP, "-o", out, "--input", "x:3x8", "--dynamic", spec, code=2)
+    assert data["error"]["type"] == "InvalidArgumentError" and culprit in data["error"]["message"], data
+    assert list(tmp_path.iterdir()) == []

@@ -40,6 +40,19 @@ def test_q4_0_round_trip_error_is_bounded() -> None:
     assert (err <= step[:, None] * 1.01).all() and np.median(err / step[:, None]) < 0.3
 
 
+def test_deferred_blocks_pack_like_quantize_and_release_what_they_read() -> None:
+    """Packing at write time (``DeferredBlocks``) gives the bytes of packing ahead, transposed too."""
+    w = torch.randn(3 << 15, 64, generator=torch.Generator().manual_seed(0))  # 6 slices of 2^15 blocks
+    released: list[int] = []
+    rows = quant.DeferredBlocks(quant.Q4_0, w, False, lambda part: released.append(part.nbytes))
+    assert rows.nbytes == len(rows.data) and rows.shape == (3 << 15, 64)
+    assert rows.encode() == quant.quantize(quant.Q4_0, w.numpy()).encode()
+    assert sum(released) == 2 * w.numel() * 4  # every byte read is released (twice: two packs)
+    cols = quant.DeferredBlocks(quant.Q4_0, w[:64, :32], True)
+    assert cols.shape == (32, 64)
+    assert cols.encode() == quant.quantize(quant.Q4_0, w[:64, :32].t().contiguous().numpy()).encode()
+
+
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_mlp_q4_0_matches_dequantized_model(frontend: str, tmp_path: Path) -> None:
     model, x = MLP().eval(), torch.randn(4, 64)

@@ -87,3 +87,24 @@ def test_archive_streams_every_kind_of_weight(tmp_path):
         assert blobs["q.dat"] == weights["q"].encode()
         for key in "bhst":
             np.testing.assert_array_equal(dat.decode(blobs[f"{key}.dat"]), weights[key].numpy())
+
+
+def test_huffman_only_tgz_is_a_standard_reproducible_gzip(tmp_path):
+    """The LLM writer's Huffman-only gzip: any gzip reader gets the tar back, bytes repeat."""
+    import gzip
+    import tarfile
+
+    import torch
+
+    from torchlower.nnef import archive
+
+    weights = {"w": torch.randn(300, 70, generator=torch.Generator().manual_seed(0))}
+    paths = [
+        archive.write(tmp_path / f"{i}.nnef.tgz", "graph\n", weights, huffman_only=True) for i in range(2)
+    ]
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    plain = archive.write(tmp_path / "p.nnef.tar", "graph\n", weights)
+    assert gzip.decompress(paths[0].read_bytes()) == plain.read_bytes()  # CRC and length checked
+    assert paths[0].stat().st_size < 0.95 * plain.stat().st_size  # float exponents do compress
+    with tarfile.open(paths[0]) as tar:
+        np.testing.assert_array_equal(dat.decode(tar.extractfile("w.dat").read()), weights["w"].numpy())

@@ -73,6 +73,54 @@ def test_varargs_forward_with_dynamic_axes(frontend: str, tmp_path: Path) -> Non
     assert {"S=2", "S=9"} <= {p.label for p in report.points}
 
 
+class One(nn.Module):
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return xs[0] * 2
+
+
+class HeadVar(nn.Module):
+    def forward(self, x: torch.Tensor, *past: torch.Tensor) -> torch.Tensor:
+        return x - past[0] * past[1]
+
+
+def _nested_spellings() -> list[tuple[nn.Module, tuple[torch.Tensor, ...], object]]:
+    S, B = Dim("S", max=64), Dim("B", max=16)
+    two = (torch.randn(2, 5), torch.randn(2, 5))
+    three = (torch.randn(2, 5), torch.randn(2, 5), torch.randn(2, 5))
+    return [
+        (Var(), two, {"xs": ({1: S}, {1: S})}),  # torch.export's dict by parameter
+        (Var(), two, (({1: S}, {1: S}),)),  # its tuple by parameter, *xs nested
+        (Var(), two, ({1: S}, {1: S})),  # torchlower's flat tuple, one entry per tensor
+        (One(), (torch.randn(2, 5),), {"xs": ({1: S},)}),  # a single tensor through *xs
+        (HeadVar(), three, {"x": {0: B, 1: S}, "past": ({0: B, 1: S}, (B, S))}),
+        (HeadVar(), three, ({0: B, 1: S}, ({0: B, 1: S}, (B, S)))),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_varargs_nested_dynamic_shapes_as_torch_export_takes_them(case: int, tmp_path: Path) -> None:
+    """``dynamic_shapes`` for ``forward(*args)`` in torch.export's own spellings, and the flat one."""
+    model, example, shapes = _nested_spellings()[case]
+    report = torchlower.export(
+        model, example, tmp_path / "m.nnef.tgz", frontend="export", dynamic_shapes=shapes
+    )
+    assert report.outputs[0].shape[-1] == "S" and all(p.ok for p in report.points)
+    assert sum("S=" in p.label for p in report.points) == 2  # the check ran at other sizes
+    with torchlower.load(report.path) as art:
+        xs = [torch.randn(3 if case >= 4 else 2, 11) for _ in example]
+        got = art.run({i.name: x.numpy() for i, x in zip(report.inputs, xs, strict=True)})["output"]
+    assert torch.allclose(torch.from_numpy(got), model(*xs), atol=1e-5)
+
+
+def test_varargs_dynamic_shapes_wrong_count_is_named(tmp_path: Path) -> None:
+    two = (torch.randn(2, 5), torch.randn(2, 5))
+    with pytest.raises(InvalidArgumentError, match=r"dynamic_shapes\['xs'\] must be a tuple with one entry"):
+        torchlower.export(Var(), two, tmp_path / "m.nnef.tgz", dynamic_shapes={"xs": ({1: Dim("S")},)})
+    with pytest.raises(InvalidArgumentError, match="unknown inputs"):
+        torchlower.export(Var(), two, tmp_path / "m.nnef.tgz", dynamic_shapes={"ys": ({1: Dim("S")},)})
+    assert list(tmp_path.iterdir()) == []
+
+
 class Conv(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -38,6 +38,11 @@ def _both(monkeypatch, tmp_path, model, x, frontend="jit"):
     return plain, fused
 
 
+def _softmaxes(report) -> int:
+    """Softmaxes left in the graph, as tract's op or as the max_pool form (nnef/rows.py)."""
+    return report.op_histogram["softmax"] + report.op_histogram["max_pool"]
+
+
 class Causal(nn.Module):
     """Hand-written attention: q·kᵀ / √d, a masked_fill causal mask, softmax, · v."""
 
@@ -90,13 +95,22 @@ def test_row_without_keys_is_not_fused(monkeypatch, tmp_path):
     mask = torch.zeros(1, 1, 8, 8)
     mask[..., 2, :] = -1e30
     _, fused = _both(monkeypatch, tmp_path, FloatMask(mask), torch.randn(1, 2, 8, 16))
-    assert fused.op_histogram["tract_transformers_sdpa"] == 0 and fused.op_histogram["softmax"] == 1
+    assert fused.op_histogram["tract_transformers_sdpa"] == 0 and _softmaxes(fused) == 1
 
 
 def test_long_sequences_keep_matmul_and_softmax(monkeypatch, tmp_path):
-    """From 64×64 up tract's flash kernel is slower than its matmuls: the chain stays."""
-    _, fused = _both(monkeypatch, tmp_path, Causal(), torch.randn(1, 64, 32))
-    assert fused.op_histogram["tract_transformers_sdpa"] == 0 and fused.op_histogram["softmax"] == 1
+    """Beyond 64×64 even a causal mask (whose masked tiles tract's kernel skips) leaves the
+    flash kernel slower than tract's matmuls: the chain stays."""
+    _, fused = _both(monkeypatch, tmp_path, Causal(), torch.randn(1, 72, 32))
+    assert fused.op_histogram["tract_transformers_sdpa"] == 0 and _softmaxes(fused) == 1
+
+
+def test_flash_length_depends_on_skipped_tiles(monkeypatch, tmp_path):
+    """At 48×48 the causal mask fuses (a whole 32×32 tile is skipped), no mask does not."""
+    _, causal = _both(monkeypatch, tmp_path, Causal(), torch.randn(1, 48, 32))
+    _, dense = _both(monkeypatch, tmp_path, FloatMask(torch.zeros(1, 1, 48, 48)), torch.randn(1, 2, 48, 16))
+    assert causal.op_histogram["tract_transformers_sdpa"] == 1
+    assert dense.op_histogram["tract_transformers_sdpa"] == 0
 
 
 def test_weights_used_twice_are_not_fused(monkeypatch, tmp_path):
@@ -121,3 +135,68 @@ def test_f16_export_is_left_alone(tmp_path):
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
     report = torchlower.export(layer, torch.randn(1, 8, 32), tmp_path / "m.nnef.tar", precision="f16")
     assert report.op_histogram["tract_transformers_sdpa"] == 0
+
+
+class RaggedSoftmax(nn.Module):
+    """Softmax rows of 70 into a matmul (padded to 128) and of 40 into an add (max_pool form)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = x @ x.transpose(-2, -1)
+        return scores.softmax(-1) @ x + (x * 3.0).softmax(-1)
+
+
+def test_ragged_softmax_rows_are_padded(monkeypatch, tmp_path):
+    """Long rows padded with -inf weights (v padded instead of the weights sliced), short rows
+    as exp(x - max_pool) / sum: same numbers as tract's softmax."""
+    plain, fused = _both(monkeypatch, tmp_path, RaggedSoftmax(), torch.randn(1, 70, 40))  # 70² > flash
+    assert plain.op_histogram["pad"] == 0 and plain.op_histogram["softmax"] == 2
+    assert fused.op_histogram["pad"] == 2 and fused.op_histogram["slice"] == 0
+    assert fused.op_histogram["softmax"] == 1 and fused.op_histogram["max_pool"] == 1
+
+
+def test_padded_rows_keep_inf_and_lowest_rows(tmp_path):
+    """A row of -inf stays NaN and a row of finfo.min stays uniform, as in PyTorch (a finite pad
+    value would tie with finfo.min and change that row)."""
+
+    class Plain(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.softmax(-1)
+
+    x = torch.randn(3, 70)
+    x[1] = float("-inf")
+    x[2] = torch.finfo(torch.float32).min
+    report = torchlower.export(Plain(), x, tmp_path / "p.nnef.tar", check=False)  # NaN is the answer
+    assert report.op_histogram["pad"] == 1
+    got = run_in_tract(report.path, [x.numpy()])[0]
+    want = Plain()(x).numpy()
+    assert (torch.isnan(torch.from_numpy(got)) == torch.isnan(torch.from_numpy(want))).all()
+    finite = ~torch.isnan(torch.from_numpy(want))
+    assert abs(got[finite.numpy()] - want[finite.numpy()]).max() <= 1e-6
+    assert abs(got[2] - 1 / 70).max() <= 1e-7
+
+
+@pytest.mark.parametrize("shape", [(3, 20), (2, 3, 20), (2, 2, 2, 2, 2, 20)])
+def test_short_softmax_and_amax_by_pool_keep_special_values(monkeypatch, tmp_path, shape):
+    """Rows of -inf, NaN, +inf and finfo.min: the max_pool softmax gives PyTorch's values, and
+    the pooled amax gives exactly what tract's max_reduce gave (at rank 2 and 6 via a reshape)."""
+
+    class Rows(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x.softmax(-1), x.amax(-1)
+
+    x = torch.randn(shape).reshape(-1, 20)
+    x[0], x[1, 3], x[2, 5] = float("-inf"), float("nan"), float("inf")
+    x = x.reshape(shape)
+    with monkeypatch.context() as m:
+        m.setattr(fusions, "apply", lambda b: False)
+        plain = torchlower.export(Rows(), x, tmp_path / "plain.nnef.tar", check=False)
+    pooled = torchlower.export(Rows(), x, tmp_path / "pooled.nnef.tar", check=False)
+    assert pooled.op_histogram["max_reduce"] == 0 and pooled.op_histogram["softmax"] == 0
+    soft_plain, max_plain = run_in_tract(plain.path, [x.numpy()])
+    soft, amax = run_in_tract(pooled.path, [x.numpy()])
+    want = torch.from_numpy(x.numpy()).softmax(-1)
+    got = torch.from_numpy(soft)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(torch.from_numpy(soft_plain).isnan(), want.isnan())
+    assert (got - want).nan_to_num().abs().max() <= 1e-6
+    assert torch.equal(torch.from_numpy(amax).nan_to_num(), torch.from_numpy(max_plain).nan_to_num())

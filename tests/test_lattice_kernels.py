@@ -95,6 +95,8 @@ STRIDED = [
     (1, 1, 0, 1),
     (2, 3, 0, 1),  # kernel < stride: some transposed-conv targets get no pair
     ((2, 3, 1), (2, 1, 1), (0, 1, 0), (1, 1, 2)),
+    (2, 3, 1, 1),  # kernel ≤ stride with padding: the one-offset-per-axis path
+    ((1, 2, 3), (1, 2, 3), (0, 1, 2), 1),
 ]
 
 
@@ -290,3 +292,48 @@ def test_subm_map_in_lookup_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
         kernels.subm_map(x.coords, x.stride, (3, 3, 3), (1, 1, 1)),
         O.subm_map(x.coords, x.stride, (3, 3, 3), (1, 1, 1)),
     )
+
+
+def every_module(x: L.SparseTensor) -> list[torch.Tensor]:
+    """Every sparse module once, wide enough (``K·I = 864`` in, 64 out) that a multi-threaded
+    MKL GEMM would round differently from a single-threaded one."""
+    torch.manual_seed(2)
+    c = x.num_channels
+    stem = L.SubmConv3d(c, 64, 3, bias=True)
+    a = stem(x)
+    b = L.Conv3d(64, 16, 2, 2)(a)
+    up = L.ConvTranspose3d(16, 64, 2, 2)(b)
+    outs = [
+        a,
+        b,
+        up,
+        L.GenerativeConvTranspose3d(16, 64, 3, 2)(b),
+        L.NormalizedSubmConv3d(16, 64, 3, eps=1e-3)(b),
+        L.NormalizedConvTranspose3d(16, 64, 2, 2)(b),
+        L.NormalizedGenerativeConvTranspose3d(16, 64, 2, 2)(b),
+        L.Conv3d(64, 64, 3, 2, 1)(a, b),  # onto a given target support
+        L.MaxPool3d(3, 2, 1)(a),
+        L.AvgPool3d(2, 2)(a),
+        L.SumPool3d(2, 2)(a),
+        L.PoolTranspose3d(2, 2)(b, x),
+        L.TrilinearUpsample3d(2)(b, x),
+    ]
+    feats = [o.feats for o in outs] + [L.GlobalAvgPool()(a), L.GlobalMaxPool()(a)]
+    return feats + [o.coords for o in outs]
+
+
+@pytest.mark.parametrize("n,span", [(3000, 5), (900, 3)])  # many chunks and blocks; a tiny layer
+def test_every_module_thread_count_independent(n: int, span: int) -> None:
+    x = cloud(n=n, span=span, channels=32, seed=3)
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for count in (1, 2, 1):
+            torch.set_num_threads(count)
+            with torch.no_grad():
+                runs.append(every_module(x))
+            assert torch.get_num_threads() == count  # the kernels restore the caller's setting
+    finally:
+        torch.set_num_threads(before)
+    for one, two, again in zip(*runs, strict=True):
+        assert torch.equal(one, two) and torch.equal(one, again)

@@ -78,6 +78,7 @@ def test_bundle_and_io_samples_run_in_tract(folder: tuple[Path, Any], exported: 
     assert files["config.json"] == (folder[0] / "config.json").read_bytes()
     graph = files["graph.nnef"].decode()
     assert "extension tract_assert P + S <= 128;" in graph and "tract_core_properties" in graph
+    assert "_torchlower_cos" in graph and " sin(" not in graph  # rotary from tables (llm/rope.py)
     runnable = (
         tract.nnef().with_tract_extra().with_tract_transformers().load(str(exported.path)).into_runnable()
     )
@@ -99,3 +100,17 @@ def test_cli_export_is_byte_identical(folder: tuple[Path, Any], exported: llm.Ex
     assert data["ok"] and data["model_type"] == "llama" and not data["checked"]
     assert "io/generation.npz" in data["bundled"]
     assert again.read_bytes() == exported.path.read_bytes()
+
+
+def test_rotary_tables_reproduce_the_module_and_are_removed(folder: tuple[Path, Any]) -> None:
+    from torchlower.llm import rope
+
+    rotary = folder[1].model.rotary_emb
+    positions = torch.tensor([[0, 5, 77, 127]])
+    want = rotary(torch.zeros(1, 1), positions)
+    with rope.rotary_tables(folder[1], 128) as patched:
+        got = rotary(torch.zeros(1, 1), positions)
+    assert patched == 1 and all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
+    assert "forward" not in vars(rotary) and not hasattr(rotary, "_torchlower_cos")
+    with rope.rotary_tables(folder[1], 1 << 20) as patched:  # table beyond TABLE_LIMIT: computed
+        assert patched == 0

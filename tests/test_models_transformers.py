@@ -137,12 +137,10 @@ def test_transformers_model(tmp_path, frontend, name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, args = MODELS[name]()
-    # transformers skips the attention mask when it is all ones (masking_utils: `padding_mask.all()`),
-    # a branch on a value that the jit front end refuses by default; the example is padded, so the
-    # trace keeps the general masked path, and the check's random masks exercise it
-    options = {"allow_value_dependent_trace": True} if frontend == "jit" else {}
+    # transformers skips an all-ones attention mask (masking_utils: `padding_mask.all()`) only when
+    # not tracing; the jit front end's value witness takes the traced path too, so no opt-in
     try:
-        report = export_and_check(model.eval(), args, tmp_path, frontend, tolerance=1e-4, **options)
+        report = export_and_check(model.eval(), args, tmp_path, frontend, tolerance=1e-4)
     except UnsupportedOpsError as exc:
         pytest.skip(f"{name}: ops without a rule yet: {', '.join(o.op for o in exc.ops)}")
     except TraceError as exc:

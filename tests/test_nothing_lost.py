@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import torchlower
-from torchlower.errors import InvalidArgumentError, UnsupportedOpsError
+from torchlower.errors import CheckError, InvalidArgumentError, UnsupportedOpsError
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITER = """
@@ -195,3 +195,29 @@ def test_export_refuses_to_replace_a_foreign_directory(tmp_path):
             torchlower.export(model_for(1, 8), torch.ones(1, 8), target, check=False)
     assert (home / "thesis.tex").read_text() == "years of work"
     assert (tmp_path / "home.nnef" / "notes.txt").read_text() == "mine"
+
+
+class ScaledByMax(nn.Module):
+    """``x / float(x.abs().max())``: a jit trace freezes the example's max, so the check fails."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / float(x.abs().max())
+
+
+@pytest.mark.parametrize("suffix", [".nnef.tgz", ".nnef"])
+def test_failed_check_leaves_no_file_and_keeps_the_previous_one(tmp_path, suffix):
+    """A check failure (CheckError) leaves nothing where the archive would go: no file, no
+    staging name; a previous artifact there stays byte-identical."""
+    target, x = tmp_path / f"m{suffix}", torch.randn(2, 5)
+    with pytest.raises(CheckError) as info:
+        torchlower.export(ScaledByMax(), x, target, frontend="jit", allow_value_dependent_trace=True)
+    assert str(target) in str(info.value) and "checking-" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+    torchlower.export(model_for(1, 5), torch.ones(1, 5), target)
+    before = {p.relative_to(target).as_posix(): p.read_bytes() for p in target.rglob("*") if p.is_file()}
+    before = before or {"": target.read_bytes()}
+    with pytest.raises(CheckError):
+        torchlower.export(ScaledByMax(), x, target, frontend="jit", allow_value_dependent_trace=True)
+    after = {p.relative_to(target).as_posix(): p.read_bytes() for p in target.rglob("*") if p.is_file()}
+    assert (after or {"": target.read_bytes()}) == before
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]

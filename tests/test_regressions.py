@@ -394,6 +394,15 @@ def test_strided_slice_of_a_split_axis(tmp_path, frontend):
     export_and_check(Fn(subsample), (torch.randn(2, 16, 8),), tmp_path, frontend)
 
 
+def test_strided_slice_of_merged_axes(tmp_path, frontend):
+    """``x.flatten()[-3::2]`` (value-dependence fuzz, seed 1): tract's declutter pulled the strided
+    slice over the axis-merging reshape and failed to load ("Pulling Downsample over Reshape:
+    Invalid axis"); the guard writes it as gathers, for floats and integers."""
+    for x in (torch.randn(4, 2), torch.arange(8).reshape(4, 2)):
+        export_and_check(Fn(lambda t: t.flatten()[-3::2].flip(0)), (x,), tmp_path, frontend)
+        export_and_check(Fn(lambda t: t.flatten(1)[:, ::2] * 2), (x.reshape(2, 2, 2),), tmp_path, frontend)
+
+
 class LogSoftplus(nn.Module):
     def forward(self, x):
         return torch.log(F.softplus(x)), F.softplus(x, beta=2.0)

@@ -22,8 +22,11 @@ class Sdpa(nn.Module):
 
 
 def attentions(report) -> int:
-    """Softmaxes, counting those tract's fused SDPA took over at short lengths (nnef/fusions.py)."""
-    return report.op_histogram["softmax"] + report.op_histogram["tract_transformers_sdpa"]
+    """Softmaxes, counting those tract's fused SDPA took over at short lengths (nnef/fusions.py)
+    and those written as exp(x - max_pool) / sum (nnef/rows.py; one exp each, these models have
+    no other)."""
+    ops = report.op_histogram
+    return ops["softmax"] + ops["tract_transformers_sdpa"] + ops["exp"]
 
 
 def qkv(*lead: int, length: int = 5, source: int = 7, dim: int = 8) -> tuple[torch.Tensor, ...]:

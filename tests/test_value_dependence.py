@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -144,3 +145,26 @@ def test_opt_in_still_catches_a_branch_that_changes(tmp_path: Path) -> None:
 def test_opt_in_must_be_a_bool(tmp_path: Path) -> None:
     with pytest.raises(torchlower.errors.InvalidArgumentError, match="allow_value_dependent_trace"):
         torchlower.export(Branch(), torch.randn(2), tmp_path / "m.nnef.tgz", allow_value_dependent_trace=1)
+
+
+class SkipsAllOnes(nn.Module):
+    """transformers' pattern: a fast path read from the mask's values, taken only when not tracing."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if bool(torch.tensor(x.shape[-1]) > mask.shape[-1]):  # a size check: a tracer warning, no value
+            mask = torch.nn.functional.pad(mask, (0, 1))
+        if not torch.jit.is_tracing() and bool((mask == 1).all()):
+            return x * 2
+        return x * 2 * mask
+
+
+def test_a_value_read_only_when_not_tracing_needs_no_opt_in(tmp_path: Path) -> None:
+    """The trace takes the general path, and so does the eager witness (``is_tracing`` is True
+    there too): no value dependence, and the artifact is right for masks with zeros as well."""
+    x, ones = torch.randn(2, 5), torch.ones(2, 5)
+    report = torchlower.export(SkipsAllOnes(), (x, ones), tmp_path / "m.nnef.tgz", frontend="jit")
+    assert report.checked and report.frontend == "jit"
+    mask = torch.tensor([[1.0, 1, 0, 0, 1], [0, 1, 1, 1, 1]])
+    with torchlower.load(report.path) as art:
+        got = art.run({"x": x.numpy(), "mask": mask.numpy()})["output"]
+    assert np.abs(got - (x * 2 * mask).numpy()).max() == 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
@@ -133,7 +134,7 @@ def export(
     if dynamic_shapes is not None:
         if dynamic_axes is not None:
             raise InvalidArgumentError("give dynamic_axes or dynamic_shapes, not both")
-        dynamic_axes = dynamic.axes_from_dynamic_shapes(dynamic_shapes, names_in, example)
+        dynamic_axes = dynamic.axes_from_dynamic_shapes(dynamic_shapes, names_in, example, model)
     axes = validate.dynamic_axes(dynamic_axes, names_in, [t.dim() for t in example])
     bounds = (
         dynamic.bounds_from_dynamic_shapes(dynamic_shapes)
@@ -201,34 +202,38 @@ def export(
         for name, dims in axes.items()
         for axis, sym in dims.items()
     }
-    final = archive.write(target, builder.graph_text(), weights, builder.quant_text())
-    report = ExportReport(
-        path=final,
-        frontend=frontend,
-        inputs=[
-            TensorInfo(n, _shape_text(v.shape), str(t.dtype).removeprefix("torch."))
-            for n, t, v in zip(names_in, example, builder.inputs, strict=True)
-        ],
-        outputs=[
-            TensorInfo(n, _output_shape(v, t), str(t.dtype).removeprefix("torch."))
-            for n, t, (_, v) in zip(names_out, expected, builder.outputs, strict=True)
-        ],
-        op_histogram=builder.op_histogram(),
-        weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
-        notes=notes,
-        precision=precision,
-        compress=compress,
-        weight_bytes_by_format=_bytes_by_format(weights),
-        rules_used=builder.rules_used,
-    )
-    if check:
-        with progress.stage("checking in tract"):
-            outcome = _check(
-                final, module, example, expected, names_out, spec, tolerance, builder, dequantized
-            )
-        report.points, report.original_points = outcome.points, outcome.original
-        report.errors, report.original_errors = outcome.errors(), outcome.errors(original=True)
-        coverage.verified(report.rules_used)
+    # checked under a staging name beside the target, renamed after: a failed check leaves no file
+    # (unchecked, the write itself is atomic: archive.write goes through a temporary sibling)
+    with archive.staged(target) if check else contextlib.nullcontext(target) as staging:
+        final = archive.write(staging, builder.graph_text(), weights, builder.quant_text())
+        report = ExportReport(
+            path=final,
+            frontend=frontend,
+            inputs=[
+                TensorInfo(n, _shape_text(v.shape), str(t.dtype).removeprefix("torch."))
+                for n, t, v in zip(names_in, example, builder.inputs, strict=True)
+            ],
+            outputs=[
+                TensorInfo(n, _output_shape(v, t), str(t.dtype).removeprefix("torch."))
+                for n, t, (_, v) in zip(names_out, expected, builder.outputs, strict=True)
+            ],
+            op_histogram=builder.op_histogram(),
+            weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
+            notes=notes,
+            precision=precision,
+            compress=compress,
+            weight_bytes_by_format=_bytes_by_format(weights),
+            rules_used=builder.rules_used,
+        )
+        if check:
+            with progress.stage("checking in tract"):
+                outcome = _check(
+                    final, module, example, expected, names_out, spec, tolerance, builder, dequantized, target
+                )
+            report.points, report.original_points = outcome.points, outcome.original
+            report.errors, report.original_errors = outcome.errors(), outcome.errors(original=True)
+            coverage.verified(report.rules_used)
+    report.path = target
     return report
 
 
@@ -253,6 +258,7 @@ def _check(
     tolerance: float | None,
     builder: NNEFBuilder,
     dequantized: dict[str, torch.Tensor] | None,
+    shown: Path,
 ) -> verification.Outcome:
     """The artifact checked at the example, at random inputs like it and, under dynamic axes,
     at other sizes; compressed exports compare with the dequantized model (and report the
@@ -277,9 +283,11 @@ def _check(
         for size in spec.check_points():
             points.append(verification.Point(_size_label(size), spec.example_at(example, size)))
     if dequantized is None:
-        outcome = verification.check_points(artifact, points, run, names, tol)
+        outcome = verification.check_points(artifact, points, run, names, tol, shown=shown)
     else:
-        outcome = verification.check_points(artifact, points, run_dequantized, names, tol, original=run)
+        outcome = verification.check_points(
+            artifact, points, run_dequantized, names, tol, original=run, shown=shown
+        )
     for size, why in spec.skipped if spec is not None else []:
         shapes = [tuple(t.shape) for t in spec.example_at(example, size)]
         outcome.points.append(verification.CheckPoint(_size_label(size), shapes, skipped=why))

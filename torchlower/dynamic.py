@@ -18,8 +18,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchlower.dynamic_shapes import (
+    Bounds,
+    axes_from_dynamic_shapes,
+    bounds_from_dynamic_shapes,
+    per_parameter,
+)
+from torchlower.dynamic_sizes import scalar_op
 from torchlower.errors import DynamicAxisError, InvalidArgumentError
 from torchlower.values import Dim, Shape, SymDim, Value
+
+__all__ = [  # the spellings and size arithmetic live in their own modules; importable from here too
+    "UNFIT", "Bounds", "Spec", "axes_from_dynamic_shapes", "bounds_from_dynamic_shapes", "materialize",
+    "not_dynamic", "resize", "scalar_op",
+]  # fmt: skip
 
 UNFIT = object()  # fit_value's "no expression" (None is a legitimate constant)
 _MOVES = (1, 3)  # each symbol alone at base + 1 and base + 3; the joint point at base + 2
@@ -162,7 +174,7 @@ class Spec:
             {a: dims[s] for a, s in self.axes[i].items()} if i in self.axes else None
             for i in range(len(example))
         ]
-        return _per_parameter(module, flat)
+        return per_parameter(module, flat)
 
     # ---- inputs ---------------------------------------------------------------------------
     def input_shape(self, index: int, tensor: torch.Tensor) -> Shape:
@@ -239,71 +251,6 @@ class Spec:
             if any(not _same(values[1 + 2 * k + j], values[0]) for j in range(2)):
                 out.append(s)
         return out or list(self.base)
-
-
-Bounds = tuple[int, "int | None"]
-
-
-def _per_parameter(module: Any, flat: list[Any]) -> tuple[Any, ...]:
-    """Flat per-input entries grouped as ``forward``'s parameters: ``(a, (b, c))`` for
-    ``forward(self, a, *rest)``, as ``torch.export`` binds ``dynamic_shapes``."""
-    import inspect
-
-    try:
-        params = list(inspect.signature(module.forward).parameters.values()) if module is not None else []
-    except (TypeError, ValueError):
-        params = []
-    fixed = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-    if not any(p.kind is p.VAR_POSITIONAL for p in params) or len(flat) < fixed:
-        return tuple(flat)
-    return (*flat[:fixed], tuple(flat[fixed:]))
-
-
-def bounds_from_dynamic_shapes(shapes: Any) -> dict[str, Bounds]:
-    """``{symbol: (min, max)}`` of the named ``torch.export.Dim``s in ``dynamic_shapes``."""
-    out: dict[str, Bounds] = {}
-    for dim in torch.utils._pytree.tree_leaves(shapes):
-        name = getattr(dim, "__name__", None)
-        if isinstance(name, str) and name.isidentifier() and hasattr(dim, "min"):
-            lo = max(1, int(getattr(dim, "min", 1) or 1))
-            hi = getattr(dim, "max", None)
-            out[name] = (lo, int(hi) if isinstance(hi, int) and hi < 2**31 else None)
-    return out
-
-
-def axes_from_dynamic_shapes(
-    shapes: Any, names: Sequence[str], example: Sequence[torch.Tensor]
-) -> dict[str, dict[int, str]]:
-    """``torch.export``'s ``dynamic_shapes`` (dict by input name or tuple by position, values
-    ``{axis: Dim}``) as ``dynamic_axes``; a Dim's name becomes the symbol."""
-    if isinstance(shapes, Mapping):
-        unknown = [k for k in shapes if k not in names]
-        if unknown:
-            raise InvalidArgumentError(
-                f"dynamic_shapes names unknown inputs {unknown}; inputs are {list(names)}"
-            )
-        items = [(k, v) for k, v in shapes.items()]
-    elif isinstance(shapes, (list, tuple)):
-        if len(shapes) != len(example):
-            raise InvalidArgumentError(f"dynamic_shapes has {len(shapes)} entries for {len(example)} inputs")
-        items = list(zip(names, shapes, strict=True))
-    else:
-        raise InvalidArgumentError(f"dynamic_shapes must be a dict or a tuple, got {type(shapes).__name__}")
-    out: dict[str, dict[int, str]] = {}
-    for name, by_axis in items:
-        if by_axis is None:
-            continue
-        if isinstance(by_axis, (list, tuple)):
-            by_axis = {a: d for a, d in enumerate(by_axis) if d is not None}
-        if not isinstance(by_axis, Mapping):
-            raise InvalidArgumentError(f"dynamic_shapes[{name!r}] must be {{axis: Dim}}, got {by_axis!r}")
-        out[name] = {}
-        for axis, dim in by_axis.items():
-            symbol = getattr(dim, "__name__", None)
-            if not isinstance(symbol, str) or not symbol.isidentifier():
-                symbol = f"{name}_{axis}"  # Dim.AUTO / Dim.DYNAMIC carry no name
-            out[name][axis] = symbol
-    return out
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -396,132 +343,3 @@ def not_dynamic(spec: Spec, symbols: Sequence[str], what: str, advice: bool = Tr
         else ""
     )
     return DynamicAxisError(f"{spec.where(symbols)} cannot be dynamic: {what}{tail}")
-
-
-# ---- scalar arithmetic on sizes -----------------------------------------------------------
-def _floordiv(a: Any, b: Any) -> Any:
-    return a // b
-
-
-_SCALAR_OPS = {
-    "add": lambda a, b, alpha=1: a + b * alpha,
-    "sub": lambda a, b, alpha=1: a - b * alpha,
-    "rsub": lambda a, b, alpha=1: b - a * alpha,
-    "mul": lambda a, b: a * b,
-    "floordiv": _floordiv,
-    "floor_divide": _floordiv,
-    "div": lambda a, b, rounding_mode=None: _floordiv(a, b) if rounding_mode == "floor" else _exact_div(a, b),
-    "neg": lambda a: -1 * a,
-    "Int": lambda a: a,
-    "ScalarImplicit": lambda a: a,
-    "sym_int": lambda a: a,
-    "clone": lambda a, memory_format=None: a,
-    "detach": lambda a: a,
-    "remainder": lambda a, b: a - _floordiv(a, b) * b,
-    "__floordiv__": _floordiv,
-}
-
-
-def _exact_div(a: Any, b: Any) -> Any:
-    if isinstance(b, SymDim) or (isinstance(b, int) and b != 0):
-        q = a // b
-        if q * b == a:
-            return q
-    raise TypeError("not an exact division")
-
-
-def scalar_op(name: str, args: Sequence[Any]) -> Any:
-    """Sizes combined by integer ops stay symbolic: ``S * 2``, ``B * S``, ``S // 2``.
-
-    Returns ``NotImplemented`` unless a SymDim takes part and every argument is a size
-    (int, SymDim or a rank-0 integer constant).
-    """
-    fn = _SCALAR_OPS.get(name)
-    if fn is None or not any(isinstance(a, SymDim) for a in args):
-        return NotImplemented
-    plain = []
-    for a in args:
-        if isinstance(a, Value):
-            if a.const is None or a.const.dim() != 0 or a.const.is_floating_point():
-                return NotImplemented
-            a = int(a.const.item())
-        elif isinstance(a, (float, list, tuple)):
-            return NotImplemented
-        plain.append(a)
-    while plain and plain[-1] is None:
-        plain.pop()
-    try:
-        return fn(*plain)
-    except TypeError:
-        return NotImplemented
-
-
-# ---- jit: captures at every point, node by node ------------------------------------------------
-@dataclass
-class JitOverrides:
-    """Symbolic output shapes and fitted constants, by node index in the inlined graph."""
-
-    shapes: dict[int, list[Shape | None]] = field(default_factory=dict)
-    constants: dict[int, Any] = field(default_factory=dict)
-
-
-def jit_overrides(spec: Spec, graphs: Sequence[Any]) -> JitOverrides:
-    """Compare the inlined graphs traced at every point; sizes become expressions."""
-    nodes = [list(g.nodes()) for g in graphs]
-    out = JitOverrides()
-    for i, node in enumerate(nodes[0]):
-        kinds = [ns[i].kind() if i < len(ns) else None for ns in nodes]
-        if any(k != node.kind() for k in kinds):
-            moved = [p for p, k in zip(spec.points, kinds, strict=True) if k != node.kind()]
-            symbols = [s for s in spec.base if any(p[s] != spec.base[s] for p in moved)]
-            raise not_dynamic(
-                spec,
-                symbols or list(spec.base),
-                f"the traced graph changes with it (the model branches on the size; first difference"
-                f" at {_scope(node)}: {node.kind()} vs {next(k for k in kinds if k != node.kind())})",
-            )
-        if node.kind() == "prim::Constant":
-            values = [ns[i].output().toIValue() for ns in nodes]
-            fitted = spec.fit_value(values)
-            if fitted is UNFIT:
-                users = sorted({u.user.kind() for u in node.output().uses()})
-                raise not_dynamic(
-                    spec,
-                    spec.changed(values),
-                    f"a constant used by {', '.join(users)} at {_scope(node)}"
-                    " was computed in Python from the size",
-                )
-            if fitted is not values[0]:
-                out.constants[i] = fitted
-            continue
-        shapes: list[Shape | None] = []
-        for j in range(len(list(node.outputs()))):
-            seen = [_sizes(ns[i].outputsAt(j)) for ns in nodes]
-            if seen[0] is None or any(s is None for s in seen):
-                shapes.append(None)
-                continue
-            shape = spec.fit_shape(seen)
-            if shape is None:
-                raise not_dynamic(
-                    spec,
-                    list(spec.base),
-                    f"the size of the result of {node.kind()} at {_scope(node)} is"
-                    f" not an integer expression of the symbols (seen {seen})",
-                )
-            shapes.append(shape)
-        if any(s is not None and any(isinstance(d, SymDim) for d in s) for s in shapes):
-            out.shapes[i] = shapes
-    return out
-
-
-def _sizes(value: Any) -> list[int] | None:
-    ty = value.type()
-    if not isinstance(ty, torch._C.TensorType):
-        return None
-    sizes = ty.sizes()
-    return list(sizes) if sizes is not None else None
-
-
-def _scope(node: Any) -> str:
-    scope = node.scopeName().split("/")[-1].removeprefix("__module.").removeprefix("__module")
-    return scope or "<top level>"

@@ -149,7 +149,9 @@ def check_points(
     try:
         actual = run_points_in_tract(artifact, [[t.detach().numpy() for t in p.inputs] for p, _ in wanted])
     except CheckError as exc:
-        raise CheckError(_name_input_set(str(exc), [p.label for p, _ in wanted]), exc.errors) from exc
+        text = str(exc) if shown is None else str(exc).replace(str(artifact.resolve()), str(shown))
+        text = text if shown is None else text.replace(str(artifact), str(shown))
+        raise CheckError(_name_input_set(text, [p.label for p, _ in wanted]), exc.errors) from exc
     for cp, (p, want), got in zip(live, wanted, actual, strict=True):
         labelled = [n if p is points[0] else f"{n} ({p.label})" for n in names]
         cp.errors = compare(labelled, want, got, tolerance(want))

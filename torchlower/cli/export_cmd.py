@@ -43,7 +43,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--trust", action="store_true", help="allow --weights files that need full unpickling")
     p.add_argument("--frontend", default="auto", choices=["auto", "jit", "fx", "export"])
-    p.add_argument("--dynamic", action="append", default=[], metavar="INPUT:AXIS=SYMBOL", help="e.g. x:0=B")
+    p.add_argument(
+        "--dynamic",
+        action="append",
+        default=[],
+        metavar="INPUT:AXIS=SYMBOL[MIN..MAX]",
+        help="e.g. x:0=B, or bounded x:1=S[2..128] (docs/dynamic-axes.md)",
+    )
     p.add_argument("--precision", choices=["f32", "f16"], help="weight and compute precision")
     p.add_argument("--compress", choices=["q4_0"], help="weight compression")
     p.add_argument("--no-check", action="store_true", help="write without running tract")

@@ -92,6 +92,11 @@ def draw(artifact: Path, picture: Path, fmt: str, shapes: bool = True, detail: s
 
 def write_picture(pic: Picture, picture: Path, fmt: str) -> str:
     """Graphviz when ``dot`` is on PATH, else the Python layout; returns which one drew it."""
+    if not picture.parent.is_dir():
+        raise usage_error(
+            f"cannot write the picture {picture}: the folder {picture.parent} does not exist",
+            "create the folder first, or give a path in an existing one.",
+        )
     if fmt == "dot":
         picture.write_text(dot_source(pic))
         return "graphviz"

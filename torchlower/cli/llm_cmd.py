@@ -33,6 +33,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, help="largest P + S (default: the config's positions)")
     p.add_argument("--no-check", action="store_true", help="write without comparing with Hugging Face")
     p.add_argument("--io-samples", action="store_true", help="bundle io/*.npz input/output samples")
+    p.add_argument(
+        "--f32-parts",
+        metavar="PARTS",
+        help="with --precision f16: parts computed in f32, comma-separated from attention,norms,lm_head "
+        "(default attention,norms; 'none' for f16 throughout)",
+    )
     p.set_defaults(run=run)
     llm.set_defaults(run=None)
 
@@ -51,10 +57,17 @@ def run(args: argparse.Namespace, out: Output) -> int:
             max_context=args.max_context,
             check=not args.no_check,
             io_samples=args.io_samples,
+            f32_parts=_parts(args.f32_parts),
         )
     data = report_json(report)
     out.emit(data, lambda console: render(console, data))
     return 0
+
+
+def _parts(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    return () if text.strip() == "none" else tuple(p.strip() for p in text.split(",") if p.strip())
 
 
 def report_json(report: Any) -> dict[str, Any]:

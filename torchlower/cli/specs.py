@@ -63,17 +63,35 @@ def example_tensors(specs: list[InputSpec], seed: int) -> list[Any]:
     return out
 
 
-def dynamic_axes(items: list[str], names: list[str]) -> dict[str, dict[int, str]]:
-    """``x:0=B`` → ``{"x": {0: "B"}}`` (the torch.onnx convention ``export`` takes)."""
-    axes: dict[str, dict[int, str]] = {}
+_DYNAMIC = re.compile(r"([A-Za-z_]\w*):(-?\d+)=([A-Za-z_]\w*)(?:\[(\d*)\.\.(\d*)\])?")
+
+
+def dynamic_axes(
+    items: list[str], names: list[str]
+) -> dict[str, dict[int, str | tuple[str, int, int | None]]]:
+    """``x:0=B`` → ``{"x": {0: "B"}}`` (the torch.onnx convention ``export`` takes);
+    ``x:1=S[2..128]`` → ``{"x": {1: ("S", 2, 128)}}`` (bounds; ``S[2..]`` has no max, ``S[..64]``
+    min 1), the spelling ``dynamic_axes`` takes for ``Dim("S", min=2, max=128)``."""
+    axes: dict[str, dict[int, str | tuple[str, int, int | None]]] = {}
+    example = (
+        "e.g. --dynamic x:0=B, or with bounds --dynamic x:1=S[2..128] (min..max, either may be left out)."
+    )
     for text in items:
-        m = re.fullmatch(r"([A-Za-z_]\w*):(-?\d+)=([A-Za-z_]\w*)", text)
+        m = _DYNAMIC.fullmatch(text)
         if m is None:
-            raise usage_error(f"--dynamic {text!r}: expected INPUT:AXIS=SYMBOL", "e.g. --dynamic x:0=B.")
-        name, axis, symbol = m.group(1), int(m.group(2)), m.group(3)
+            raise usage_error(
+                f"--dynamic {text!r}: expected INPUT:AXIS=SYMBOL or INPUT:AXIS=SYMBOL[MIN..MAX]", example
+            )
+        name, axis, symbol, lo, hi = m.group(1), int(m.group(2)), m.group(3), m.group(4), m.group(5)
         if names and name not in names:
             raise usage_error(f"--dynamic {text!r}: no input named {name!r} (inputs: {', '.join(names)})")
-        axes.setdefault(name, {})[axis] = symbol
+        if lo is None:
+            axes.setdefault(name, {})[axis] = symbol
+            continue
+        low, high = int(lo) if lo else 1, int(hi) if hi else None
+        if low < 1 or (high is not None and high < low):
+            raise usage_error(f"--dynamic {text!r}: bounds must satisfy 1 <= MIN <= MAX", example)
+        axes.setdefault(name, {})[axis] = (symbol, low, high)
     return axes
 
 

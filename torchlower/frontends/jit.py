@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower import dynamic, progress
+from torchlower import dynamic, dynamic_sizes, progress
 from torchlower.dynamic import Spec
 from torchlower.errors import InvalidArgumentError, LoweringError, TraceError, ValueDependentTraceError
 from torchlower.frontends import jit_trace, provenance, views
@@ -212,7 +212,7 @@ def _lower_node(
     if kind.startswith("prim::") and kind not in ("prim::device", "prim::dtype"):
         session.record_missing(kind, where)
         return MISSING
-    sized = dynamic.scalar_op(kind.split("::")[-1], args)
+    sized = dynamic_sizes.scalar_op(kind.split("::")[-1], args)
     if sized is not NotImplemented:  # integer math on symbolic sizes stays symbolic
         return sized
     args = [

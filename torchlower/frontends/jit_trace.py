@@ -14,6 +14,7 @@ from torch import nn
 from torchlower import dynamic
 from torchlower.dynamic import Spec
 from torchlower.errors import LoweringError
+from torchlower.frontends import jit_sizes
 from torchlower.frontends.provenance import raised_at
 
 
@@ -152,7 +153,7 @@ def _tensor_tree(item: Any) -> bool:
 
 def dynamic_overrides(
     module: nn.Module, fn_name: str, args: tuple[Any, ...], graph: torch.Graph, spec: Spec
-) -> dynamic.JitOverrides:
+) -> jit_sizes.JitOverrides:
     """Trace at every other point of ``spec``; the graphs' differences become symbols."""
     graphs = [graph]
     python_values: set[str] = set()
@@ -177,7 +178,7 @@ def dynamic_overrides(
         torch._C._jit_pass_inline(other)
         graphs.append(other)
     try:
-        return dynamic.jit_overrides(spec, graphs)
+        return jit_sizes.jit_overrides(spec, graphs)
     except LoweringError as exc:
         if not python_values:
             raise

@@ -12,9 +12,10 @@ and tensors computed from parameters alone are constants, so neither is reported
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,23 @@ def raised_at(exc: BaseException) -> str | None:
     return raised_at(cause) if cause is not None and cause is not exc else None
 
 
+@contextlib.contextmanager
+def _as_if_tracing() -> Iterator[None]:
+    """``torch.jit.is_tracing()`` answers True during the eager witness run.
+
+    Why: the witness must take the path the trace took. Libraries branch on it to avoid reading
+    values under tracing — transformers' mask code skips an all-ones mask with
+    ``padding_mask.all()`` only when *not* tracing — so an eager run that answered False would
+    report a conversion the trace never made (and refuse every HF model under jit).
+    """
+    real = torch.jit.is_tracing
+    torch.jit.is_tracing = lambda: True  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.jit.is_tracing = real  # type: ignore[assignment]
+
+
 def value_conversions(
     module: nn.Module, args: Sequence[Any], fn_name: str = "forward"
 ) -> list[Conversion] | None:
@@ -125,7 +143,7 @@ def value_conversions(
     inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # never the user's
     mode = _Taint([a for a in inputs if isinstance(a, torch.Tensor)])
     try:
-        with torch.no_grad(), mode:
+        with torch.no_grad(), _as_if_tracing(), mode:
             getattr(module, fn_name)(*inputs)
     except Exception:  # the trace ran, so this is rare (a mode-hostile extension op)
         return None

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from torchlower import progress
-from torchlower.dynamic import scalar_op
+from torchlower.dynamic_sizes import scalar_op
 from torchlower.errors import LoweringError, TorchlowerError, UnsupportedOp, UnsupportedOpsError
 from torchlower.rules.registry import describe, normalize_key
 from torchlower.values import Shape, Value, constant

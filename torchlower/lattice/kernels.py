@@ -1,11 +1,12 @@
 """The compute of sparse convolutions and pools over a kernel map (``maps.py`` builds them).
 
 Convolution, three ways, chosen by fill (the share of table slots that hold a pair):
-- **im2col** (output fill ≥ ``IM2COL_FILL``, e.g. submanifold convs on surfaces): a thousand
-  or so output rows at a time, gather their ``K`` neighbours' features with ``index_select``
-  into one reused buffer (absent = a zero row), then one ``mm`` with the ``[K·I, O]`` weight
-  into the output slice. The arithmetic is the original engine's, bit for bit; only the
-  ``1 − fill`` padding is wasted;
+- **im2col** (output fill ≥ ``IM2COL_FILL``, e.g. submanifold convs on surfaces): a few
+  hundred output rows at a time (``IM2COL_FLOATS``: the chunk stays in L2), gather their ``K``
+  neighbours' features with ``index_select`` into one reused buffer (absent = the zero row
+  appended to a copy of the features), then one ``mm`` with the ``[K·I, O]`` weight into the
+  output slice. The arithmetic is the original engine's, bit for bit; only the ``1 − fill``
+  padding is wasted;
 - **inputs** (input fill ≥ ``INPUTS_FILL``: generative and kernel = stride transposed convs,
   where nearly every input feeds every offset): one GEMM ``[N, I] @ [I, K·O]`` gives every
   input × offset product, and each output sums its pairs' rows with ``embedding_bag``;
@@ -17,30 +18,37 @@ Buffers are one chunk (im2col) or one block (pairs), never ``M·K·C``; only ``i
 Pools: sum and mean are one ``embedding_bag`` in the original summation order, max a chunked
 gather + ``amax`` (bit for bit the original scatter-reduce in all three modes).
 Without autograd every op writes into reused buffers (``out=``); with it, the same steps run
-as recorded ops so training works.
+as recorded ops so training works. Without autograd, chunks run in parallel over Python threads
+with every GEMM single-threaded (``threads.py``): the outputs do not depend on the thread count.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from torchlower.errors import InvalidArgumentError
+from torchlower.lattice import threads
 from torchlower.lattice.maps import KernelMap, conv_map, generative_map, subm_map, transpose_map
 
 IM2COL_FILL = 0.55  # measured: im2col 8 % faster at 0.65, equal at 0.60, pairs 20 % faster at 0.47
-CHUNK_FLOATS = 1 << 20  # gathered floats per chunk (4 MiB: the chunk stays in L2/L3 for the mm)
+CHUNK_FLOATS = 1 << 20  # pairs / inputs: gathered floats or products per block
+IM2COL_FLOATS = 3 << 17  # im2col: gathered floats per chunk (1.5 MiB: chunk + weights stay in a 2 MiB L2)
 INPUTS_FILL = 0.5  # products used / computed for the inputs method
-MIN_CHUNK_ROWS = 1024  # below this a BLAS may split the reduction across threads (rounding varies)
+MIN_CHUNK_ROWS = 64  # single-threaded MKL rounds a row alike for any M ≥ 16 rows (N ≥ 3 columns)
+INPUTS_CHUNK_ROWS = 1024  # output rows per inputs chunk at least
+INPUTS_FLOATS = 1 << 18  # inputs: products per chunk (1 MiB stays in L2; 4 MiB was 1.4× slower)
 
 
 def _chunks(rows: int, per_row: int, chunk: int | None) -> list[tuple[int, int]]:
-    """Row ranges of about ``CHUNK_FLOATS / per_row`` rows, the remainder merged into the last
+    """Row ranges of about ``IM2COL_FLOATS / per_row`` rows, the remainder merged into the last
     range so no range is shorter than ``MIN_CHUNK_ROWS`` unless it is the whole output."""
-    size = chunk if chunk is not None else max(MIN_CHUNK_ROWS, CHUNK_FLOATS // max(1, per_row))
+    size = chunk if chunk is not None else max(MIN_CHUNK_ROWS, IM2COL_FLOATS // max(1, per_row))
     bounds = [*range(0, rows, size), rows]
     if chunk is None and len(bounds) > 2 and bounds[-1] - bounds[-2] < MIN_CHUNK_ROWS:
         del bounds[-2]
@@ -96,39 +104,46 @@ def _im2col(
     """``grad``: the same chunks through autograd-recorded ops (no ``out=`` buffers)."""
     n, in_ch = feats.shape
     ranges = _chunks(kmap.rows, volume * in_ch, chunk)
+    table = kmap.table_for(n, volume)
     if grad:
-        table = kmap.table_for(n, volume)
-        padded = torch.cat([feats, feats.new_zeros(1, in_ch)])  # row n: the absent neighbour
-        parts = [padded.index_select(0, table[s:e].reshape(-1)).view(e - s, -1) @ w for s, e in ranges]
+        with _padded(kmap, feats, 0.0, grad) as padded:  # row n: the absent neighbour
+            parts = [padded.index_select(0, table[s:e].reshape(-1)).view(e - s, -1) @ w for s, e in ranges]
         return torch.cat(parts) if parts else feats.new_zeros(0, w.shape[1])
-    safe, blanks = _safe_table(kmap, n, volume, ranges)
     out = feats.new_empty(kmap.rows, w.shape[1])
-    longest = max((e - s for s, e in ranges), default=0)
-    buf = feats.new_empty(longest * volume, in_ch)
-    for (start, end), blank in zip(ranges, blanks, strict=True):
-        rows = end - start
-        cols = buf[: rows * volume]
-        torch.index_select(feats, 0, safe[start:end].reshape(-1), out=cols)
-        cols.index_fill_(0, blank, 0.0)
-        torch.mm(cols.view(rows, volume * in_ch), w, out=out[start:end])
+
+    def work(run: list[tuple[int, int]]) -> None:
+        buf = feats.new_empty(max(e - s for s, e in run) * volume, in_ch)  # one chunk, reused
+        for start, end in run:
+            cols = buf[: (end - start) * volume]
+            torch.index_select(padded, 0, table[start:end].view(-1), out=cols)
+            torch.mm(cols.view(end - start, volume * in_ch), w, out=out[start:end])
+
+    with threads.serial() as count, _padded(kmap, feats, 0.0, grad) as padded:
+        threads.run(work, threads.groups(ranges, count, lambda r: r[1] - r[0]))
     return out
 
 
-def _safe_table(
-    kmap: KernelMap, in_rows: int, volume: int, ranges: list[tuple[int, int]]
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The table with absent slots reading row 0, and per row range the positions (inside the
-    range's gathered rows) to blank afterwards with ``index_fill_`` — cheaper than copying all
-    features to append a zero row every call (and than a broadcast ``masked_fill_``)."""
-    key = ("safe", in_rows, volume)
-    if key not in kmap.memo:
-        table = kmap.table_for(in_rows, volume)
-        absent = table == in_rows
-        kmap.memo[key] = (table.masked_fill(absent, 0), absent.view(-1).nonzero().squeeze(1))
-    safe, positions = kmap.memo[key]  # type: ignore[misc]
-    bounds = torch.tensor([[s * volume, e * volume] for s, e in ranges], dtype=torch.long).view(-1)
-    cuts = torch.searchsorted(positions, bounds).view(-1, 2).tolist()
-    return safe, [positions[a:b] - s * volume for (a, b), (s, _) in zip(cuts, ranges, strict=True)]
+@contextlib.contextmanager
+def _padded(kmap: KernelMap, feats: torch.Tensor, fill: float, grad: bool) -> Iterator[torch.Tensor]:
+    """``feats`` and one more row of ``fill``, which the table's sentinel ``n`` reads — a copy
+    per call, cheaper than blanking the absent slots after the gather (``index_fill_``: ~60 ns
+    a row; ``torch.cat`` is ~8× slower than ``copy_``). The buffer is kept on the map and
+    reused: a fresh one costs its page faults every call (8 ms of a 16 ms strided conv)."""
+    if grad:
+        yield F.pad(feats, (0, 0, 0, 1), value=fill)
+        return
+    free = kmap.memo.setdefault(("padded", feats.dtype, tuple(feats.shape)), [])
+    assert isinstance(free, list)
+    try:
+        padded = free.pop()  # atomic: concurrent calls on one map never share a buffer
+    except IndexError:
+        padded = feats.new_empty(feats.shape[0] + 1, feats.shape[1])
+    padded[:-1].copy_(feats)
+    padded[-1].fill_(fill)
+    try:
+        yield padded
+    finally:
+        free.append(padded)
 
 
 @dataclass(frozen=True)
@@ -186,15 +201,20 @@ def _pairs(feats: torch.Tensor, kmap: KernelMap, w: torch.Tensor, out_ch: int, g
     plan = _plan(kmap, n, volume, max(8192, CHUNK_FLOATS // max(in_ch, out_ch)))
     w_k = w.permute(1, 2, 0).contiguous()  # [K, I, O]
     out = feats.new_empty(kmap.rows, out_ch)
-    longest = max((len(b.inputs) for b in plan), default=0)
-    gathered, product = feats.new_empty(longest, in_ch), feats.new_empty(longest, out_ch)
-    for block in plan:
-        count = len(block.inputs)
-        g, y = gathered[:count], product[:count]
-        torch.index_select(feats, 0, block.inputs, out=g)
-        for k, first, last in block.slices:
-            torch.mm(g[first:last], w_k[k], out=y[first:last])
-        out[block.start : block.end] = F.embedding_bag(block.bag, y, block.bag_offsets, mode="sum")
+
+    def work(run: list[_Block]) -> None:
+        longest = max(len(b.inputs) for b in run)
+        gathered, product = feats.new_empty(longest, in_ch), feats.new_empty(longest, out_ch)
+        for block in run:
+            count = len(block.inputs)
+            g, y = gathered[:count], product[:count]
+            torch.index_select(feats, 0, block.inputs, out=g)
+            for k, first, last in block.slices:
+                torch.mm(g[first:last], w_k[k], out=y[first:last])
+            out[block.start : block.end] = F.embedding_bag(block.bag, y, block.bag_offsets, mode="sum")
+
+    with threads.serial() as count:
+        threads.run(work, threads.groups(plan, count, lambda b: len(b.inputs)))
     return out
 
 
@@ -225,16 +245,20 @@ def _inputs(feats: torch.Tensor, kmap: KernelMap, weight: torch.Tensor, grad: bo
         return F.embedding_bag(inputs * volume + k_idx, products, starts, mode="sum")
     plan = _inputs_plan(kmap, n, volume, out_ch)
     out = feats.new_empty(kmap.rows, out_ch)
-    span = max((hi - lo for _, _, lo, hi, _, _ in plan), default=0)
-    buf = feats.new_empty(span * volume + 1, out_ch)
-    for start, end, lo, hi, index, offsets in plan:
-        products = buf[: (hi - lo) * volume + 1]
-        torch.mm(feats[lo:hi], w, out=products[:-1].view(hi - lo, volume * out_ch))
-        if offsets is None:  # at most one pair per output: a plain gather (the last row is zero)
-            products[-1].zero_()
-            torch.index_select(products, 0, index, out=out[start:end])
-        else:
-            out[start:end] = F.embedding_bag(index, products, offsets, mode="sum")
+
+    def work(run: list[tuple]) -> None:
+        buf = feats.new_empty(max(hi - lo for _, _, lo, hi, _, _ in run) * volume + 1, out_ch)
+        for start, end, lo, hi, index, offsets in run:
+            products = buf[: (hi - lo) * volume + 1]
+            torch.mm(feats[lo:hi], w, out=products[:-1].view(hi - lo, volume * out_ch))
+            if offsets is None:  # at most one pair per output: a plain gather (the last row is zero)
+                products[-1].zero_()
+                torch.index_select(products, 0, index, out=out[start:end])
+            else:
+                out[start:end] = F.embedding_bag(index, products, offsets, mode="sum")
+
+    with threads.serial() as count:
+        threads.run(work, threads.groups(plan, count, lambda c: c[3] - c[2]))
     return out
 
 
@@ -247,7 +271,7 @@ def _inputs_plan(kmap: KernelMap, in_rows: int, volume: int, out_ch: int) -> lis
     if key in kmap.memo:
         return kmap.memo[key]  # type: ignore[return-value]
     inputs, k_idx, starts, sizes = _bags(kmap, in_rows, volume)
-    per_chunk = max(MIN_CHUNK_ROWS, 4 * CHUNK_FLOATS // (volume * out_ch) * kmap.rows // max(1, in_rows))
+    per_chunk = max(INPUTS_CHUNK_ROWS, INPUTS_FLOATS // (volume * out_ch) * kmap.rows // max(1, in_rows))
     ends = torch.cat([starts, starts.new_tensor([len(inputs)])]).tolist()
     plan = []
     for start in range(0, kmap.rows, per_chunk):
@@ -292,21 +316,39 @@ def apply_pool(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
         out = F.embedding_bag(inputs, feats, starts, mode="sum")
         return out / sizes.unsqueeze(1).to(out.dtype) if mode == "avg" else out
     ranges = _chunks(kmap.rows, volume * channels, None)
-    safe, blanks = _safe_table(kmap, n, volume, ranges)
     grad = torch.is_grad_enabled() and feats.requires_grad
+    table = None if grad else _max_table(kmap, n, volume)
+    if table is None:  # autograd, or an output without inputs (−inf, as before)
+        padded_table = kmap.table_for(n, volume)
+        with _padded(kmap, feats, float("-inf"), grad) as padded:  # row n: absent
+            parts = [padded.index_select(0, padded_table[s:e].reshape(-1)) for s, e in ranges]
+            return torch.cat([p.view(-1, volume, channels).amax(1) for p in parts])
     out = feats.new_empty(kmap.rows, channels)
-    parts = []
-    for (start, end), blank in zip(ranges, blanks, strict=True):
-        gathered = feats.index_select(0, safe[start:end].reshape(-1))
-        fill = gathered.index_fill if grad else gathered.index_fill_
-        gathered = fill(0, blank, float("-inf")).view(end - start, volume, channels)
-        if grad:
-            parts.append(gathered.amax(1))
-        else:
-            torch.amax(gathered, 1, out=out[start:end])
-    if grad:
-        return torch.cat(parts) if parts else out
+
+    def work(run: list[tuple[int, int]]) -> None:
+        buf = feats.new_empty(max(e - s for s, e in run) * volume, channels)
+        for start, end in run:
+            gathered = buf[: (end - start) * volume]
+            torch.index_select(feats, 0, table[start:end].view(-1), out=gathered)
+            torch.amax(gathered.view(end - start, volume, channels), 1, out=out[start:end])
+
+    with threads.serial() as count:
+        threads.run(work, threads.groups(ranges, count, lambda r: r[1] - r[0]))
     return out
+
+
+def _max_table(kmap: KernelMap, in_rows: int, volume: int) -> torch.Tensor | None:
+    """The table with every absent slot reading the row's first present input instead: a
+    repeated operand leaves a max unchanged (NaN included), so the gather needs no padded copy
+    of the features with a −inf row (built once per map). None when some output has no input
+    (a strided conv's outputs always have one)."""
+    key = ("max-table", in_rows, volume)
+    if key not in kmap.memo:
+        table = kmap.table_for(in_rows, volume)
+        present = table != in_rows
+        first = table.gather(1, present.to(torch.uint8).argmax(1, keepdim=True))
+        kmap.memo[key] = torch.where(present, table, first) if bool(present.any(1).all()) else None
+    return kmap.memo[key]  # type: ignore[return-value]
 
 
 def _volume(kmap: KernelMap) -> int:

@@ -20,10 +20,11 @@ from functools import cached_property
 import torch
 
 from torchlower.errors import InvalidArgumentError
+from torchlower.lattice import threads
 from torchlower.lattice.sparse import CoordIndex, Hash, Triple, dense_limit, kernel_offsets, unique_keys
 
 Pairs = tuple[tuple[int, torch.Tensor, torch.Tensor], ...]
-LOOKUP_ROWS = 1 << 16  # rows of shifted keys per grid gather (≤ 7 MiB at K = 27)
+LOOKUP_ROWS = 1 << 13  # rows of shifted keys per grid gather (≤ 0.9 MiB at K = 27)
 
 
 class KernelMap:
@@ -114,6 +115,7 @@ def _offset_keys(h: Hash, delta: torch.Tensor) -> torch.Tensor:
     return h.encode(zero + h.lo) - h.encode(h.lo)
 
 
+@threads.serialized
 def subm_map(coords: torch.Tensor, stride: Triple, kernel: Triple, dilation: Triple) -> KernelMap:
     """Neighbour table ``[N, K]`` in one pass. With a dense grid: one gather of the ``N·K``
     shifted keys. With sorted keys: the centre column is the identity and only one of each
@@ -127,12 +129,17 @@ def subm_map(coords: torch.Tensor, stride: Triple, kernel: Triple, dilation: Tri
     shift = _offset_keys(index.hash, delta).to(keys.dtype)
     if index.grid is not None:  # chunks of rows: the shifted keys stay in cache
         table = torch.empty(n, volume, dtype=torch.int32)
-        query = torch.empty(min(n, LOOKUP_ROWS), volume, dtype=torch.int32)
-        for start in range(0, n, LOOKUP_ROWS):
-            end = min(n, start + LOOKUP_ROWS)
-            q = query[: end - start]
-            torch.add(keys[start:end].unsqueeze(1), shift.unsqueeze(0), out=q)
-            torch.index_select(index.grid, 0, q.view(-1), out=table[start:end].view(-1))
+        grid = index.grid
+
+        def work(run: list[int]) -> None:
+            query = torch.empty(min(n, LOOKUP_ROWS), volume, dtype=torch.int32)
+            for start in run:
+                end = min(n, start + LOOKUP_ROWS)
+                q = query[: end - start]
+                torch.add(keys[start:end].unsqueeze(1), shift.unsqueeze(0), out=q)
+                torch.index_select(grid, 0, q.view(-1), out=table[start:end].view(-1))
+
+        threads.run(work, threads.groups(range(0, n, LOOKUP_ROWS), threads.requested(), lambda _: 1))
         return KernelMap(coords, stride, table=table, in_rows=n, pair_order="out")
     position = {tuple(d): k for k, d in enumerate(delta.tolist())}
     searched, partners = [], []
@@ -166,21 +173,6 @@ def _out_table(
     return table.view(rows, volume)
 
 
-def _unique_out(
-    batch: torch.Tensor, logical: torch.Tensor, out_stride: Triple
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Distinct physical output coordinates (lexicographic) of candidates ``(batch, logical)``."""
-    cand = torch.cat([batch.unsqueeze(1), logical], dim=1)
-    if len(cand) == 0:
-        return torch.zeros(0, 4, dtype=torch.int32), torch.zeros(0, dtype=torch.long)
-    h = Hash.covering([cand])
-    keys, inverse = unique_keys(h.encode(cand), int(h.radix.prod()))
-    out = torch.empty(len(keys), 4, dtype=torch.int32)
-    out[inverse] = cand.to(torch.int32)  # every candidate of an output has its coordinates: no decode
-    out[:, 1:] *= torch.tensor(out_stride, dtype=torch.int32)
-    return out, inverse
-
-
 def _floordiv(v: torch.Tensor, s: int) -> torch.Tensor:
     """``v // s`` for ``s ≥ 1``; a shift for powers of two (int64 division is ~50 ns an element)."""
     if s == 1:
@@ -196,6 +188,7 @@ def _divisible(v: torch.Tensor, s: int) -> torch.Tensor:
     return v % s == 0
 
 
+@threads.serialized
 def conv_map(
     coords: torch.Tensor,
     stride: Triple,
@@ -205,26 +198,90 @@ def conv_map(
     dilation: Triple,
 ) -> KernelMap:
     """Strided conv / pool: every (input, offset) with ``(c + p − k·d) % s == 0`` makes an output.
-    Divisibility is decided per axis (``[k_a, N]``), so no ``[K, N, 3]`` temporary is formed."""
+
+    Per axis everything is a ``[k_a, N]`` tensor (divisibility, output coordinate); the output
+    key of every (offset, input) is composed from them by broadcasting over the kernel axes,
+    so no ``[P, 4]`` candidate table is formed, encoded or scattered: the distinct keys are
+    the outputs (in lexicographic order), decoded once per output."""
     n = int(coords.shape[0])
-    num, ok = [], []
-    for a in range(3):
-        c = _floordiv(coords[:, a + 1].long(), stride[a])
-        v = c.unsqueeze(0) + padding[a] - (torch.arange(kernel[a]) * dilation[a]).unsqueeze(1)  # [k_a, N]
-        num.append(v)
-        ok.append(_divisible(v, conv_stride[a]))
-    valid = ok[0][:, None, None, :] & ok[1][None, :, None, :] & ok[2][None, None, :, :]
-    kx, ky, kz, in_idx = valid.nonzero(as_tuple=True)  # offset-major (weight order), inputs ascending
-    k_idx = (kx * kernel[1] + ky) * kernel[2] + kz
-    picked = [_floordiv(num[a][kk, in_idx], conv_stride[a]) for a, kk in enumerate((kx, ky, kz))]
-    out_logical = torch.stack(picked, dim=1)
-    out_stride = tuple(a * b for a, b in zip(stride, conv_stride, strict=True))
-    out_coords, out_idx = _unique_out(coords[in_idx, 0].long(), out_logical, out_stride)  # type: ignore[arg-type]
     volume = kernel[0] * kernel[1] * kernel[2]
+    out_stride = tuple(a * b for a, b in zip(stride, conv_stride, strict=True))
+    if n == 0:
+        return _empty(out_stride, volume)  # type: ignore[arg-type]
+    batch = coords[:, 0].long()
+    lo, radix = [int(batch.min())], [int(batch.max()) - int(batch.min()) + 1]
+    if all(k <= s and d == 1 for k, s, d in zip(kernel, conv_stride, dilation, strict=True)):
+        k_idx, in_idx, key = _single_offset(coords, batch, stride, kernel, conv_stride, padding, lo, radix)
+    else:
+        key = (batch - lo[0]).unsqueeze(0)  # [1, N], grows one kernel axis per coordinate axis
+        ok = torch.ones(1, n, dtype=torch.bool)
+        for a in range(3):
+            c = _floordiv(coords[:, a + 1].long(), stride[a])
+            v = c.unsqueeze(0) + padding[a] - (torch.arange(kernel[a]) * dilation[a]).unsqueeze(1)  # [k_a, N]
+            o = _floordiv(v, conv_stride[a])
+            _extend(lo, radix, o)
+            key = (key.unsqueeze(-2) * radix[-1] + (o - lo[-1])).flatten(0, -2)  # [K_so_far · k_a, N]
+            ok = (ok.unsqueeze(-2) & _divisible(v, conv_stride[a])).flatten(0, -2)
+        k_idx, in_idx = ok.nonzero(as_tuple=True)
+        key = key[k_idx, in_idx]
+    return _outputs(key, k_idx, in_idx, lo, radix, out_stride, volume, n)
+
+
+def _extend(lo: list[int], radix: list[int], o: torch.Tensor) -> None:
+    low, high = int(o.min()), int(o.max())
+    lo.append(low)
+    radix.append(high - low + 1)
+
+
+def _single_offset(
+    coords: torch.Tensor,
+    batch: torch.Tensor,
+    stride: Triple,
+    kernel: Triple,
+    conv_stride: Triple,
+    padding: Triple,
+    lo: list[int],
+    radix: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Kernel ≤ stride, no dilation (downsampling k2 s2, pools): an input meets at most one
+    offset per axis, ``k = (c + p) mod s`` when that is below the kernel size, so the pairs
+    come from one ``[N]`` mask instead of a ``[K, N]`` one (the order of the pairs does not
+    matter: the table and the sorted output keys are the same in any order)."""
+    key, k_flat, ok = batch - lo[0], torch.zeros_like(batch), torch.ones_like(batch, dtype=torch.bool)
+    for a in range(3):
+        v = _floordiv(coords[:, a + 1].long(), stride[a]) + padding[a]
+        r = v - _floordiv(v, conv_stride[a]) * conv_stride[a]  # the offset hitting an output
+        o = _floordiv(v, conv_stride[a])
+        _extend(lo, radix, o)
+        key = key * radix[-1] + (o - lo[-1])
+        k_flat = k_flat * kernel[a] + r
+        ok &= r < kernel[a]
+    in_idx = ok.nonzero().squeeze(1)
+    return k_flat[in_idx], in_idx, key[in_idx]
+
+
+def _outputs(
+    key: torch.Tensor,
+    k_idx: torch.Tensor,
+    in_idx: torch.Tensor,
+    lo: list[int],
+    radix: list[int],
+    out_stride: Triple,
+    volume: int,
+    n: int,
+) -> KernelMap:
+    """Distinct output keys (lexicographic = sorted) decoded to coordinates, and the table."""
+    h = Hash(torch.tensor(lo), torch.tensor(radix))
+    if float(h.radix.double().prod()) >= 2**62:
+        raise InvalidArgumentError(f"coordinate range of {radix} cells is too large to hash")
+    keys, out_idx = unique_keys(key, int(h.radix.prod()))
+    out_coords = h.decode(keys)
+    out_coords[:, 1:] *= torch.tensor(out_stride, dtype=torch.int32)
     table = _out_table(out_idx, k_idx, in_idx, len(out_coords), volume, n)
-    return KernelMap(out_coords, out_stride, table=table, in_rows=n)  # type: ignore[arg-type]
+    return KernelMap(out_coords, out_stride, table=table, in_rows=n)
 
 
+@threads.serialized
 def transpose_map(
     coords: torch.Tensor,
     stride: Triple,
@@ -261,6 +318,7 @@ def transpose_map(
     return KernelMap(target, out_stride, table=table, in_rows=n)  # type: ignore[arg-type]
 
 
+@threads.serialized
 def generative_map(coords: torch.Tensor, stride: Triple, kernel: Triple, conv_stride: Triple) -> KernelMap:
     """Generative transposed conv: input o creates ``o·s + k`` at stride ``S / s``."""
     if any(a % b for a, b in zip(stride, conv_stride, strict=True)):
@@ -268,16 +326,25 @@ def generative_map(coords: torch.Tensor, stride: Triple, kernel: Triple, conv_st
             f"generative transposed conv stride {conv_stride} does not divide {stride}"
         )
     out_stride = tuple(a // b for a, b in zip(stride, conv_stride, strict=True))
-    offs = kernel_offsets(kernel)
-    n, volume = int(coords.shape[0]), len(offs)
-    base = torch.stack([_floordiv(coords[:, a + 1].long(), stride[a]) for a in range(3)], 1) * _t(conv_stride)
-    cand = (base.unsqueeze(0) + offs.unsqueeze(1)).reshape(-1, 3)  # [K·N, 3], k-major
-    batch = coords[:, 0].long().repeat(volume)
-    out_coords, out_idx = _unique_out(batch, cand, out_stride)  # type: ignore[arg-type]
+    n, volume = int(coords.shape[0]), kernel[0] * kernel[1] * kernel[2]
+    if n == 0:
+        return _empty(out_stride, volume)  # type: ignore[arg-type]
+    batch = coords[:, 0].long()
+    lo, radix = [int(batch.min())], [int(batch.max()) - int(batch.min()) + 1]
+    key = (batch - lo[0]).unsqueeze(0)  # [1, N], one kernel axis more per coordinate axis
+    for a in range(3):
+        base = _floordiv(coords[:, a + 1].long(), stride[a]) * conv_stride[a]
+        o = base.unsqueeze(0) + torch.arange(kernel[a]).unsqueeze(1)  # [k_a, N]
+        _extend(lo, radix, o)
+        key = (key.unsqueeze(-2) * radix[-1] + (o - lo[-1])).flatten(0, -2)
     k_idx = torch.arange(volume).repeat_interleave(n)
     in_idx = torch.arange(n).repeat(volume)
-    table = _out_table(out_idx, k_idx, in_idx, len(out_coords), volume, n)
-    return KernelMap(out_coords, out_stride, table=table, in_rows=n)  # type: ignore[arg-type]
+    return _outputs(key.view(-1), k_idx, in_idx, lo, radix, out_stride, volume, n)  # type: ignore[arg-type]
+
+
+def _empty(out_stride: Triple, volume: int) -> KernelMap:
+    table = torch.zeros(0, volume, dtype=torch.int32)
+    return KernelMap(torch.zeros(0, 4, dtype=torch.int32), out_stride, table=table, in_rows=0)
 
 
 __all__ = ["KernelMap", "conv_map", "dense_limit", "generative_map", "subm_map", "transpose_map"]

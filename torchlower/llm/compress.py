@@ -39,7 +39,8 @@ def compress_weights(
     """Pack the chosen weights as Q4_0; returns the dequantized HF parameters (for the check).
 
     One parameter at a time, so a memory-mapped checkpoint is read, packed and released tensor
-    by tensor; with ``keep=False`` (no check) the dequantized copies are not kept either.
+    by tensor; with ``keep=False`` (no check) nothing is packed here: the archive writer packs
+    each tensor as it writes it (``quant.DeferredBlocks``) and no dequantized copy is made.
     """
     params = dict(wrapper.named_parameters())
     tables = embedding_labels(wrapper)
@@ -51,7 +52,7 @@ def compress_weights(
     }
     with progress.stage("packing q4_0", total=len(chosen), unit="tensors"):
         for label, param in chosen.items():
-            packed = quant.compress_weights(builder, quant.Q4_0, {label: param}, release)
+            packed = quant.compress_weights(builder, quant.Q4_0, {label: param}, release, keep)
             if keep:
                 dequantized.update({k.removeprefix("model."): v for k, v in packed.items()})
             progress.advance(1)

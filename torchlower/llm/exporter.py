@@ -23,7 +23,10 @@ from torchlower import tolerance as tolerances
 from torchlower.api import _build, _bytes_by_format, _eval_view
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks
-from torchlower.llm.precision import cache_dtype, drop_cache_casts
+from torchlower.llm.alibi import alibi_table
+from torchlower.llm.kv_pattern import unsplit_query_concats
+from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, drop_cache_casts, keep_f32
+from torchlower.llm.rope import rotary_tables
 from torchlower.llm.source import SourceError, check_tokenizer, open_source
 from torchlower.llm.wrapper import CachedCausalLM, CacheLayout, dynamic_rope_limit, layout_of, static_rope
 from torchlower.nnef import archive, guards, passes
@@ -84,6 +87,7 @@ def export(
     max_context: int | None = None,
     check: bool = True,
     io_samples: bool = False,
+    f32_parts: tuple[str, ...] | None = None,
 ) -> ExportReport:
     """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract.
 
@@ -93,10 +97,14 @@ def export(
     ``out_cache_value_{i}`` [1, kv_heads, P+S, head_dim], with ``P + S <= max_context``.
     ``compress="q4_0"`` stores the linear layers in 4-bit blocks; ``embeddings`` picks the
     storage of the token embedding and LM head separately (default: f32).
+    ``f32_parts`` (f16 only): parts computed in f32 inside the f16 graph, any of
+    ``"attention"``, ``"norms"``, ``"lm_head"``; default ``("attention", "norms")``, ``()`` for
+    f16 throughout (``precision.keep_f32``).
     ``check`` compares with the model as Hugging Face runs it; a failed export writes nothing.
     """
     started = time.perf_counter()
     _validate_options(precision, compress, embeddings, logits, max_context, check, io_samples)
+    parts = _f32_parts(precision, f32_parts)
     target = Path(path)
     archive.archive_kind(target)  # a bad suffix fails before the model loads
     with progress.stage("loading model"):
@@ -126,7 +134,8 @@ def export(
     spec = dynamic.Spec.build(
         validate.dynamic_axes(axes, names_in, [t.dim() for t in example]), names_in, example
     )
-    with progress.stage("tracing (export)", unit="ops"), static_rope(model):
+    tracing = progress.stage("tracing (export)", unit="ops")
+    with tracing, static_rope(model), rotary_tables(model, context), alibi_table(model, context):
         builder = _build("export", wrapper, example, names_in, names_out, len(names_out), precision, spec)
     dequantized = None
     if compress is not None or embeddings == "q4_0":
@@ -143,6 +152,8 @@ def export(
         drop_cache_casts(builder)
     passes.optimize(builder)
     guards.apply(builder)
+    unsplit_query_concats(builder)
+    keep_f32(builder, wrapper, parts)
     if src.mapping is not None:
         src.mapping.release_all()  # folds and passes may have read some weights
     weights = builder.live_weights()
@@ -159,42 +170,38 @@ def export(
         "torchlower.llm.embeddings": embeddings or "f32",
         "torchlower.llm.logits": logits,
     }
+    if precision == "f16":
+        props["torchlower.llm.f32_parts"] = ",".join(parts) or "none"
     bounds = [f"tract_assert P + S <= {context}", "tract_assert S >= 1", "tract_assert P >= 0"]
     graph = bundle.with_header(builder.graph_text(), bounds, bundle.properties_fragment(props))
     files = dict(src.files)
     if io_samples:
         files |= checks.samples(model, layout, vocab, logits, dequantized, cache_dtype(precision))
-    # written beside the target and renamed after the check: a failed export leaves no archive
-    staging = target.with_name(f".{os.getpid()}-checking-{target.name}")
     release = src.mapping.release if src.mapping is not None else None
-    staged = archive.write(staging, graph, weights, builder.quant_text(), files, release)
-    report = ExportReport(
-        path=staged,
-        model_type=src.model_type,
-        parameters=parameters,
-        layers=layout.layers,
-        max_context=int(context),
-        precision=precision,
-        compress=compress,
-        embeddings=embeddings,
-        logits=logits,
-        weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
-        weight_bytes_by_format=_bytes_by_format(weights),
-        archive_bytes=_size_on_disk(staged),
-        seconds=0.0,
-        bundled=sorted(files),
-        properties=props,
-    )
-    try:
+    with archive.staged(target) as staging:  # renamed after the check: a failure leaves no archive
+        staged = archive.write(
+            staging, graph, weights, builder.quant_text(), files, release, huffman_only=True
+        )
+        report = ExportReport(
+            path=staged,
+            model_type=src.model_type,
+            parameters=parameters,
+            layers=layout.layers,
+            max_context=int(context),
+            precision=precision,
+            compress=compress,
+            embeddings=embeddings,
+            logits=logits,
+            weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
+            weight_bytes_by_format=_bytes_by_format(weights),
+            archive_bytes=_size_on_disk(staged),
+            seconds=0.0,
+            bundled=sorted(files),
+            properties=props,
+        )
         if check:
             with progress.stage("checking in tract"):
                 _check(report, model, layout, vocab, logits, precision, dequantized)
-        if target.is_dir() and not staged.is_dir():
-            _remove(target)
-        os.replace(staged, target)
-    except BaseException:
-        _remove(staged)
-        raise
     report.path = target
     report.seconds = time.perf_counter() - started
     return report
@@ -251,6 +258,18 @@ def _validate_options(
             raise InvalidArgumentError(f"{name} must be True or False, got {flag!r}")
 
 
+def _f32_parts(precision: str, parts: tuple[str, ...] | None) -> tuple[str, ...]:
+    if parts is None:
+        return DEFAULT_F32_PARTS if precision == "f16" else ()
+    if isinstance(parts, str) or not all(p in F32_PARTS for p in parts):
+        raise InvalidArgumentError(
+            f"f32_parts must be a tuple of {', '.join(F32_PARTS)} (or () for f16 throughout); got {parts!r}"
+        )
+    if parts and precision != "f16":
+        raise InvalidArgumentError(f"f32_parts={parts!r} needs precision='f16' (an f32 export is all f32)")
+    return tuple(p for p in F32_PARTS if p in parts)
+
+
 def _max_positions(config: Any) -> int | None:
     for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(config, attr, None)
@@ -274,15 +293,6 @@ def _size_on_disk(path: Path) -> int:
     if path.is_dir():
         return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     return path.stat().st_size
-
-
-def _remove(path: Path) -> None:
-    import shutil
-
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 __all__ = ["ExportReport", "SourceError", "export"]

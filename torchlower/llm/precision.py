@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from torchlower.nnef import passes
+from torchlower.nnef import passes, text
 from torchlower.values import Value
 
 
@@ -47,3 +47,89 @@ def _f16_cast(a: Any) -> bool:
     return (
         a.op == "tract_core_cast" and a.attrs.get("to") == "f16" and a.args and isinstance(a.args[0], Value)
     )
+
+
+F32_PARTS = ("attention", "norms", "lm_head")
+DEFAULT_F32_PARTS = ("attention", "norms")
+
+
+def keep_f32(builder: Any, wrapper: Any, parts: tuple[str, ...]) -> int:
+    """In an f16 export, run the ops of the chosen ``parts`` in f32; returns how many ops.
+
+    ``attention``: the ops written in an attention module's own scope (scores, mask, softmax,
+    the product with V, rotary; its projections are separate modules and stay f16);
+    ``norms``: the ops of every ``*Norm`` module (an f16 mean of squares overflows once
+    activations pass 256); ``lm_head``: the output projection (tract then holds that weight
+    in f32: twice its memory). Values entering a part are cast to f32, values leaving it back
+    to f16; weights stay f16 in the file (tract folds their cast when it loads). Graph outputs
+    (the cache concats) are never inside a part, so ``detect_kv_cache`` still matches.
+    """
+    scopes = _part_scopes(wrapper, parts)
+    if not scopes:
+        return 0
+    outputs = {v.name for _, v in builder.outputs}
+    region = [
+        a
+        for a in builder.assignments
+        if a.scope in scopes
+        and not a.op.startswith("variable")
+        and not any(v.name in outputs for v in a.outputs)
+    ]
+    inside = {v.name for a in region for v in a.outputs}
+    members = {id(a) for a in region}
+    casts: dict[tuple[str, str], Value] = {}
+    result: list[Any] = []
+    for a in builder.assignments:
+        member = id(a) in members
+        if member and a.op == "tract_core_cast" and a.attrs.get("to") == "f16":
+            a.attrs["to"] = "f32"  # a rule's own accurate/compute pair, now all f32
+        elif not member and a.op == "tract_core_cast" and a.attrs.get("to") == "f32":
+            result.append(a)  # already leaves in f32 (the logits output)
+            continue
+        wanted = "f32" if member else "f16"
+        crossing = [
+            v for v in _values(a.args) if (v.name in inside) != member and not v.is_const and _is_float(v)
+        ]
+        for v in crossing:
+            if (v.name, wanted) not in casts:
+                cast = Value(builder.fresh(f"{v.name}_{wanted}"), v.dtype, v.shape)
+                result.append(text.Assignment([cast], "tract_core_cast", [v], {"to": wanted}, a.scope))
+                casts[(v.name, wanted)] = cast
+        if crossing:
+            swap = {v.name: casts[(v.name, wanted)] for v in crossing}
+            a.args = [_map(x, swap) for x in a.args]
+        result.append(a)
+    builder.assignments = result
+    return len(region)
+
+
+def _part_scopes(wrapper: Any, parts: tuple[str, ...]) -> set[str]:
+    scopes = set()
+    head = wrapper.model.get_output_embeddings()
+    for path, module in wrapper.named_modules():
+        kind = type(module).__name__
+        attention = "attention" in parts and kind.endswith("Attention")
+        norm = "norms" in parts and "Norm" in kind
+        if attention or norm or ("lm_head" in parts and head is not None and module is head):
+            scopes.add(path)
+    return scopes
+
+
+def _is_float(v: Value) -> bool:
+    return v.dtype is not None and v.dtype.is_floating_point
+
+
+def _values(items: Any) -> list[Value]:
+    if isinstance(items, Value):
+        return [items]
+    if isinstance(items, (list, tuple)):
+        return [v for i in items for v in _values(i)]
+    return []
+
+
+def _map(item: Any, swap: dict[str, Value]) -> Any:
+    if isinstance(item, Value):
+        return swap.get(item.name, item)
+    if isinstance(item, (list, tuple)):
+        return type(item)(_map(i, swap) for i in item)
+    return item

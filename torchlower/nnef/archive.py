@@ -7,15 +7,20 @@ failed export never leaves a partial file and keeps any previous one.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
+import itertools
 import os
 import shutil
+import struct
 import tarfile
 import tempfile
 import threading
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -98,8 +103,14 @@ def write(
     quant_text: str | None = None,
     extra: Mapping[str, bytes] | None = None,
     release: Callable[[memoryview], None] | None = None,
+    huffman_only: bool = False,
 ) -> Path:
-    """Write the artifact at ``path`` atomically; returns the final path."""
+    """Write the artifact at ``path`` atomically; returns the final path.
+
+    ``huffman_only`` compresses a ``.nnef.tgz`` with deflate's Huffman-only strategy: on float
+    weights it saves as much as level 6 (the redundancy is in the exponent bytes, not in
+    repeated strings) at a third of the time, which matters when the archive is gigabytes.
+    """
     target = Path(path)
     kind = archive_kind(target)
     folder = target.parent if str(target.parent) else Path(".")
@@ -113,7 +124,8 @@ def write(
         if kind == "dir":
             _write_directory(target, members(graph, weights, quant_text, extra, release), release)
         else:
-            _write_tar(target, members(graph, weights, quant_text, extra, release), kind == "tgz", release)
+            files = members(graph, weights, quant_text, extra, release)
+            _write_tar(target, files, kind == "tgz", release, huffman_only)
     return target
 
 
@@ -182,15 +194,16 @@ def _write_tar(
     files: Iterator[tuple[str, Chunks]],
     compress: bool,
     done: Callable[[memoryview], None] | None = None,
+    huffman_only: bool = False,
 ) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
-            stream = (
-                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6)
-                if compress
-                else raw
-            )
+            stream: Any = raw
+            if compress and huffman_only:
+                stream = _HuffmanGzip(raw)
+            elif compress:
+                stream = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6)
             with tarfile.open(
                 fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT, copybufsize=_COPY_BUFFER
             ) as tar:
@@ -209,6 +222,35 @@ def _write_tar(
         raise
 
 
+class _HuffmanGzip:
+    """A write-only gzip member (RFC 1952) deflated with ``Z_HUFFMAN_ONLY``.
+
+    ``gzip.GzipFile`` fixes the strategy; this writes the same container by hand: a header
+    without name or time (OS byte 255, as ``gzip`` writes it, so the bytes do not depend on
+    the platform), raw deflate, then CRC-32 and length.
+    """
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self._deflate = zlib.compressobj(1, zlib.DEFLATED, -zlib.MAX_WBITS, 9, zlib.Z_HUFFMAN_ONLY)
+        self._crc = 0
+        self._size = 0
+        raw.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff")
+
+    def write(self, data: bytes | memoryview) -> int:
+        self._crc = zlib.crc32(data, self._crc)
+        self._size += memoryview(data).nbytes
+        self._raw.write(self._deflate.compress(data))
+        return memoryview(data).nbytes
+
+    def tell(self) -> int:  # tarfile asks for the position in the uncompressed stream
+        return self._size
+
+    def close(self) -> None:
+        self._raw.write(self._deflate.flush())
+        self._raw.write(struct.pack("<II", self._crc, self._size & 0xFFFFFFFF))
+
+
 def _write_directory(
     target: Path, files: Iterator[tuple[str, Chunks]], done: Callable[[memoryview], None] | None = None
 ) -> None:
@@ -223,13 +265,42 @@ def _write_directory(
                     if done is not None:
                         done(memoryview(chunk))
         publish_mode(tmp, directory=True)
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _move(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _move(source: Path, target: Path) -> None:
+    """``source`` onto ``target``: one rename for a file; a directory goes aside first (POSIX
+    cannot swap directories atomically, see docs/reliability.md)."""
+    old = None
+    if target.is_dir():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(source, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+_STAGED = itertools.count()
+
+
+@contextlib.contextmanager
+def staged(target: Path) -> Iterator[Path]:
+    """A name beside ``target`` to write and check the artifact at, moved onto ``target`` when
+    the block succeeds and deleted when it raises.
+
+    Why: the check runs after writing, and an artifact that failed it must not be left where the
+    user asked for one (nor replace a previous good one). Same folder, so the move is a rename.
+    """
+    staging = target.with_name(f".{os.getpid()}-{next(_STAGED)}-checking-{target.name}")
+    try:
+        yield staging
+        _move(staging, target)
+    except BaseException:
+        if staging.is_dir():
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            staging.unlink(missing_ok=True)
         raise

@@ -5,10 +5,13 @@ Each fusion is scoped to the shapes where it was measured faster, and only fires
 kernel computes what the chain computes (see each docstring).
 
 - ``fuse_attention``: ``softmax(q·kᵀ · scale [+ mask]) · v`` → ``tract_transformers_sdpa``, which
-  tract lowers to its flash-attention kernel. Measured single-threaded (tract 0.23.9, one head
-  group of 4 heads, median of 10 rounds): 0.4–0.7× the time of the matmul/softmax chain for
-  ``L·S`` ≤ 48², but 2–3× slower from 64×64 up (its 32×32 tiles are ndarray dots, not tract's
-  packed matmuls), so it fires only up to ``MAX_FLASH_AREA``.
+  tract lowers to its flash-attention kernel. Measured single-threaded (tract 0.23.9, 4 heads of
+  16, interleaved medians) against the chain as ``rows.py`` writes its softmax: 0.79× at 16²,
+  0.82× at 32², but 1.2× at 48² and 1.4× at 64² (its 32×32 tiles are ndarray dots, not tract's
+  packed matmuls), so it fires up to ``MAX_FLASH_AREA``; a mask with a whole 32×32 tile at
+  ≤ -65504 (causal) lets the kernel skip that tile: 0.77× at 48², 0.84× at 64², so such masks
+  fuse up to ``MAX_FLASH_AREA_SKIPPING``. A dense random mask: 0.85× at 32², 1.19× at 48².
+- then ``rows.apply``: last-axis softmax and max in the forms tract runs fastest (``nnef/rows.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from torchlower.nnef.passes import _const, _producers, _rewrite, _uses, _variabl
 from torchlower.values import Value
 
 Assignment = text.Assignment
-MAX_FLASH_AREA = 48 * 48  # query length × key length up to which flash SDPA beat matmul+softmax
+MAX_FLASH_AREA = 32 * 32  # query length × key length up to which flash SDPA beat matmul+softmax
+MAX_FLASH_AREA_SKIPPING = 64 * 64  # the same with a mask that has a whole skipped tile (causal)
+_TILE, _SKIP_BELOW = 32, -65503.0  # tract's flash tile size and the mask level where it skips one
 # tract's flash kernel skips a 32×32 tile whose mask entries are all below -65503; a row whose
 # largest mask entry is at least this keeps every skipped entry ≥ 55 000 below its maximum, so
 # its weight exp(entry - max) is exactly 0 in f32, as in the unfused softmax
@@ -36,7 +41,10 @@ _FILL_CEILING = -1e9
 def apply(b: NNEFBuilder) -> bool:
     if not b.tract or b.precision != "f32" or b.quantization:
         return False
-    return fuse_attention(b)
+    from torchlower.nnef import rows
+
+    changed = fuse_attention(b)
+    return rows.apply(b) or changed
 
 
 def fuse_attention(b: NNEFBuilder) -> bool:
@@ -132,7 +140,7 @@ def _match(
     (length, dim), (source, kdim), (vsource, vdim) = qs[-2:], ks[-2:], vs[-2:]
     if not (qs[:-2] == ks[:-2] == vs[:-2] and dim == kdim == vdim and source == vsource):
         return None  # flash SDPA needs equal head dims; broadcast batch axes are left alone
-    if length * source > MAX_FLASH_AREA or sm.attrs.get("axes") != [len(qs) - 1]:
+    if length * source > MAX_FLASH_AREA_SKIPPING or sm.attrs.get("axes") != [len(qs) - 1]:
         return None
     if not math.isfinite(scale):
         return None
@@ -141,7 +149,20 @@ def _match(
         additive = _additive(mask, fill, qs[:-2], length, source)
         if additive is None:
             return None
+    limit = MAX_FLASH_AREA_SKIPPING if additive is not None and _skips_a_tile(additive) else MAX_FLASH_AREA
+    if length * source > limit:
+        return None
     return q, k, v, scale, additive
+
+
+def _skips_a_tile(mask: torch.Tensor) -> bool:
+    """Whether some 32×32 tile of the mask is wholly at the level tract's flash kernel skips."""
+    length, source = mask.shape[-2:]
+    return any(
+        bool((mask[..., i : i + _TILE, j : j + _TILE] < _SKIP_BELOW).all())
+        for i in range(0, length, _TILE)
+        for j in range(0, source, _TILE)
+    )
 
 
 def _mask_operand(

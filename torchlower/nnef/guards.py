@@ -24,8 +24,9 @@ These run after ``passes.optimize`` on every graph but quantized ones (graph.qua
   ``tract_core_gather`` of constant indices, which tract does not move.
 - ``gather_strided_after_split``: tract's declutter pulls a strided slice over a ``reshape`` that
   split an axis and fails to load ("Pulling Downsample over Reshape: Invalid axis"; LeViT's
-  ``x.view(B, 4, 4, C)[:, ::2, ::2]``). A strided slice that such a pull reaches the splitting
-  reshape from becomes the same constant gathers.
+  ``x.view(B, 4, 4, C)[:, ::2, ::2]``), or over one that merged axes (``x.flatten()[-3::2]``, found
+  by the value-dependence fuzz). A strided slice that such a pull reaches the reshape from becomes
+  the same constant gathers.
 - ``empty_reductions``: tract's ``sum_reduce`` / ``mean_reduce`` over an axis of size 0 panics
   ("attempt to divide by zero" in its sum kernel) and aborts the process. Such a reduction is
   torch's empty sum (0) or empty mean (NaN) broadcast to the result's shape.
@@ -266,7 +267,7 @@ def gather_strided_after_softmax(b: NNEFBuilder) -> bool:
 
 
 def gather_strided_after_split(b: NNEFBuilder) -> bool:
-    """A strided slice that tract would pull over an axis-splitting reshape becomes gathers."""
+    """A strided slice that tract would pull over an axis-splitting or -merging reshape becomes gathers."""
     producers, uses = _producers(b), _uses(b)
 
     def replace(a: Assignment) -> list[Assignment] | None:
@@ -278,10 +279,11 @@ def gather_strided_after_split(b: NNEFBuilder) -> bool:
 
 
 def _splits_an_axis(a: Assignment) -> bool:
-    """A reshape to a higher rank (``[B, 16, C]`` → ``[B, 4, 4, C]``)."""
+    """A reshape that splits or merges axes: to a higher rank (``[B, 16, C]`` → ``[B, 4, 4, C]``)
+    or a lower one (``flatten``: ``[4, 2]`` → ``[8]``, the fuzzer's ``x.flatten()[-3::2]``)."""
     if a.op != "reshape" or not a.args or not isinstance(a.args[0], Value) or a.args[0].shape is None:
         return False
-    return len(a.attrs.get("shape", ())) > len(a.args[0].shape)
+    return len(a.attrs.get("shape", ())) != len(a.args[0].shape)
 
 
 def _replacing(b: NNEFBuilder, replace: Callable[[Assignment], list[Assignment] | None]) -> bool:

@@ -50,6 +50,10 @@ def optimize(b: NNEFBuilder) -> None:
 
     if fusions.apply(b):
         b.assignments = b.live_assignments()
+    from torchlower.nnef import layout
+
+    if layout.canonical_layout(b):
+        b.assignments = b.live_assignments()
     share_constants(b)
     b.assignments = b.live_assignments()
 

@@ -68,7 +68,8 @@ class BlockQuantized:
         from torchlower.nnef.dat import header
 
         kind = struct.pack("<HH", self.format.item_type, VENDOR)
-        return header(self.shape, 0xFFFFFFFF, 0, len(self.data), raw_item_type=kind) + self.data
+        data = self.data  # once: ``DeferredBlocks`` packs on each access
+        return header(self.shape, 0xFFFFFFFF, 0, len(data), raw_item_type=kind) + data
 
 
 def can_block_quantize(shape: tuple[int, ...]) -> bool:
@@ -76,17 +77,65 @@ def can_block_quantize(shape: tuple[int, ...]) -> bool:
     return len(shape) >= 2 and int(np.prod(shape[1:])) % BLOCK == 0 and shape[0] > 0
 
 
-def quantize(fmt: BlockFormat, array: np.ndarray) -> BlockQuantized:
-    """Pack a float array (rank ≥ 2, trailing size a multiple of 32) in ``fmt``."""
+def quantize(
+    fmt: BlockFormat, array: np.ndarray, release: Callable[[np.ndarray], None] | None = None
+) -> BlockQuantized:
+    """Pack a float array (rank ≥ 2, trailing size a multiple of 32) in ``fmt``.
+
+    ``release(part)`` runs on each packed slice of the input (a memory-mapped weight drops
+    its pages as it goes, so packing a large tensor never holds all of it)."""
     shape = tuple(int(d) for d in array.shape)
     if not can_block_quantize(shape):
         raise ValueError(f"{fmt.name} needs rank >= 2 and trailing size a multiple of {BLOCK}: {shape}")
     blocks = np.asarray(array, np.float32).reshape(-1, BLOCK)
     pack = _pack_q4_0 if fmt is Q4_0 else _pack_q8_1
-    # blocks are independent: packing 2^17 at a time bounds the temporaries (~16 MiB of input)
-    step = 1 << 17
-    data = b"".join(pack(blocks[i : i + step]) for i in range(0, len(blocks), step))
-    return BlockQuantized(fmt, shape, data)
+    # blocks are independent: packing 2^15 at a time bounds the temporaries (~4 MiB of input)
+    step = 1 << 15
+    parts = []
+    for i in range(0, len(blocks), step):
+        parts.append(pack(blocks[i : i + step]))
+        if release is not None:
+            release(blocks[i : i + step])
+    return BlockQuantized(fmt, shape, b"".join(parts))
+
+
+class DeferredBlocks(BlockQuantized):
+    """Blocks packed when the archive writer asks for them, from the weight as the model holds it.
+
+    An export without a check needs no dequantized copy, so nothing is packed ahead: the
+    writer packs one tensor at a time and the packed bytes live only while they are written
+    (a 30 GB checkpoint's blocks are ~4 GB). ``data`` packs again on every access.
+    """
+
+    def __init__(
+        self,
+        fmt: BlockFormat,
+        source: torch.Tensor,
+        transpose: bool,
+        release: Callable[[Any], None] | None = None,
+    ) -> None:
+        shape = (*source.shape[:-2], source.shape[-1], source.shape[-2]) if transpose else source.shape
+        object.__setattr__(self, "format", fmt)
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        object.__setattr__(self, "_source", (source, transpose, release))
+
+    @property  # type: ignore[override]
+    def data(self) -> bytes:
+        source, transpose, release = self._source  # type: ignore[attr-defined]
+        if transpose:
+            packed = quantize(self.format, source.transpose(-1, -2).contiguous().numpy())
+            if release is not None:
+                release(source)
+            return packed.data
+        return quantize(self.format, source.contiguous().numpy(), release and _pages(release)).data
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) // BLOCK * self.format.block_bytes
+
+
+def _pages(release: Callable[[Any], None]) -> Callable[[np.ndarray], None]:
+    return lambda part: release(memoryview(part).cast("B"))
 
 
 def _pack_q4_0(blocks: np.ndarray) -> bytes:
@@ -151,7 +200,8 @@ def compress_weights(
     builder: Any,
     fmt: BlockFormat,
     params: Mapping[str, torch.Tensor],
-    release: Callable[[torch.Tensor], None] | None = None,
+    release: Callable[[Any], None] | None = None,
+    dequantized_copy: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Store eligible weights of ``builder`` in ``fmt``; returns the dequantized parameters.
 
@@ -161,6 +211,8 @@ def compress_weights(
     the reduced size a multiple of 32. ``x @ W`` stores ``Wᵀ`` and flips ``transposeB`` so the
     blocks run along the reduced dim, as tract's block-quantized matmul needs.
     ``release(param)`` runs after a parameter is packed (memory-mapped weights drop their pages).
+    ``dequantized_copy=False`` (nothing will run the dequantized model) packs nothing now:
+    each weight becomes ``DeferredBlocks``, packed by the archive writer, and none is returned.
     """
     import torch
 
@@ -178,9 +230,7 @@ def compress_weights(
         param = params.get(label)
         if param is None or weight is None or not weight.is_floating_point() or not uses[name]:
             continue
-        if weight.numel() != param.numel() or not torch.equal(
-            weight.reshape(param.shape), param.detach().to(weight.dtype)
-        ):
+        if weight.numel() != param.numel() or not _same(weight.reshape(param.shape), param.detach()):
             continue  # not the parameter as the model holds it (folded, sliced...)
         kinds = {_kind(u, weight) for u in uses[name]}
         if None in kinds or len(kinds) != 1 or ("transpose" in kinds and len(uses[name]) != 1):
@@ -188,24 +238,40 @@ def compress_weights(
         kind = kinds.pop()
         stored = param.detach().float().reshape(weight.shape)  # not an f16 weight's rounding
         if kind == "transpose":
-            stored = stored.transpose(-1, -2).contiguous()
+            stored = stored.transpose(-1, -2)  # a view: copied only when packed
         if not can_block_quantize(tuple(stored.shape)) or (kind != "conv" and stored.shape[-1] % BLOCK):
             continue
-        packed = quantize(fmt, stored.numpy())
-        values = torch.from_numpy(packed.dequantize())
         if kind == "transpose":
             use = uses[name][0].assignment
             use.attrs["transposeB"] = True
             var.attrs["shape"] = list(stored.shape)
-            values = values.transpose(-1, -2)
         elif kind == "gather":
             for u in uses[name]:
                 u.assignment.attrs["datum_type"] = builder.dtype_name(torch.float32)
+        if not dequantized_copy:
+            source = param.detach().float().reshape(weight.shape)
+            builder.weights[label] = DeferredBlocks(fmt, source, kind == "transpose", release)
+            continue
+        packed = quantize(fmt, stored.contiguous().numpy())
+        values = torch.from_numpy(packed.dequantize())
+        if kind == "transpose":
+            values = values.transpose(-1, -2)
         builder.weights[label] = packed
         dequantized[label] = values.reshape(param.shape).to(param.dtype)
         if release is not None:
             release(param)
     return dequantized
+
+
+def _same(weight: torch.Tensor, param: torch.Tensor) -> bool:
+    """The builder's weight is the parameter (often the very same memory: no need to read it)."""
+    if (
+        weight.dtype == param.dtype
+        and weight.data_ptr() == param.data_ptr()
+        and weight.stride() == param.stride()
+    ):
+        return True
+    return torch.equal(weight, param.to(weight.dtype))
 
 
 def _kind(use: _Use, weight: torch.Tensor) -> str | None:

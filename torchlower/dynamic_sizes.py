@@ -1,0 +1,70 @@
+"""Integer arithmetic on symbolic sizes: ``S * 2``, ``B * S``, ``S // 2`` stay expressions.
+
+Front ends meet sizes as scalars (``aten::size`` then ``aten::mul`` in a jit graph, SymInt
+arithmetic under torch.export); folding them to the example's numbers would bake the size, so
+every op here is applied to ``SymDim``s instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torchlower.values import SymDim, Value
+
+
+def _floordiv(a: Any, b: Any) -> Any:
+    return a // b
+
+
+_SCALAR_OPS = {
+    "add": lambda a, b, alpha=1: a + b * alpha,
+    "sub": lambda a, b, alpha=1: a - b * alpha,
+    "rsub": lambda a, b, alpha=1: b - a * alpha,
+    "mul": lambda a, b: a * b,
+    "floordiv": _floordiv,
+    "floor_divide": _floordiv,
+    "div": lambda a, b, rounding_mode=None: _floordiv(a, b) if rounding_mode == "floor" else _exact_div(a, b),
+    "neg": lambda a: -1 * a,
+    "Int": lambda a: a,
+    "ScalarImplicit": lambda a: a,
+    "sym_int": lambda a: a,
+    "clone": lambda a, memory_format=None: a,
+    "detach": lambda a: a,
+    "remainder": lambda a, b: a - _floordiv(a, b) * b,
+    "__floordiv__": _floordiv,
+}
+
+
+def _exact_div(a: Any, b: Any) -> Any:
+    if isinstance(b, SymDim) or (isinstance(b, int) and b != 0):
+        q = a // b
+        if q * b == a:
+            return q
+    raise TypeError("not an exact division")
+
+
+def scalar_op(name: str, args: Sequence[Any]) -> Any:
+    """Sizes combined by integer ops stay symbolic: ``S * 2``, ``B * S``, ``S // 2``.
+
+    Returns ``NotImplemented`` unless a SymDim takes part and every argument is a size
+    (int, SymDim or a rank-0 integer constant).
+    """
+    fn = _SCALAR_OPS.get(name)
+    if fn is None or not any(isinstance(a, SymDim) for a in args):
+        return NotImplemented
+    plain = []
+    for a in args:
+        if isinstance(a, Value):
+            if a.const is None or a.const.dim() != 0 or a.const.is_floating_point():
+                return NotImplemented
+            a = int(a.const.item())
+        elif isinstance(a, (float, list, tuple)):
+            return NotImplemented
+        plain.append(a)
+    while plain and plain[-1] is None:
+        plain.pop()
+    try:
+        return fn(*plain)
+    except TypeError:
+        return NotImplemented
