@@ -282,3 +282,25 @@ def test_auto_adopts_the_dynamic_bound_the_model_needs(tmp_path: Path) -> None:
     )
     assert report.frontend == "export" and report.max_abs_error < 1e-6
     assert any("S <= 8" in n for n in report.notes), report.notes
+
+
+class _PythonSizeAndValue(nn.Module):
+    """export: a size taken into numpy (no bound helps); jit: a value check outside export."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_exporting() and bool((x.abs() >= 0).all()):
+            x = x * 1.0
+        return x + torch.from_numpy(np.ones(x.shape[1], np.float32))
+
+
+def test_auto_reports_the_dynamic_axis_error_first(tmp_path: Path) -> None:
+    """Every front end fails: the error raised is the dynamic-axis one (an argument fixes it),
+    the other front ends' reasons are notes, and no file is left."""
+    from torchlower.errors import DynamicAxisError
+
+    with pytest.raises(DynamicAxisError, match=r"input 'x' axis 1 \(S\) cannot be dynamic") as caught:
+        torchlower.export(
+            _PythonSizeAndValue(), torch.randn(2, 7), tmp_path / "m.nnef.tgz", dynamic_axes={"x": {1: "S"}}
+        )
+    assert any("jit front end skipped" in n for n in caught.value.__notes__)
+    assert not (tmp_path / "m.nnef.tgz").exists()
