@@ -10,6 +10,7 @@ that cannot be dynamic: the error names the input, the axis and the op.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -218,7 +219,7 @@ class Spec:
         if all(v == values[0] for v in values):
             return int(values[0])
         deps = self.depends(values) or list(self.base)
-        for features in _feature_sets(deps, _divisors(deps, self.points, values)):
+        for features in _feature_sets(tuple(deps), tuple(_divisors(deps, self.points, values))):
             expr = _solve(features, self.points, values)
             if expr is not None:
                 return SymDim.wrap(expr)
@@ -281,9 +282,12 @@ def _divisors(deps: list[str], points: Sequence[dict[str, int]], values: Sequenc
     return [d for d in (k - 1, k, k + 1) if d > 8]
 
 
-def _feature_sets(deps: list[str], divisors: Sequence[int] = ()) -> list[list[Any]]:
+@functools.lru_cache(maxsize=64)
+def _feature_sets(deps: tuple[str, ...], divisors: tuple[int, ...] = ()) -> tuple[tuple[Any, ...], ...]:
     """Candidate bases, simplest first: linear, product, bilinear, floor division by small ints
-    (then by the suggested ``divisors``)."""
+    (then by the suggested ``divisors``). Cached: building sympy's Min/Max takes milliseconds
+    each, and a jit capture fits hundreds of dims over the same symbols (a tiny GPT-2 with
+    dynamic B and S spent 200 s here)."""
     import sympy
 
     sym = {s: sympy.Symbol(s, integer=True, positive=True) for s in deps}
@@ -306,10 +310,10 @@ def _feature_sets(deps: list[str], divisors: Sequence[int] = ()) -> list[list[An
                 sets.append([one, f, *others, *[f * o for o in others]])
     for k in divisors:  # one symbol: the constant term absorbs whole multiples of k in c
         sets += [[one, sympy.floor((sym[deps[0]] + c) / k)] for c in range(k)]
-    return sets
+    return tuple(tuple(f) for f in sets)
 
 
-def _solve(features: list[Any], points: list[dict[str, int]], values: Sequence[int]) -> Any:
+def _solve(features: Sequence[Any], points: list[dict[str, int]], values: Sequence[int]) -> Any:
     """Integer coefficients for ``features`` reproducing ``values`` exactly, or None."""
     import sympy
 

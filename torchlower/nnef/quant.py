@@ -271,6 +271,8 @@ def _same(weight: torch.Tensor, param: torch.Tensor) -> bool:
         and weight.stride() == param.stride()
     ):
         return True
+    import torch  # imported at call time in this module, as in compress_weights
+
     return torch.equal(weight, param.to(weight.dtype))
 
 
