@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import copy
-import inspect
 import logging
 import os
-import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower import coverage, dynamic, progress, validate, verification
+from torchlower import coverage, dynamic, model_io, progress, validate, verification
 from torchlower import tolerance as tolerances
 from torchlower.errors import (
     CheckError,
@@ -128,9 +125,9 @@ def export(
     )
     validate.value_dependent_argument(allow_value_dependent_trace, frontend)
     _check_compression_options(precision, compress)
-    example = _as_tuple(args)
+    example = model_io.as_tuple(args)
     target = Path(path)
-    names_in = _input_names(model, example, input_names)
+    names_in = model_io.input_names(model, example, input_names)
     if dynamic_shapes is not None:
         if dynamic_axes is not None:
             raise InvalidArgumentError("give dynamic_axes or dynamic_shapes, not both")
@@ -143,11 +140,11 @@ def export(
     )
     spec = dynamic.Spec.build(axes, names_in, example, bounds)
 
-    module = _eval_view(model)
+    module = model_io.eval_view(model)
     try:
         with torch.no_grad():
             returned = module(*example)
-        expected = _flatten_outputs(returned)
+        expected = model_io.flatten_outputs(returned)
     except TorchlowerError:
         raise
     except Exception as exc:  # the model itself refuses the example: bad input, say so
@@ -156,7 +153,7 @@ def export(
             f" ({', '.join(f'{list(t.shape)} {t.dtype}' for t in example)}):"
             f" {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         ) from exc
-    names_out = _output_names(expected, output_names, returned)
+    names_out = model_io.output_names(expected, output_names, returned)
     if spec is not None:  # check sizes the model itself refuses are skipped (and reported)
         spec.probe(lambda inputs: module(*inputs), example)
 
@@ -265,10 +262,10 @@ def _check(
     original model's error beside it)."""
 
     def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return _flatten_outputs(module(*inputs))
+        return model_io.flatten_outputs(module(*inputs))
 
     def run_dequantized(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return _flatten_outputs(torch.func.functional_call(module, dequantized, tuple(inputs)))
+        return model_io.flatten_outputs(torch.func.functional_call(module, dequantized, tuple(inputs)))
 
     def tol(want: Sequence[Any]) -> float:
         if tolerance is not None:
@@ -412,95 +409,6 @@ def _lower(
         where = "; ".join(str(c) for c in tracer.value_dependence)
         builder.notes.append(f"value-dependent jit trace accepted ({OPT_IN}): {where}")
     return outputs
-
-
-def _eval_view(model: nn.Module) -> nn.Module:
-    """The model in eval mode without touching the caller's: a shallow copy when training."""
-    if not any(m.training for m in model.modules()):
-        return model
-    log.warning("%s is in training mode; exporting an eval-mode copy", type(model).__name__)
-    view = copy.deepcopy(model)
-    return view.eval()
-
-
-def _as_tuple(args: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """Validated by ``validate.args_argument``: a tensor or a non-empty sequence of tensors."""
-    return (args,) if isinstance(args, torch.Tensor) else tuple(args)
-
-
-def _input_names(model: nn.Module, example: Sequence[torch.Tensor], names: Sequence[str] | None) -> list[str]:
-    if names is not None:
-        if len(names) != len(example):
-            raise InvalidArgumentError(f"{len(names)} input names for {len(example)} inputs")
-        return list(names)
-    try:
-        params = list(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        params = []
-    if len(params) >= len(example) and all(p.isidentifier() for p in params[: len(example)]):
-        return params[: len(example)]
-    star = _varargs_name(model)
-    if star is not None and params and params[-1] == star and len(params) - 1 <= len(example):
-        fixed = params[:-1]  # forward(self, a, *xs): a, xs_0, xs_1 (as the FX front end names them)
-        return fixed + [f"{star}_{i}" for i in range(len(example) - len(fixed))]
-    return [f"input_{i}" for i in range(len(example))]
-
-
-def _varargs_name(model: nn.Module) -> str | None:
-    try:
-        found = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    return next((p.name for p in found if p.kind is p.VAR_POSITIONAL), None)
-
-
-def _output_names(
-    expected: Sequence[torch.Tensor], names: Sequence[str] | None, returned: Any = None
-) -> list[str]:
-    if names is not None:
-        if len(names) != len(expected):
-            raise InvalidArgumentError(f"{len(names)} output names for {len(expected)} outputs")
-        return list(names)
-    keyed = _key_names(returned)
-    if keyed is not None and len(keyed) == len(expected):
-        return keyed
-    return [f"output_{i}" for i in range(len(expected))] if len(expected) > 1 else ["output"]
-
-
-def _key_names(returned: Any) -> list[str] | None:
-    """Outputs of a dict / dataclass / Hugging Face ``ModelOutput`` named by their keys, nested
-    keys joined with ``.`` (``last_hidden_state``, ``extra.probs``, ``past.0``); None when the
-    output holds no keys (plain tensors and tuples keep ``output_0``…)."""
-    from torch.utils import _pytree as pytree
-
-    leaves = pytree.tree_flatten_with_path(returned)[0]
-    keyed = (pytree.MappingKey, pytree.GetAttrKey)
-    if not any(isinstance(k, keyed) for path, _ in leaves for k in path):
-        return None
-    parts = {
-        pytree.MappingKey: lambda k: str(k.key),
-        pytree.GetAttrKey: lambda k: k.name,
-        pytree.SequenceKey: lambda k: str(k.idx),
-    }
-    names = [".".join(parts.get(type(k), str)(k) for k in path) for path, _ in leaves]
-    valid = all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", n) for n in names)
-    return names if valid and len(set(names)) == len(names) else None
-
-
-def _flatten_outputs(out: Any) -> list[torch.Tensor]:
-    leaves, _ = torch.utils._pytree.tree_flatten(out)
-    bad = [type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)]
-    if bad:
-        found = sorted(set(bad))
-        fix = "return tensors, or tuples / lists / dicts of tensors"
-        if any(name.endswith("Cache") for name in found):  # transformers' DynamicCache & co.
-            fix = (
-                "the model returns its KV cache object: build it with use_cache=False"
-                " (model.config.use_cache = False), or export a causal LM with its cache as tensors"
-                " through torchlower.llm.export (docs/llm.md)"
-            )
-        raise InvalidArgumentError(f"model outputs must be tensors; found {', '.join(found)}: {fix}")
-    return leaves
 
 
 def _as_value(out: Any) -> Value:

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchlower import model_io, verification
 from torchlower import tolerance as tolerances
-from torchlower import verification
 from torchlower.errors import InvalidArgumentError
 from torchlower.nnef import quant
 
@@ -104,11 +104,9 @@ def check(
     tolerance: float | None,
 ) -> Result:
     """Run the archive at ``inputs`` and random inputs like them; compare as export does."""
-    from torchlower import api
-
     if not isinstance(model, torch.nn.Module):
         raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    module = api._eval_view(model)
+    module = model_io.eval_view(model)
     ref = reference(art, module)
     first = tuple(torch.from_numpy(np.array(x, copy=True)) for x in inputs)
     points = [verification.Point("given inputs", first), *verification.random_points(first)]
@@ -123,7 +121,7 @@ def check(
     def run(params: dict[str, torch.Tensor]) -> Any:
         def call(ins: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             out = torch.func.functional_call(module, params, tuple(ins)) if params else module(*ins)
-            return api._flatten_outputs(out)
+            return model_io.flatten_outputs(out)
 
         return call
 

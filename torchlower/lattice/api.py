@@ -84,9 +84,9 @@ def save(
     """
     if not isinstance(model, nn.Module):
         raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    from torchlower.api import _eval_view
+    from torchlower.model_io import eval_view
 
-    module = _eval_view(model)
+    module = eval_view(model)
     examples = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     builder = LatticeBuilder(
         input_dtype=input_dtype,

@@ -202,9 +202,9 @@ def check(
     if model is not None:
         if not isinstance(model, nn.Module):
             raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        from torchlower.api import _eval_view
+        from torchlower.model_io import eval_view
 
-        eager = verify.eager_outputs(_eval_view(model), model_inputs(art, flat))
+        eager = verify.eager_outputs(eval_view(model), model_inputs(art, flat))
     else:
         eager = [torch.from_numpy(np.asarray(a)) for a in _named(expected, art.output_names, "expected")]
         ran = [torch.from_numpy(a) for a in arrays]

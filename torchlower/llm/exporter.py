@@ -20,7 +20,7 @@ from torch import nn
 
 from torchlower import __version__, dynamic, progress, validate
 from torchlower import tolerance as tolerances
-from torchlower.api import _build, _bytes_by_format, _eval_view
+from torchlower.api import _build, _bytes_by_format
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks
 from torchlower.llm.alibi import alibi_table
@@ -29,6 +29,7 @@ from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, 
 from torchlower.llm.rope import rotary_tables
 from torchlower.llm.source import SourceError, check_tokenizer, open_source
 from torchlower.llm.wrapper import CachedCausalLM, CacheLayout, dynamic_rope_limit, layout_of, static_rope
+from torchlower.model_io import eval_view
 from torchlower.nnef import archive, guards, passes
 from torchlower.nnef.tract import OutputError
 
@@ -109,7 +110,7 @@ def export(
     archive.archive_kind(target)  # a bad suffix fails before the model loads
     with progress.stage("loading model"):
         src = open_source(source)
-    model = _eval_view(src.model)
+    model = eval_view(src.model)
     config = src.text_config
     limit, why = _max_positions(config), "max_position_embeddings"
     rope_limit = dynamic_rope_limit(model)

@@ -1,0 +1,186 @@
+"""Dynamic axes torch.export pinned: export again within the model's own bounds, or
+size-oblivious, or raise one paragraph that names the axis, the line and the fix.
+
+torch.export refuses a dynamic axis with "Constraints violated (S)" and suggested fixes. When
+PyTorch itself fails just outside a suggested bound (reflect padding needs ``T > pad``), the
+bound is the model's and is adopted (noted, asserted in the artifact); when the only guards
+ask whether a derived size is 1 (a ResNet stem), the program is exported size-oblivious and
+checked at the symbols' lower bounds too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.export import ExportedProgram
+
+from torchlower.dynamic import not_dynamic
+from torchlower.errors import LoweringError
+from torchlower.frontends.provenance import raised_at
+
+_CONSTRAINTS = re.compile(r"Constraints violated \(([\w, ]+)\)")
+
+
+def export_again(
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, exc: LoweringError
+) -> ExportedProgram:
+    """The program after ``exc`` (torch.export's refusal), or the error that explains it."""
+    text = getattr(exc, "torch_message", "")
+    pinned = sorted({s for g in _CONSTRAINTS.findall(text) for s in g.split(", ")})
+    if not pinned:
+        raise exc
+    tightened = _model_bounds(spec, pinned, text, module, example)
+    if tightened is not None:
+        return _export_within(builder, module, example, spec, tightened, text)
+    if _only_size_one_guards(text):
+        return _export_size_oblivious(builder, module, example, spec, pinned, text)
+    raise _pinned(spec, pinned, text, module, example) from exc
+
+
+def _export(builder: Any, module: nn.Module, example: Sequence[Any], spec: Any) -> ExportedProgram:
+    from torchlower.frontends.export import export_program  # export.py imports this module
+
+    return export_program(
+        module, example, None, builder.rules, dynamic_shapes=spec.export_dims(example, module)
+    )
+
+
+_FIX = re.compile(r"(\w+) = (?:Dim\('\w+'(?:, min=(\d+))?(?:, max=(\d+))?\)|(\d+))")
+
+
+def _model_bounds(
+    spec: Any, symbols: list[str], text: str, module: nn.Module, example: Sequence[Any]
+) -> dict[str, tuple[int, int | None]] | None:
+    """The bounds torch.export suggests, when they are the model's own: PyTorch itself fails
+    just outside each of them (reflect padding needs ``T > pad``), so declaring them restricts
+    nothing the model could run. None when a suggestion pins a size or eager PyTorch runs there."""
+    found: dict[str, tuple[int, int | None]] = {}
+    for sym, lo, hi, const in _FIX.findall(text.split("Suggested fixes:")[-1]):
+        if sym in symbols:
+            if const:
+                return None
+            old_lo, old_hi = spec.bounds.get(sym, (1, None))
+            highs = [h for h in (old_hi, int(hi) if hi else None) if h is not None]
+            new = (max(old_lo, int(lo or 1)), min(highs) if highs else None)
+            if spec.base[sym] < new[0] or (new[1] is not None and spec.base[sym] > new[1]):
+                return None
+            found[sym] = new
+    if set(found) != set(symbols):
+        return None
+    for sym, (lo, hi) in found.items():
+        for outside in [lo - 1] * (lo > 1) + ([hi + 1] if hi is not None else []):
+            try:
+                with torch.no_grad():
+                    module(*spec.example_at(example, {**spec.base, sym: outside}))
+            except Exception:
+                continue
+            return None  # PyTorch runs there: a restriction of torch.export, not of the model
+    return found
+
+
+_GUARD = re.compile(r"satisfy the generated guard (.+?)\.(?:\s|$)")
+
+
+def _only_size_one_guards(text: str) -> bool:
+    """torch.export's 0/1 specialization: every guard is ``expr != 1`` and nothing is suggested."""
+    guards = _GUARD.findall(text)
+    return bool(guards) and "Suggested fixes:" not in text and all(g.strip().endswith("!= 1") for g in guards)
+
+
+def _export_size_oblivious(
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, symbols: list[str], text: str
+) -> ExportedProgram:
+    """Export again with size-oblivious guards, then check the artifact where they were.
+
+    torch.export pins a symbol when the model's code asks whether a size derived from it is 1
+    (a ResNet stem's conv and pool outputs); size-oblivious reasoning answers "no" for every size,
+    so the program may differ from the model exactly where that size is 1. The check therefore
+    also runs with the symbols at their lower bounds, where such a derived size is smallest.
+    """
+    import torch.fx.experimental._config as fx_config
+
+    floor = {**spec.base, **{s: spec.bounds.get(s, (1, None))[0] for s in symbols}}
+    try:
+        with torch.no_grad():
+            module(*spec.example_at(example, floor))
+        spec.extra_checks.append(floor)
+    except Exception as exc:  # PyTorch itself refuses that size: nothing to compare there
+        spec.skipped.append((floor, f"PyTorch fails there ({type(exc).__name__})"))
+    builder.notes.append(
+        f"dynamic axes {spec.where(symbols)}: torch.export asked whether sizes derived from them are 1;"
+        f" exported size-oblivious and checked at {', '.join(f'{s}={floor[s]}' for s in symbols)} as well"
+    )
+    try:
+        with fx_config.patch(backed_size_oblivious=True):
+            return _export(builder, module, example, spec)
+    except LoweringError as exc:
+        raise _pinned(spec, symbols, getattr(exc, "torch_message", text), module, example) from exc
+
+
+def _export_within(
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, bounds: dict[str, Any], text: str
+) -> ExportedProgram:
+    """Export again with the model's own bounds declared; they become tract assertions. When
+    torch.export still refuses, the first refusal (with its suggestion) is the one reported."""
+    before, notes = dict(spec.bounds), len(builder.notes)
+    spec.bounds.update(bounds)
+    for sym, (lo, hi) in sorted(bounds.items()):
+        span = f"{lo} <= {sym}" + (f" <= {hi}" if hi is not None else "")
+        builder.notes.append(
+            f"dynamic axis {spec.where([sym])}: {span} (torch.export's bound; PyTorch fails outside it)"
+        )
+    try:
+        return _export(builder, module, example, spec)
+    except LoweringError as exc:
+        spec.bounds.clear()
+        spec.bounds.update(before)
+        del builder.notes[notes:]
+        raise _pinned(spec, sorted(bounds), text, module, example) from exc
+
+
+def _pinned(spec: Any, symbols: list[str], text: str, module: nn.Module, example: Sequence[Any]) -> Any:
+    """One paragraph for a dynamic axis torch.export restricted: what it needs, where, the fix.
+
+    torch's "Suggested fixes" say what the model accepts (``S = Dim('S', min=3)``, ``B = 2``);
+    the model is run at a size just outside that, so the line that refuses it can be named.
+    """
+    needs, fixes, lines = [], [], []
+    for sym, lo, hi, const in _FIX.findall(text.split("Suggested fixes:")[-1]):
+        if sym not in symbols:
+            continue
+        where = spec.where([sym])
+        if const:
+            needs.append(f"torch.export found that the model fixes {sym} to {const}")
+            outside = int(const) + 1
+        else:
+            span = f"{lo or 1} <= {sym}" + (f" <= {hi}" if hi else "")
+            needs.append(f"torch.export can only export the model for {span}")
+            axis = where.split(" axis ")[1].split()[0] if " axis " in where else "?"
+            name = where.split("'")[1] if "'" in where else "x"
+            bound = f"({sym!r}, {lo or 1}, {hi or None})"
+            fixes.append(
+                f"declare the bound: Dim({sym!r}, min={lo or 1}{f', max={hi}' if hi else ''}) in"
+                f" dynamic_shapes, or dynamic_axes={{{name!r}: {{{axis}: {bound}}}}}"
+            )
+            outside = int(lo) - 1 if lo and int(lo) > 1 else (int(hi) + 1 if hi else 0)
+        if outside >= 1:
+            try:
+                with torch.no_grad():
+                    module(*spec.example_at(example, {**spec.base, sym: outside}))
+            except Exception as exc:
+                found = raised_at(exc)
+                first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+                lines.append(f"at {sym}={outside} it fails at {found} ({first})" if found else "")
+    if not needs:  # no suggestion: torch's guards, in the symbols' names
+        guards = _GUARD.findall(text)
+        named = [re.sub(r"L\['\w+'\]\.size\(\)\[\d+\]", "/".join(symbols), g) for g in guards]
+        named = [g.replace("IntInfinity()", "inf") for g in named]
+        needs = [f"torch.export needs {' and '.join(dict.fromkeys(named))}" if named else ""]
+    what = "; ".join(n for n in needs if n) or "torch.export specialized it"
+    what += "".join(f"; {line}" for line in lines if line)
+    advice = "; or ".join([*fixes, "make the axis static (drop it from the dynamic axes)"])
+    return not_dynamic(spec, symbols, f"{what}. To export: {advice}", advice=False)
