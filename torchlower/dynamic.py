@@ -232,6 +232,18 @@ class Spec:
         dims = [self.fit([int(s[i]) for s in shapes]) for i in range(len(shapes[0]))]
         return None if any(d is None for d in dims) else tuple(dims)  # type: ignore[misc]
 
+    def fit_shape_of(self, shapes: Sequence[Sequence[int]], what: str) -> Shape:
+        """``fit_shape``, or the "cannot be dynamic" error naming ``what`` produced the shapes."""
+        shape = self.fit_shape(shapes)
+        if shape is None:
+            seen = [list(s) for s in shapes]
+            raise not_dynamic(
+                self,
+                list(self.base),
+                f"the size of {what} is not an integer expression of the symbols (seen {seen})",
+            )
+        return shape
+
     def fit_value(self, values: Sequence[Any]) -> Any:
         """A constant captured at every point: equal → itself; ints / int lists → fitted."""
         first = values[0]

@@ -75,15 +75,7 @@ def _leaf_shapes(n: fx.Node) -> list[tuple[int, ...] | None]:
 def _fit_leaf(spec: Spec, n: fx.Node, shapes: list[tuple[int, ...] | None]) -> Shape | None:
     if any(s is None for s in shapes):
         return None
-    fitted = spec.fit_shape(shapes)
-    if fitted is None:
-        raise not_dynamic(
-            spec,
-            list(spec.base),
-            f"the size of the result of {describe_node(n)} is not an integer expression of the"
-            f" symbols (seen {[list(s) for s in shapes]})",
-        )
-    return fitted
+    return spec.fit_shape_of(shapes, f"the result of {describe_node(n)}")  # type: ignore[arg-type]
 
 
 def describe_node(n: fx.Node) -> str:

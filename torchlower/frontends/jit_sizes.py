@@ -61,15 +61,7 @@ def jit_overrides(spec: Spec, graphs: Sequence[Any]) -> JitOverrides:
             if seen[0] is None or any(s is None for s in seen):
                 shapes.append(None)
                 continue
-            shape = spec.fit_shape(seen)
-            if shape is None:
-                raise not_dynamic(
-                    spec,
-                    list(spec.base),
-                    f"the size of the result of {node.kind()} at {_scope(node)} is"
-                    f" not an integer expression of the symbols (seen {seen})",
-                )
-            shapes.append(shape)
+            shapes.append(spec.fit_shape_of(seen, f"the result of {node.kind()} at {_scope(node)}"))
         if any(s is not None and any(isinstance(d, SymDim) for d in s) for s in shapes):
             out.shapes[i] = shapes
     return out
