@@ -63,3 +63,15 @@ class Fn(torch.nn.Module):
 
     def forward(self, *xs: torch.Tensor) -> object:
         return self.fn(*xs)
+
+
+def aborting_graph(folder: Path) -> Path:
+    """An NNEF folder tract 0.23 panics on (SIGABRT: an einsum with '...'), for crash isolation."""
+    bad = folder / "bad.nnef"
+    bad.mkdir()
+    (bad / "graph.nnef").write_text(
+        "version 1.0;\nextension tract_registry tract_core;\ngraph network(x) -> (y)\n{\n"
+        "    x = tract_core_external(shape = [2, 3, 3], datum_type = 'f32');\n"
+        "    y = tract_core_einsum([x, x], expr = '...ij,...jk->...ik', acc = 'f32', output = '');\n}\n"
+    )
+    return bad

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import torchlower
+from tests.conftest import aborting_graph
 from torchlower.errors import (
     CheckError,
     InvalidArgumentError,
@@ -180,13 +181,7 @@ def test_tract_abort_is_a_check_error_and_the_next_check_works(tmp_path):
 
     from torchlower.nnef.tract import run_in_tract
 
-    bad = tmp_path / "bad.nnef"
-    bad.mkdir()
-    (bad / "graph.nnef").write_text(
-        "version 1.0;\nextension tract_registry tract_core;\ngraph network(x) -> (y)\n{\n"
-        "    x = tract_core_external(shape = [2, 3, 3], datum_type = 'f32');\n"
-        "    y = tract_core_einsum([x, x], expr = '...ij,...jk->...ik', acc = 'f32', output = '');\n}\n"
-    )
+    bad = aborting_graph(tmp_path)
     with pytest.raises(CheckError, match="aborted"):
         run_in_tract(bad, [np.ones((2, 3, 3), np.float32)])
     report = torchlower.export(mlp().eval(), torch.randn(2, 4), tmp_path / "ok.nnef.tgz", frontend="jit")

@@ -12,6 +12,7 @@ import torch
 
 import torchlower
 from tests.cli_models import TwoHeads
+from tests.conftest import aborting_graph
 from tests.test_cli import cli, cli_json, stderr_on_a_terminal
 from torchlower.errors import CheckError, InvalidArgumentError
 
@@ -110,13 +111,7 @@ def test_in_process_run_matches(dynamic: tuple[Path, Any]) -> None:
 
 def test_tract_abort_during_run_is_a_check_error(tmp_path: Path) -> None:
     """tract panics (SIGABRT) on an einsum with '...'; the caller's process survives."""
-    bad = tmp_path / "bad.nnef"
-    bad.mkdir()
-    (bad / "graph.nnef").write_text(
-        "version 1.0;\nextension tract_registry tract_core;\ngraph network(x) -> (y)\n{\n"
-        "    x = tract_core_external(shape = [2, 3, 3], datum_type = 'f32');\n"
-        "    y = tract_core_einsum([x, x], expr = '...ij,...jk->...ik', acc = 'f32', output = '');\n}\n"
-    )
+    bad = aborting_graph(tmp_path)
     with pytest.raises(CheckError, match="tract"):
         torchlower.load(bad).run([np.ones((2, 3, 3), np.float32)])
 
