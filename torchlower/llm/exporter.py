@@ -28,7 +28,14 @@ from torchlower.llm.kv_pattern import unsplit_query_concats
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, drop_cache_casts, keep_f32
 from torchlower.llm.rope import rotary_tables
 from torchlower.llm.source import SourceError, check_tokenizer, open_source
-from torchlower.llm.wrapper import CachedCausalLM, CacheLayout, dynamic_rope_limit, layout_of, static_rope
+from torchlower.llm.wrapper import (
+    CachedCausalLM,
+    CacheLayout,
+    dynamic_rope_limit,
+    layout_of,
+    plain_linears,
+    static_rope,
+)
 from torchlower.model_io import eval_view
 from torchlower.nnef import archive, guards, passes
 from torchlower.nnef.tract import OutputError
@@ -55,7 +62,8 @@ class ExportReport:
     max_context: int
     precision: str
     compress: str | None
-    embeddings: str | None
+    embeddings: str  # storage of the token embedding table
+    lm_head: str  # storage of the LM head
     logits: str
     weight_bytes: int
     weight_bytes_by_format: dict[str, int]
@@ -65,6 +73,8 @@ class ExportReport:
     errors: list[OutputError] = field(default_factory=list)  # vs the checked reference
     original_errors: list[OutputError] = field(default_factory=list)  # with compress: vs the original
     properties: dict[str, str | int | float] = field(default_factory=dict)
+    # weights Q4_0 was asked for that stayed float (HF name → why), e.g. a size not a multiple of 32
+    unquantized: dict[str, str] = field(default_factory=dict)
 
     @property
     def max_abs_error(self) -> float:
@@ -84,6 +94,7 @@ def export(
     precision: str = "f32",
     compress: str | None = None,
     embeddings: str | None = None,
+    lm_head: str | None = None,
     logits: str = "last",
     max_context: int | None = None,
     check: bool = True,
@@ -96,15 +107,18 @@ def export(
     [1, kv_heads, P, head_dim]; outputs ``outputs`` (logits: [1, 1, vocab] with
     ``logits="last"``, [1, S, vocab] with ``"all"``) and ``out_cache_key_{i}``/
     ``out_cache_value_{i}`` [1, kv_heads, P+S, head_dim], with ``P + S <= max_context``.
-    ``compress="q4_0"`` stores the linear layers in 4-bit blocks; ``embeddings`` picks the
-    storage of the token embedding and LM head separately (default: f32).
+    ``compress="q4_0"`` stores the linear layers in 4-bit blocks. ``embeddings`` picks the
+    storage of the token embedding table (default f32) and ``lm_head`` that of the LM head
+    (default: q4_0 with ``compress="q4_0"``, as the reference exporter's ``min_max_q4_0``
+    does, else the ``embeddings`` choice); each of ``f32``, ``f16``, ``q4_0``.
     ``f32_parts`` (f16 only): parts computed in f32 inside the f16 graph, any of
     ``"attention"``, ``"norms"``, ``"lm_head"``; default ``("attention", "norms")``, ``()`` for
     f16 throughout (``precision.keep_f32``).
     ``check`` compares with the model as Hugging Face runs it; a failed export writes nothing.
     """
     started = time.perf_counter()
-    _validate_options(precision, compress, embeddings, logits, max_context, check, io_samples)
+    _validate_options(precision, compress, embeddings, lm_head, logits, max_context, check, io_samples)
+    storage = table_storage(compress, embeddings, lm_head)
     parts = _f32_parts(precision, f32_parts)
     target = Path(path)
     archive.archive_kind(target)  # a bad suffix fails before the model loads
@@ -136,19 +150,26 @@ def export(
         validate.dynamic_axes(axes, names_in, [t.dim() for t in example]), names_in, example
     )
     tracing = progress.stage("tracing (export)", unit="ops")
-    with tracing, static_rope(model), rotary_tables(model, context), alibi_table(model, context):
+    with (
+        tracing,
+        static_rope(model),
+        plain_linears(model),
+        rotary_tables(model, context),
+        alibi_table(model, context),
+    ):
         builder = _build("export", wrapper, example, names_in, names_out, len(names_out), precision, spec)
-    dequantized = None
-    if compress is not None or embeddings == "q4_0":
+    dequantized, left_float = None, {}
+    if compress is not None or "q4_0" in storage.values():
         from torchlower.llm.compress import compress_weights
 
         release = src.mapping.release if src.mapping is not None else None
         keep = check or io_samples
-        dequantized = compress_weights(builder, wrapper, compress, embeddings or "f32", keep, release)
-    if embeddings == "f16" and precision == "f32":
+        dequantized, left_float = compress_weights(builder, wrapper, compress, storage, keep, release)
+    halves = {role for role, kind in storage.items() if kind == "f16"}
+    if halves and precision == "f32":
         from torchlower.llm.compress import store_f16
 
-        dequantized = (dequantized or {}) | store_f16(builder, wrapper)
+        dequantized = (dequantized or {}) | store_f16(builder, wrapper, halves)
     if precision == "f16":
         drop_cache_casts(builder)
     passes.optimize(builder)
@@ -168,7 +189,8 @@ def export(
         "torchlower.llm.max_context": int(context),
         "torchlower.llm.precision": precision,
         "torchlower.llm.compress": compress or "none",
-        "torchlower.llm.embeddings": embeddings or "f32",
+        "torchlower.llm.embeddings": storage["embeddings"],
+        "torchlower.llm.lm_head": storage["lm_head"],
         "torchlower.llm.logits": logits,
     }
     if precision == "f16":
@@ -191,7 +213,8 @@ def export(
             max_context=int(context),
             precision=precision,
             compress=compress,
-            embeddings=embeddings,
+            embeddings=storage["embeddings"],
+            lm_head=storage["lm_head"],
             logits=logits,
             weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
             weight_bytes_by_format=_bytes_by_format(weights),
@@ -199,6 +222,7 @@ def export(
             seconds=0.0,
             bundled=sorted(files),
             properties=props,
+            unquantized=left_float,
         )
         if check:
             with progress.stage("checking in tract"):
@@ -238,14 +262,21 @@ def _check(
             report.original_errors += compare(names, [t.numpy() for t in case.outputs], got, float("inf"))
 
 
+def table_storage(compress: str | None, embeddings: str | None, lm_head: str | None) -> dict[str, str]:
+    """Storage of the embedding table and the LM head (the defaults of ``export``)."""
+    head = lm_head or ("q4_0" if compress == "q4_0" else embeddings or "f32")
+    return {"embeddings": embeddings or "f32", "lm_head": head}
+
+
 def _validate_options(
-    precision: str, compress: str | None, embeddings: str | None, logits: str, max_context: int | None,
-    check: bool, io_samples: bool,
+    precision: str, compress: str | None, embeddings: str | None, lm_head: str | None, logits: str,
+    max_context: int | None, check: bool, io_samples: bool,
 ) -> None:  # fmt: skip
     for name, value, allowed in (
         ("precision", precision, PRECISIONS),
         ("compress", compress, COMPRESSIONS),
         ("embeddings", embeddings, EMBEDDINGS),
+        ("lm_head", lm_head, EMBEDDINGS),
         ("logits", logits, LOGITS),
     ):
         if value not in allowed:
