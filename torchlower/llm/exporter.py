@@ -241,25 +241,35 @@ def _check(
     precision: str,
     dequantized: dict[str, torch.Tensor] | None,
 ) -> None:
-    """Three inputs against HF: prefill (P = 0), a continuation with past, one decode step."""
-    from torchlower.api import verify
+    """Three inputs against HF: prefill (P = 0), a continuation with past, one decode step.
+
+    With compressed weights the same inputs also run against the original model (reported, not
+    bounded). One tract load for all of them (the archive is loaded once by the check worker).
+    """
+    from torchlower.errors import CheckError
+    from torchlower.nnef.tract import compare, run_points_in_tract
 
     dtype = cache_dtype(precision)
     reference = checks.reference_cases(model, layout, vocab, logits, dequantized, dtype=dtype)
-    for case in reference:
+    original = (
+        [] if dequantized is None else checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype)
+    )
+    points = [[t.numpy() for t in case.inputs] for case in reference + original]
+    got = run_points_in_tract(report.path, points)
+    for case, actual in zip(reference, got[: len(reference)], strict=True):
         want = [t.numpy() for t in case.outputs]
         tol = F16_TOLERANCE * tolerances._scale(want) if precision == "f16" else tolerances.default(want)
         if dequantized is not None:
             tol = max(tol, 1e-3 * tolerances._scale(want))  # blocks reorder the f32 sums
         names = [f"{n} ({case.label})" for n in layout.output_names()]
-        report.errors += verify(report.path, case.inputs, case.outputs, names, tol)
-    if dequantized is not None:
-        from torchlower.nnef.tract import compare, run_in_tract
-
-        for case in checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype):
-            got = run_in_tract(report.path, [t.numpy() for t in case.inputs])
-            names = [f"{n} ({case.label})" for n in layout.output_names()]
-            report.original_errors += compare(names, [t.numpy() for t in case.outputs], got, float("inf"))
+        report.errors += compare(names, want, actual, tol)
+    bad = [e for e in report.errors if not e.ok]
+    if bad:
+        detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
+        raise CheckError(f"{report.path}: tract disagrees with Hugging Face — {detail}", report.errors)
+    for case, actual in zip(original, got[len(reference) :], strict=True):
+        names = [f"{n} ({case.label})" for n in layout.output_names()]
+        report.original_errors += compare(names, [t.numpy() for t in case.outputs], actual, float("inf"))
 
 
 def table_storage(compress: str | None, embeddings: str | None, lm_head: str | None) -> dict[str, str]:
