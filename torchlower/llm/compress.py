@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from torchlower import progress
-from torchlower.nnef import quant
+from torchlower.nnef import quant, text
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,6 @@ def store_f16(builder: Any, wrapper: nn.Module, roles: set[str]) -> dict[str, to
     tract folds the cast when it loads the archive, so this halves the file, not the memory.
     Returns the f16-rounded HF parameters (what the check runs PyTorch with).
     """
-    from torchlower.nnef import text
     from torchlower.values import Value
 
     found = {label: t for label, t in tables(builder, wrapper).items() if t.role in roles}
@@ -155,3 +154,38 @@ def _param_name(model: nn.Module, module: nn.Module) -> str | None:
         if m is module:
             return f"{name}.weight" if name else "weight"
     return None
+
+
+def share_tied_table(builder: Any, wrapper: nn.Module) -> tuple[str, str] | None:
+    """A tied embedding stored once: the LM head's variable becomes a reshape of the table's.
+
+    The matmul reads the table with a leading 1 (``[1, vocab, hidden]``), a second variable
+    holding the same numbers; unless the two are stored apart (``lm_head`` ≠ ``embeddings``)
+    the archive would carry the table twice. tract folds the reshape of a constant at load.
+    Returns the HF names of the table and the head (one stored tensor), or None.
+    """
+    found = tables(builder, wrapper)
+    by_role = {t.role: (label, t) for label, t in found.items()}
+    if (
+        set(by_role) != {"embeddings", "lm_head"}
+        or by_role["embeddings"][1].param is not by_role["lm_head"][1].param
+    ):
+        return None
+    (table, embed), (head, lm_head) = by_role["embeddings"], by_role["lm_head"]
+    first, second = builder.weights[table], builder.weights[head]
+    if not (
+        isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first.dtype == second.dtype
+    ):
+        return None  # stored apart (one of them packed or halved)
+    variables = {
+        a.attrs.get("label"): i for i, a in enumerate(builder.assignments) if a.op.startswith("variable")
+    }
+    at, later = variables.get(table), variables.get(head)
+    if at is None or later is None or at > later:
+        return None
+    source, old = builder.assignments[at], builder.assignments[later]
+    out = old.outputs[0]
+    builder.assignments[later] = text.Assignment(
+        [out], "reshape", [source.outputs[0]], {"shape": list(out.shape)}, old.scope
+    )
+    return embed.name, lm_head.name

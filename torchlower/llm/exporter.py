@@ -24,6 +24,7 @@ from torchlower.api import _build, _bytes_by_format
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks
 from torchlower.llm.alibi import alibi_table
+from torchlower.llm.compress import share_tied_table
 from torchlower.llm.kv_pattern import unsplit_query_concats
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, drop_cache_casts, keep_f32
 from torchlower.llm.rope import rotary_tables
@@ -158,6 +159,9 @@ def export(
         alibi_table(model, context),
     ):
         builder = _build("export", wrapper, example, names_in, names_out, len(names_out), precision, spec)
+    tied = (
+        share_tied_table(builder, wrapper) if storage["embeddings"] == storage["lm_head"] != "q4_0" else None
+    )
     dequantized, left_float = None, {}
     if compress is not None or "q4_0" in storage.values():
         from torchlower.llm.compress import compress_weights
@@ -170,6 +174,8 @@ def export(
         from torchlower.llm.compress import store_f16
 
         dequantized = (dequantized or {}) | store_f16(builder, wrapper, halves)
+        if tied is not None and tied[0] in dequantized:  # one f16 tensor serves both roles
+            dequantized[tied[1]] = dequantized[tied[0]]
     if precision == "f16":
         drop_cache_casts(builder)
     passes.optimize(builder)
