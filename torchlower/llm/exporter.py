@@ -178,6 +178,7 @@ def export(
             dequantized[tied[1]] = dequantized[tied[0]]
     if precision == "f16":
         drop_cache_casts(builder)
+    guards.before_passes(builder)
     passes.optimize(builder)
     guards.apply(builder)
     unsplit_query_concats(builder)
