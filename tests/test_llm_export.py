@@ -102,9 +102,17 @@ def test_cli_export_is_byte_identical(folder: tuple[Path, Any], exported: llm.Ex
     assert again.read_bytes() == exported.path.read_bytes()
 
 
-def test_cli_q4_0_with_lm_head_apart(folder: tuple[Path, Any], tmp_path: Path) -> None:
-    data = cli_json("llm", "export", folder[0], "-o", tmp_path / "q.nnef.tgz", "--compress", "q4_0",
-                    "--lm-head", "f16", "--no-check")  # fmt: skip
+def test_cli_q4_0_with_lm_head_apart(
+    folder: tuple[Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In-process (the subprocess CLI is covered above): the table options reach the export."""
+    import json
+
+    from torchlower.cli import main
+
+    args = ["llm", "export", str(folder[0]), "-o", str(tmp_path / "q.nnef.tgz"), "--compress", "q4_0"]
+    assert main([*args, "--lm-head", "f16", "--no-check", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
     assert (data["embeddings"], data["lm_head"], data["unquantized"]) == ("f32", "f16", {})
     formats = data["weight_bytes_by_format"]
     assert formats["q4_0"] > 0 and formats["float16"] == 160 * 32 * 2  # the LM head alone
