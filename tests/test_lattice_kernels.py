@@ -1,7 +1,8 @@
 """The sparse engine against a frozen copy of itself from before issue 17
 (``tests/lattice_kernels_oracle.py``): the same output coordinates in the same row order, the
-same per-offset pair lists, the same features (bit for bit where the arithmetic is the same,
-to rounding where the summation order changed), at any thread count.
+same per-offset pair lists, the same features — bit for bit (``torch.equal``) for the default
+method choice except sums below ``kernels.EXACT_FILL`` (and for forced methods that add
+per-offset products in another order: to rounding) — at any thread count.
 """
 
 from __future__ import annotations
