@@ -11,7 +11,7 @@ each call: for a conv, ``mm``s of its useful FLOPs (2·pairs·I·O) in the dense
 ``[R, K·I] @ [K·I, O]`` for the convs, ``[R, I] @ [I, K·O]`` for the transposed ones — on a
 block of ``R`` rows that stays in L2 (≤ 1 MiB), i.e. at the core's best GEMM rate; for the
 pool, a dense ``amax`` over the same number of elements (a streaming, memory-bound floor).
-Run:
+At 2 threads the floor is the 1-thread floor halved (``paired_ms``). Run:
     PYTHONPATH=. OMP_NUM_THREADS=2 nice .venv/bin/python bench/lattice_subm_conv.py [--sizes 10k,100k]
 """
 
@@ -126,15 +126,30 @@ def floor_fn(kmap: kernels.KernelMap, volume: int, kind: str) -> Callable[[], ob
 KIND = {"subm": "conv", "down": "conv", "up": "transposed", "gen": "transposed", "pool": "pool"}
 
 
+def single_threaded(fn: Callable[[], object]) -> Callable[[], object]:
+    def run() -> object:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(before)
+
+    return run
+
+
 def paired_ms(
-    fn: Callable[[], object], floor: Callable[[], object], repeats: int
+    fn: Callable[[], object], floor: Callable[[], object], repeats: int, share: int = 1
 ) -> tuple[float, float, float]:
     """Median call ms, median floor ms and the median of the per-repeat ratios (the floor runs
-    right before each call, so both see the same machine load)."""
+    right before each call, so both see the same machine load). ``share``: the floor's time is
+    divided by it — at ``t`` threads the floor is the 1-thread floor over ``t`` (perfect
+    scaling), not MKL's own ``t``-thread GEMM, whose OpenMP barriers wait for preempted
+    threads on a loaded machine (3 s for a 47 ms floor at load 7) and made "× floor" < 1."""
     fn(), floor()
     calls, floors = [], []
     for _ in range(repeats):
-        floors.append(sample_ms(floor))
+        floors.append(sample_ms(floor) / share)
         calls.append(sample_ms(fn))
     ratio = statistics.median(c / f for c, f in zip(calls, floors, strict=True))
     return statistics.median(calls), statistics.median(floors), ratio
@@ -312,7 +327,8 @@ def run(sizes: list[str], threads: list[int], repeats: int, spconv: bool, before
                     kmap = case.maps[k]
                     volume = 8 if k != "subm" else 27
                     map_ms = median_ms(case.builders()[k], repeats)
-                    call_ms, floor, ratio = paired_ms(call, floor_fn(kmap, volume, KIND[k]), repeats)
+                    floor_1 = single_threaded(floor_fn(kmap, volume, KIND[k]))
+                    call_ms, floor, ratio = paired_ms(call, floor_1, repeats, share=thr)
                     err = "" if refs is None else f"{R.max_err(call().feats, refs[k]):.1e}"
                     o = old.get(k) if thr == 1 else None
                     s = theirs.get(k) if thr == 1 else None
