@@ -4,10 +4,12 @@ Convolution, three ways; exact first (``choose``): an output that sums several p
 original engine's float32 rounding only from im2col, so im2col runs down to ``EXACT_FILL``:
 - **im2col** (sums at fill ≥ ``EXACT_FILL``; the fastest from ``IM2COL_FILL`` anyway): a few
   hundred output rows at a time (``IM2COL_FLOATS``: the chunk stays in L2), their ``K``
-  neighbours' features gathered by one ``embedding_bag`` over a per-map plan (one bag per
-  slot, empty when absent, so no zero-padded copy of the features is made), then one ``mm``
-  with the ``[K·I, O]`` weight into the output slice. The arithmetic is the original
-  engine's, bit for bit; only the ``1 − fill`` padding is wasted;
+  neighbours' features gathered with ``index_select`` into one reused buffer (absent = the
+  zero row appended to a copy of the features) — or, when there are few slots per input
+  (strided convs), by one ``embedding_bag`` over a per-map plan (one bag per slot, empty when
+  absent) that needs no copy — then one ``mm`` with the ``[K·I, O]`` weight into the output
+  slice. The arithmetic is the original engine's, bit for bit; only the ``1 − fill`` padding
+  is wasted;
 - **inputs** (input fill ≥ ``INPUTS_FILL``: generative and kernel = stride transposed convs,
   where nearly every input feeds every offset): one GEMM ``[N, I] @ [I, K·O]`` gives every
   input × offset product, and each output sums its pairs' rows with ``embedding_bag`` (one
@@ -40,6 +42,7 @@ from torchlower.lattice.maps import KernelMap, conv_map, generative_map, subm_ma
 
 IM2COL_FILL = 0.55  # measured: im2col 8 % faster at 0.65, equal at 0.60, pairs 20 % faster at 0.47
 EXACT_FILL = 0.25  # im2col (the original rounding) for sums down to this fill: ≤ 4× padded work
+BAGS_SLOTS = 4  # im2col gathers by bags when slots ≤ this × inputs (k2 s2: 1.6; subm k3: 20)
 CHUNK_FLOATS = 1 << 20  # pairs / inputs: gathered floats or products per block
 IM2COL_FLOATS = 3 << 17  # im2col: gathered floats per chunk (1.5 MiB: chunk + weights stay in a 2 MiB L2)
 INPUTS_FILL = 0.5  # products used / computed for the inputs method
@@ -130,15 +133,27 @@ def _im2col(
             parts = [padded.index_select(0, table[s:e].reshape(-1)).view(e - s, -1) @ w for s, e in ranges]
         return torch.cat(parts) if parts else feats.new_zeros(0, w.shape[1])
     out = feats.new_empty(kmap.rows, w.shape[1])
-    plan = _im2col_plan(kmap, n, volume, ranges)
+    if kmap.rows * volume <= BAGS_SLOTS * n:  # the padded copy would be a large share: bags
+        plan = _im2col_plan(kmap, n, volume, ranges)
 
-    def work(run: list[tuple[int, int, torch.Tensor, torch.Tensor]]) -> None:
-        for start, end, inputs, bags in run:
-            cols = F.embedding_bag(inputs, feats, bags, mode="sum")  # [rows·K, I], absent = 0
+        def bagged(run: list[tuple[int, int, torch.Tensor, torch.Tensor]]) -> None:
+            for start, end, inputs, bags in run:
+                cols = F.embedding_bag(inputs, feats, bags, mode="sum")  # [rows·K, I], absent = 0
+                torch.mm(cols.view(end - start, volume * in_ch), w, out=out[start:end])
+
+        with threads.serial() as count:
+            threads.run(bagged, threads.groups(plan, count, lambda c: c[1] - c[0]))
+        return out
+
+    def work(run: list[tuple[int, int]]) -> None:
+        buf = feats.new_empty(max(e - s for s, e in run) * volume, in_ch)  # one chunk, reused
+        for start, end in run:
+            cols = buf[: (end - start) * volume]
+            torch.index_select(padded, 0, table[start:end].view(-1), out=cols)
             torch.mm(cols.view(end - start, volume * in_ch), w, out=out[start:end])
 
-    with threads.serial() as count:
-        threads.run(work, threads.groups(plan, count, lambda c: c[1] - c[0]))
+    with threads.serial() as count, _padded(kmap, feats, 0.0, grad) as padded:
+        threads.run(work, threads.groups(ranges, count, lambda r: r[1] - r[0]))
     return out
 
 
@@ -149,9 +164,10 @@ def _im2col_plan(
     slot (empty when absent), int32, built once per map. The gather is then one
     ``embedding_bag``: an empty bag sums to an exact +0 row, a one-entry bag is its row bit
     for bit, so the chunk is the original zero-padded gather without copying the features
-    into a padded buffer every call (0.9 ms of a 5 ms strided conv at 100k voxels), and
-    fbgemm's bag kernel writes the rows faster than ``index_select`` (measured 12 % on the
-    100k SubmConv3d, 33 % on the strided conv with the copy)."""
+    into a padded buffer every call (0.9 ms of a 5 ms strided conv at 100k voxels: the bags
+    made the 100k Conv3d k2 s2 14 % faster at load 2). Used only where that copy matters
+    (``BAGS_SLOTS``): with 20 slots an input (SubmConv3d k3) the copy is 3 % of the gather,
+    the bags were no faster (2.49 vs 2.37 × floor) and the plan costs ~200 B a voxel."""
     key = ("im2col-plan", in_rows, volume, ranges[0] if ranges else None, len(ranges))
     if key in kmap.memo:
         return kmap.memo[key]  # type: ignore[return-value]
