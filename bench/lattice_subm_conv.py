@@ -72,7 +72,7 @@ def _status_kb(field: str) -> int:
 
 
 def memory_of(size: str) -> str:
-    """One table row: peak resident memory our four maps and calls add on top of the cloud
+    """One table row: peak resident memory our five modules' maps and calls add on top of the cloud
     (Linux: ``clear_refs`` 5 resets the peak, ``VmHWM`` reads it), and the time of building
     the maps + running the calls once, 1 thread. Run in a fresh process per size."""
     torch.set_num_threads(1)
@@ -363,7 +363,7 @@ def main() -> None:
         print(memory_of(a.memory_of))
         return
     if a.memory:
-        print(f"load average {load()}; first run of 4 modules (maps built + calls), 1 thread")
+        print(f"load average {load()}; first run of 5 modules (maps built + calls), 1 thread")
         print("| voxels | maps + calls ms | ns per voxel | peak extra MB | bytes per voxel | modules |")
         print("|---|---|---|---|---|---|")
         for size in a.sizes.split(","):
