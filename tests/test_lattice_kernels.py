@@ -346,3 +346,24 @@ def test_every_module_thread_count_independent(n: int, span: int) -> None:
         torch.set_num_threads(before)
     for one, two, again in zip(*runs, strict=True):
         assert torch.equal(one, two) and torch.equal(one, again)
+
+
+def test_strided_bags_gather_in_chunks() -> None:
+    """The strided convs' bag gather (no padded copy) split into many 64-row chunks: bit for
+    bit the oracle (every chunk ≥ 16 rows) and the same at 1 and 2 threads."""
+    x = cloud(n=3000, span=5, channels=32, seed=3)
+    geo = ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+    kmap = kernels.conv_map(x.coords, x.stride, *geo)
+    assert kmap.rows * 8 <= kernels.BAGS_SLOTS * len(x.coords) and kmap.rows % 64 >= 16
+    w = torch.randn(16, 2, 2, 2, 32)
+    want = O.apply_conv(x.feats, O.conv_map(x.coords, x.stride, *geo), w, None)
+    before = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            with torch.no_grad():
+                chunked = kernels.apply_conv(x.feats, kmap, w, None, chunk=64, method="im2col")
+                assert torch.equal(chunked, want)
+                assert torch.equal(kernels.apply_conv(x.feats, kmap, w, None), want)
+    finally:
+        torch.set_num_threads(before)
