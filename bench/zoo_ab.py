@@ -147,8 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     text += f"\nWall time of this run: {(time.perf_counter() - t_start) / 60:.1f} min.\n"
     print(text)
     if a.out:
-        a.out.write_text(text)
+        a.out.write_text(text + _notes(a.out))
     return 0
+
+
+NOTES = "\n## Notes"  # a hand-written section of the --out file (profiles, analysis) is kept
+
+
+def _notes(path: Path) -> str:
+    """The hand-written part of an earlier report at ``path``, from ``NOTES`` on ("" if none)."""
+    old = path.read_text() if path.exists() else ""
+    return old[old.index(NOTES) :] if NOTES in old else ""
 
 
 def report(rows: list[dict[str, Any]], start: tuple[float, ...], end: tuple[float, ...]) -> str:
