@@ -103,7 +103,6 @@ def kernel_offsets(kernel: Triple) -> torch.Tensor:
     return torch.stack([g.reshape(-1) for g in grids], dim=1)
 
 
-
 @dataclass(frozen=True)
 class KernelMap:
     """Pairs ``(k, in_row, out_row)`` grouped by kernel offset, plus the output coordinates."""

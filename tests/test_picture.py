@@ -19,6 +19,8 @@ def no_dot_json(*args: object) -> dict:
     proc = cli(*args, "--json", PATH="/nonexistent")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
 SVG = "{http://www.w3.org/2000/svg}"
 
 

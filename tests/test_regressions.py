@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -413,3 +414,33 @@ def test_softplus_keeps_small_values(tmp_path):
     (found by the value-dependence fuzz as atan2(log(softplus(x)), y)); torch uses log1p."""
     x = torch.tensor([[-30.0, -17.0, -5.0, 0.0, 3.0, 19.0, 25.0]])
     export_and_check(LogSoftplus(), x, tmp_path, "jit")
+
+
+def test_extrema_of_infinite_rows(tmp_path, frontend):
+    """tract's max/min reductions (and the max_pool form of a last-axis max) start from the type's
+    finite extreme: a row of only -inf gave -3.4028235e38, not -inf. ``guards.wide_extrema`` runs
+    them one type wider; rows holding ``finfo.min`` (HF's mask fill) keep their finite value."""
+    low = torch.finfo(torch.float32).min
+    x = torch.randn(3, 4, 5)
+    x[0, 1] = -INF
+    x[1, :, 2] = -INF
+    x[2, 2] = INF
+    x[2, 3] = torch.tensor([low, -INF, low, -INF, -INF])
+    verified_or_refused(
+        lambda t: (t.amax(-1), t.amax((1, 2)), t.amin(-1), -(-t).amin(1), t.max(-1).values,
+                   torch.max(t, 1).values, torch.logsumexp(t, -1), t.amax(-1, keepdim=True) * 2),
+        (x,), tmp_path, frontend,
+    )  # fmt: skip
+
+
+def test_extrema_of_infinite_rows_in_f16(tmp_path):
+    """The same in a half-precision graph: tract's f16 max starts at -65504."""
+    x = torch.randn(2, 3, 8)
+    x[0, 1] = -INF
+    x[1, :, 3] = INF
+    report = torchlower.export(Fn(lambda t: (t.amax(-1), t.amin(1))).eval(), (x,), tmp_path / "h.nnef.tgz",
+                               precision="f16", check=False)  # fmt: skip
+    half = x.half()
+    got = run_in_tract(report.path, [x.numpy()])  # the graph takes f32 and computes in f16
+    for w, g in zip([half.amax(-1).numpy(), half.amin(1).numpy()], got, strict=True):
+        np.testing.assert_array_equal(g.astype(np.float16), w)  # a max of f16 values is one of them

@@ -22,8 +22,10 @@ def _r(*shape: int) -> torch.Tensor:
 
 
 def _sizes_from_x(x: torch.Tensor) -> torch.Tensor:
-    return x @ torch.ones(x.size(1), x.size(1)) + torch.zeros(x.size(0), x.size(1)) + torch.full(
-        (x.shape[0], x.shape[1]), 2.0
+    return (
+        x @ torch.ones(x.size(1), x.size(1))
+        + torch.zeros(x.size(0), x.size(1))
+        + torch.full((x.shape[0], x.shape[1]), 2.0)
     )
 
 

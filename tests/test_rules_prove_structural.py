@@ -231,7 +231,8 @@ CASES: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
     # the in-place dropouts reach their rules under jit (fx and export see the functional forms)
     "alpha_dropout_": (lambda x: F.alpha_dropout(x * 1, 0.5, False, inplace=True) + 1, (_r(2, 3),)),
     "feature_alpha_dropout_": (
-        lambda x: F.feature_alpha_dropout(x * 1, 0.5, False, inplace=True) + 1, (_r(2, 3, 4),)
+        lambda x: F.feature_alpha_dropout(x * 1, 0.5, False, inplace=True) + 1,
+        (_r(2, 3, 4),),
     ),
     "feature_dropout_": (lambda x: torch.feature_dropout_(x * 1, 0.5, False) + 1, (_r(2, 3, 4),)),
     "resolve_neg": (lambda x: torch.resolve_neg(x) * 2 + x.resolve_neg(), (_r(3, 4),)),

@@ -191,6 +191,7 @@ def export(
         raise chosen
     notes += builder.notes
     dequantized = _compress(builder, module, compress) if compress is not None else None
+    guards.before_passes(builder)  # rewrites the passes may optimize further (nnef/guards.py)
     passes.optimize(builder)  # leaner graph: folds, merges, shared constants (nnef/passes.py)
     guards.apply(builder)  # around tract optimizer bugs (nnef/guards.py)
     weights = builder.live_weights()

@@ -74,9 +74,7 @@ class Artifact:
     def output_names(self) -> list[str]:
         return list(self.graph.outputs)
 
-    def run(
-        self, inputs: Any, *, threads: int | None = None, isolated: bool = True
-    ) -> dict[str, np.ndarray]:
+    def run(self, inputs: Any, *, threads: int | None = None, isolated: bool = True) -> dict[str, np.ndarray]:
         """Run in tract: ``{"x": array}`` or ``[arrays]`` in, ``{output name: array}`` out.
 
         Inputs are checked against the declaration first (dtype, rank, fixed sizes, one size

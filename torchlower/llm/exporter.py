@@ -151,6 +151,7 @@ def export(
         dequantized = (dequantized or {}) | store_f16(builder, wrapper)
     if precision == "f16":
         drop_cache_casts(builder)
+    guards.before_passes(builder)
     passes.optimize(builder)
     guards.apply(builder)
     unsplit_query_concats(builder)

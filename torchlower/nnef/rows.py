@@ -17,8 +17,9 @@ shape              softmax   max_pool form       padded to 64 columns
 =================  ========  ==================  ====================
 
 So rows up to ``POOL_MAX_ROW`` use the max_pool form, longer ragged rows are padded, and every
-last-axis ``max_reduce`` becomes a ``max_pool`` (bit-identical to tract's ``max_reduce``,
-checked with NaN, ±inf and all ``-inf`` rows; 37 → 7 µs on [1, 4, 16, 16]).
+last-axis ``max_reduce`` (f32, or the f64 one of ``guards.wide_extrema``) becomes a ``max_pool``
+(bit-identical to tract's ``max_reduce``, checked with NaN, ±inf and all ``-inf`` rows; 37 → 7 µs
+on [1, 4, 16, 16]).
 """
 
 from __future__ import annotations
@@ -50,10 +51,13 @@ def _static(shape: Any) -> list[int] | None:
     return list(shape)
 
 
-def _last_axis_f32(a: Assignment, op: str) -> list[int] | None:
-    """The static shape of ``a``'s input when ``a`` is ``op`` over the last axis of an f32 tensor."""
+def _last_axis_f32(
+    a: Assignment, op: str, dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+) -> list[int] | None:
+    """The static shape of ``a``'s input when ``a`` is ``op`` over the last axis of an f32 tensor
+    (or of one of ``dtypes``: the max of ``guards.wide_extrema`` is f64)."""
     x = a.args[0] if a.op == op and len(a.args) == 1 else None
-    shape = _static(x.shape) if isinstance(x, Value) and x.dtype == torch.float32 else None
+    shape = _static(x.shape) if isinstance(x, Value) and x.dtype in dtypes else None
     if not shape or a.attrs.get("axes") != [len(shape) - 1] or shape[-1] < 1:
         return None
     return shape
@@ -69,10 +73,10 @@ def _row_max(
     src, pool_shape = x, shape
     if not 3 <= rank <= 5:
         pool_shape = [1, math.prod(shape[:-1]), n]
-        src = Value(b.fresh(f"{hint}_rows"), torch.float32, tuple(pool_shape))
+        src = Value(b.fresh(f"{hint}_rows"), x.dtype, tuple(pool_shape))
         out.append(Assignment([src], "reshape", [x], {"shape": pool_shape}, scope))
     r = len(pool_shape)
-    pooled = Value(b.fresh(f"{hint}_max"), torch.float32, tuple([*pool_shape[:-1], 1]))
+    pooled = Value(b.fresh(f"{hint}_max"), x.dtype, tuple([*pool_shape[:-1], 1]))
     attrs = {
         "size": [1] * (r - 1) + [n],
         "border": "ignore",
@@ -82,7 +86,7 @@ def _row_max(
     out.append(Assignment([pooled], "max_pool", [src], attrs, scope))
     if src is x:
         return pooled
-    back = Value(b.fresh(f"{hint}_max"), torch.float32, kept)
+    back = Value(b.fresh(f"{hint}_max"), x.dtype, kept)
     out.append(Assignment([back], "reshape", [pooled], {"shape": list(kept)}, scope))
     return back
 
@@ -91,7 +95,7 @@ def max_by_pool(b: NNEFBuilder) -> bool:
     """``max_reduce(x, axes=[-1])`` → ``max_pool`` over the last axis (same numbers as tract's reduce)."""
 
     def step(a: Assignment, out: list[Assignment]) -> bool:
-        shape = _last_axis_f32(a, "max_reduce")
+        shape = _last_axis_f32(a, "max_reduce", (torch.float32, torch.float64))
         if shape is None or len(a.outputs) != 1:
             out.append(a)
             return False
