@@ -17,6 +17,7 @@ with 1 intra-op / 1 inter-op thread. Single-threaded tract (set here).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import statistics
@@ -124,12 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             want = _flat(model(*args))
         inputs = [t.numpy() for t in args]
-        runs, loads, errors, failed = {}, {}, {}, {}
+        runs, loads, errors, failed, digest = {}, {}, {}, {}, {}
         for ex in RUNNERS:
             folder = root / name / ex
             folder.mkdir(parents=True)
             try:
                 path = _export(ex, model, args, folder)
+                digest[ex] = hashlib.sha256(path.read_bytes()).hexdigest()
                 loaded = load("ort" if ex == "onnx" else "tract", path, time.perf_counter)
                 runs[ex], loads[ex] = loaded.run, sum(loaded.steps.values())
                 errors[ex] = max_error(want, loaded.run(inputs))
@@ -138,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         med = _time(runs, inputs, a.rounds, a.burst) if runs else {}
         row = {"model": name, "family": ZOO[name].family, "us": {k: v * 1e6 for k, v in med.items()},
                "load_ms": {k: v * 1e3 for k, v in loads.items()}, "err": errors, "failed": failed,
-               "loadavg": os.getloadavg()[0]}  # fmt: skip
+               "loadavg": os.getloadavg()[0],
+               "same_as_prev": None is not digest.get("tl-jit") == digest.get("tl-prev")}  # fmt: skip
         rows.append(row)
         cells = "  ".join(f"{k} {v * 1e6:9.1f}µs" for k, v in med.items())
         ratio = f"  now/t2n {med['tl-jit'] / med['t2n']:.3f}" if {"tl-jit", "t2n"} <= set(med) else ""
@@ -197,6 +200,16 @@ def report(rows: list[dict[str, Any]], start: tuple[float, ...], end: tuple[floa
             f"≤ {g} | {worst[0]:.3f} ({worst[1]}) | {_geo([anchor[m] for m in models if m in anchor]):.2f} | "
             f"{_geo([t2n_ort[m] for m in models if m in t2n_ort]):.2f} |"
         )
+    same = [r["model"] for r in rows if r.get("same_as_prev") and {"tl-jit", "tl-prev"} <= set(r["us"])]
+    control = ratios("tl-jit", "tl-prev")
+    spread = [control[m] for m in same]
+    if spread:
+        out += [
+            "",
+            f"Noise control: on the {len(same)} models where `now` and `prev` are byte-identical archives,"
+            f" now / prev has geomean {_geo(spread):.3f} (range {min(spread):.3f}–{max(spread):.3f}):"
+            " differences of that size between two exporters are not signal.",
+        ]
     lo = ratios("tl-jit", "t2n", "load_ms")
     lo_b = ratios("tl-before", "t2n", "load_ms")
     out += [
