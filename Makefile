@@ -47,7 +47,7 @@ clean:
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 BENCH_ARGS ?=
-.PHONY: bench
+.PHONY: bench bench-speed
 
 $(BENCH_STAMP): bench/requirements.txt bench/constraints.txt pyproject.toml
 	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
@@ -58,6 +58,13 @@ $(BENCH_STAMP): bench/requirements.txt bench/constraints.txt pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/run.py $(BENCH_ARGS)
+	$(MAKE) bench-speed
+
+# Inference speed of the whole zoo vs torch_to_nnef / onnxruntime in one process, interleaved
+# (bench/zoo_ab.py → bench/results-issue16.md; ~5 min at load 4 with the default 30 rounds).
+ZOO_AB_ARGS ?= --rounds 30
+bench-speed: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python -m bench.zoo_ab $(ZOO_AB_ARGS) --out bench/results-issue16.md
 
 # A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000 [MODE=values]
 N ?= 10000

@@ -12,7 +12,10 @@ through the builder. Dead code is dropped by ``NNEFBuilder.live_assignments``; h
   transposes and reshapes merge; ``x·1``, ``x/1``, ``x−0`` go;
 - ``share_constants``: variables with the same dtype, shape and bytes become one;
 - then ``fusions.apply``: op chains that tract runs faster as one kernel (attention as
-  ``tract_transformers_sdpa`` at short sequence lengths), see ``nnef/fusions.py``.
+  ``tract_transformers_sdpa`` at short sequence lengths), see ``nnef/fusions.py``;
+- ``patches.patch_matmul``: a patch-embedding conv read channel-last becomes one matmul, so
+  tract keeps the residual stream contiguous (``nnef/patches.py``);
+- ``layout.canonical_layout``: layout chains as at most one transpose (``nnef/layout.py``).
 
 tract's own optimizer already fuses many of these at load time (its profile shows no separate
 mul/add after a conv); doing them here shrinks the artifact and the load work.
@@ -50,8 +53,10 @@ def optimize(b: NNEFBuilder) -> None:
 
     if fusions.apply(b):
         b.assignments = b.live_assignments()
-    from torchlower.nnef import layout
+    from torchlower.nnef import layout, patches
 
+    if patches.patch_matmul(b):
+        b.assignments = b.live_assignments()
     if layout.canonical_layout(b):
         b.assignments = b.live_assignments()
     share_constants(b)
