@@ -17,6 +17,7 @@ with 1 intra-op / 1 inter-op thread. Single-threaded tract (set here).
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import math
 import os
@@ -130,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             folder = root / name / ex
             folder.mkdir(parents=True)
             try:
-                path = _export(ex, model, args, folder)
+                # a copy each: torch_to_nnef swaps the model's parameters for its NamedTensor
+                # subclass, which a later exporter then traces as unlabelled constants
+                path = _export(ex, copy.deepcopy(model), args, folder)
                 digest[ex] = hashlib.sha256(path.read_bytes()).hexdigest()
                 loaded = load("ort" if ex == "onnx" else "tract", path, time.perf_counter)
                 runs[ex], loads[ex] = loaded.run, sum(loaded.steps.values())
