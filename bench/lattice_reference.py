@@ -110,15 +110,18 @@ def spconv_ops(x: L.SparseTensor, weights: dict[str, torch.Tensor]) -> dict[str,
     down = sp.SparseConv3d(32, 32, 2, 2, bias=False, indice_key="down")
     up = sp.SparseInverseConv3d(32, 32, 2, bias=False, indice_key="down")
     pool = sp.SparseMaxPool3d(2, 2)  # spconv refuses to reuse pool indices ("indice key exists")
+    gen = sp.SparseConvTranspose3d(32, 32, 2, 2, bias=False)  # creates o·2 + k, like ours
     with torch.no_grad():
         subm.weight.copy_(weights["subm"])
         down.weight.copy_(weights["down"])
         up.weight.copy_(weights["up"])
+        gen.weight.copy_(weights["gen"])
 
     def tensor() -> object:
         return sp.SparseConvTensor(x.feats, idx, shape, g.batches)
 
-    return {"sp": sp, "subm": subm, "down": down, "up": up, "pool": pool, "tensor": tensor, "grid": g}
+    ops = {"subm": subm, "down": down, "up": up, "pool": pool, "gen": gen}
+    return {"sp": sp, **ops, "tensor": tensor, "grid": g}
 
 
 def spconv_rows(result: object, stride: int, grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:

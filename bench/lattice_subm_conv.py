@@ -1,13 +1,17 @@
 """Benchmark (not a test) of the sparse engine: map build and per-call time of SubmConv3d 32→32
-k3, Conv3d 32→32 k2 s2, ConvTranspose3d 32→32 k2 s2 (inverting that conv) and MaxPool3d k2 s2
-on ~10k / 100k / 1M-voxel surface clouds, at 1 and 2 threads, median of 5, side by side with
+k3, Conv3d 32→32 k2 s2, ConvTranspose3d 32→32 k2 s2 (inverting that conv), the generative
+transposed conv 32→32 k2 s2 (creating every ``o·2 + k`` from the strided voxels) and MaxPool3d
+k2 s2 on ~10k / 100k / 1M-voxel surface clouds, at 1 and 2 threads, median of 5, side by side with
 the engine before issue 17 (``tests/lattice_kernels_oracle.py``, 1 thread, ≤ 100k) and
 spconv's CPU build (1 thread — with 2 it returns wrong rows, spconv issue #679) when installed.
 Every output is checked against a float64 dense reference (≤ 100k voxels).
 
 "× floor" is the median over repeats of call time / floor time, the floor timed right before
-each call: for a conv, dense cache-resident ``mm``s of its useful FLOPs (2·pairs·I·O); for the
-pool, a dense ``amax`` over the same number of elements. Run:
+each call: for a conv, ``mm``s of its useful FLOPs (2·pairs·I·O) in the dense op's own shape —
+``[R, K·I] @ [K·I, O]`` for the convs, ``[R, I] @ [I, K·O]`` for the transposed ones — on a
+block of ``R`` rows that stays in L2 (≤ 1 MiB), i.e. at the core's best GEMM rate; for the
+pool, a dense ``amax`` over the same number of elements (a streaming, memory-bound floor).
+At 2 threads the floor is the 1-thread floor halved (``paired_ms``). Run:
     PYTHONPATH=. OMP_NUM_THREADS=2 nice .venv/bin/python bench/lattice_subm_conv.py [--sizes 10k,100k]
 """
 
@@ -68,7 +72,7 @@ def _status_kb(field: str) -> int:
 
 
 def memory_of(size: str) -> str:
-    """One table row: peak resident memory our four maps and calls add on top of the cloud
+    """One table row: peak resident memory our five modules' maps and calls add on top of the cloud
     (Linux: ``clear_refs`` 5 resets the peak, ``VmHWM`` reads it), and the time of building
     the maps + running the calls once, 1 thread. Run in a fresh process per size."""
     torch.set_num_threads(1)
@@ -79,7 +83,8 @@ def memory_of(size: str) -> str:
     with torch.no_grad():
         s = L.SubmConv3d(32, 32, 3)(x)
         d = L.Conv3d(32, 32, 2, 2)(s)
-        kept = [s, d, L.ConvTranspose3d(32, 32, 2, 2)(d), L.MaxPool3d(2, 2)(s)]
+        up, gen = L.ConvTranspose3d(32, 32, 2, 2)(d), L.GenerativeConvTranspose3d(32, 32, 2, 2)(d)
+        kept = [s, d, up, gen, L.MaxPool3d(2, 2)(s)]
     ms = (time.perf_counter() - t0) * 1e3
     extra = (_status_kb("VmHWM") - base) / 1024
     n = len(x.coords)
@@ -91,17 +96,23 @@ def load() -> str:
     return "/".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def floor_fn(kmap: kernels.KernelMap, volume: int, pool: bool) -> Callable[[], object]:
-    """The op's arithmetic floor as a dense op: for a conv, ``mm``s of a cache-resident
-    ``[4096, K·32] @ [K·32, 32]`` totalling its useful FLOPs (2·pairs·32·32); for the pool an
-    ``amax`` over the same number of elements, already laid out contiguously."""
-    if pool:
+FLOOR_FLOATS = 1 << 18  # the floor's GEMM operand: 1 MiB, resident in the 2 MiB L2
+
+
+def floor_fn(kmap: kernels.KernelMap, volume: int, kind: str) -> Callable[[], object]:
+    """The op's floor as a dense op. ``conv``: ``mm``s of ``[R, K·32] @ [K·32, 32]`` totalling
+    its useful FLOPs (2·pairs·32·32); ``transposed``: the same FLOPs as ``[R, 32] @ [32, K·32]``
+    (a dense transposed conv's GEMM); both on an L2-resident block (the earlier 4096-row block
+    was 4–14 MiB, out of L2, and ran 10–30 % below the core's GEMM rate: a floor too slow).
+    ``pool``: an ``amax`` over as many elements as the pool reads, laid out contiguously."""
+    if kind == "pool":
         t = torch.randn(kmap.rows, max(1, kmap.pair_count // max(1, kmap.rows)), 32)
         return lambda: torch.amax(t, 1)
-    a, b = torch.randn(4096, volume * 32), torch.randn(volume * 32, 32)
-    c = torch.empty(4096, 32)
-    rows = kmap.pair_count * 32 // (volume * 32)  # same FLOPs: rows·(K·32)·32 = pairs·32·32
-    full, rest = divmod(rows, 4096)
+    k_dim, n_dim = (volume * 32, 32) if kind == "conv" else (32, volume * 32)
+    block = max(64, FLOOR_FLOATS // k_dim)
+    a, b, c = torch.randn(block, k_dim), torch.randn(k_dim, n_dim), torch.empty(block, n_dim)
+    rows = kmap.pair_count * 32 * 32 // (k_dim * n_dim)  # rows·K_dim·N_dim = pairs·32·32
+    full, rest = divmod(rows, block)
 
     def run() -> None:
         for _ in range(full):
@@ -112,15 +123,33 @@ def floor_fn(kmap: kernels.KernelMap, volume: int, pool: bool) -> Callable[[], o
     return run
 
 
+KIND = {"subm": "conv", "down": "conv", "up": "transposed", "gen": "transposed", "pool": "pool"}
+
+
+def single_threaded(fn: Callable[[], object]) -> Callable[[], object]:
+    def run() -> object:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(before)
+
+    return run
+
+
 def paired_ms(
-    fn: Callable[[], object], floor: Callable[[], object], repeats: int
+    fn: Callable[[], object], floor: Callable[[], object], repeats: int, share: int = 1
 ) -> tuple[float, float, float]:
     """Median call ms, median floor ms and the median of the per-repeat ratios (the floor runs
-    right before each call, so both see the same machine load)."""
+    right before each call, so both see the same machine load). ``share``: the floor's time is
+    divided by it — at ``t`` threads the floor is the 1-thread floor over ``t`` (perfect
+    scaling), not MKL's own ``t``-thread GEMM, whose OpenMP barriers wait for preempted
+    threads on a loaded machine (3 s for a 47 ms floor at load 7) and made "× floor" < 1."""
     fn(), floor()
     calls, floors = [], []
     for _ in range(repeats):
-        floors.append(sample_ms(floor))
+        floors.append(sample_ms(floor) / share)
         calls.append(sample_ms(fn))
     ratio = statistics.median(c / f for c, f in zip(calls, floors, strict=True))
     return statistics.median(calls), statistics.median(floors), ratio
@@ -136,6 +165,7 @@ class Case:
         self.down = L.Conv3d(32, 32, 2, 2).eval()
         self.up = L.ConvTranspose3d(32, 32, 2, 2).eval()
         self.pool = L.MaxPool3d(2, 2).eval()
+        self.gen = L.GenerativeConvTranspose3d(32, 32, 2, 2).eval()
         with torch.no_grad():
             self.d = self.down(x)
         self.maps = {
@@ -146,6 +176,7 @@ class Case:
             self.d.coords, self.d.stride, x.coords, TWO, TWO, NOPAD, ONE, conv=self.maps["down"]
         )
         self.maps["pool"] = self.maps["down"]
+        self.maps["gen"] = kernels.generative_map(self.d.coords, self.d.stride, TWO, TWO)
 
     def builders(self) -> dict[str, Callable[[], object]]:
         x, d = self.x, self.d
@@ -157,6 +188,7 @@ class Case:
                 d.coords, d.stride, x.coords, TWO, TWO, NOPAD, ONE, conv=down
             ),
             "pool": lambda: kernels.conv_map(x.coords, x.stride, TWO, TWO, NOPAD, ONE),
+            "gen": lambda: kernels.generative_map(d.coords, d.stride, TWO, TWO),
         }
 
     def calls(self) -> dict[str, Callable[[], L.SparseTensor]]:
@@ -165,6 +197,7 @@ class Case:
             "down": lambda: self.down(self.x),
             "up": lambda: self.up(self.d),
             "pool": lambda: self.pool(self.x),
+            "gen": lambda: self.gen(self.d),
         }
 
     def references(self) -> dict[str, torch.Tensor]:
@@ -174,7 +207,13 @@ class Case:
             "down": R.ref_down(x, self.down.weight, d),
             "up": R.ref_up(d, self.up.weight, x),
             "pool": R.ref_maxpool(x, 2, d),
+            "gen": R.ref_up(d, self.gen.weight, self.generated),
         }
+
+    @property
+    def generated(self) -> L.SparseTensor:
+        with torch.no_grad():
+            return self.gen(self.d)
 
 
 def old_engine(case: Case, repeats: int) -> dict[str, tuple[float, float]]:
@@ -182,18 +221,20 @@ def old_engine(case: Case, repeats: int) -> dict[str, tuple[float, float]]:
     from tests import lattice_kernels_oracle as O
 
     x, d = case.x, case.d
-    w = {k: getattr(case, k).weight for k in ("subm", "down", "up")}
+    w = {k: getattr(case, k).weight for k in ("subm", "down", "up", "gen")}
     builds = {
         "subm": lambda: O.subm_map(x.coords, x.stride, (3, 3, 3), ONE),
         "down": lambda: O.conv_map(x.coords, x.stride, TWO, TWO, NOPAD, ONE),
         "up": lambda: O.transpose_map(d.coords, d.stride, x.coords, TWO, TWO, NOPAD, ONE),
+        "gen": lambda: O.generative_map(d.coords, d.stride, TWO, TWO),
     }
     maps = {k: b() for k, b in builds.items()}
     out = {}
-    for k in ("subm", "down", "up"):
+    for k in ("subm", "down", "up", "gen"):
+        feats = (d if k in ("up", "gen") else x).feats
         out[k] = (
             median_ms(builds[k], repeats),
-            median_ms(lambda k=k: O.apply_conv((d if k == "up" else x).feats, maps[k], w[k], None), repeats),
+            median_ms(lambda k=k, f=feats: O.apply_conv(f, maps[k], w[k], None), repeats),
         )
     out["pool"] = (out["down"][0], median_ms(lambda: O.apply_pool(x.feats, maps["down"], "max"), repeats))
     return out
@@ -201,15 +242,17 @@ def old_engine(case: Case, repeats: int) -> dict[str, tuple[float, float]]:
 
 def spconv_engine(case: Case, repeats: int, refs: dict[str, torch.Tensor] | None) -> dict[str, tuple]:
     """(map ms, call ms, max err) of spconv's CPU build on the same voxels and weights."""
-    w = {k: getattr(case, k).weight.detach() for k in ("subm", "down", "up")}
+    w = {k: getattr(case, k).weight.detach() for k in ("subm", "down", "up", "gen")}
     ops = R.spconv_ops(case.x, w)
     if ops is None:
         return {}
-    subm, down, up, pool, tensor, grid = (ops[k] for k in ("subm", "down", "up", "pool", "tensor", "grid"))
+    subm, down, up, pool, gen, tensor, grid = (
+        ops[k] for k in ("subm", "down", "up", "pool", "gen", "tensor", "grid")
+    )
     base = tensor()  # type: ignore[operator]
     with torch.no_grad():
         d = down(base)  # type: ignore[operator]
-        results = {"subm": subm(base), "down": d, "up": up(d), "pool": pool(base)}  # type: ignore[operator]
+        results = {"subm": subm(base), "down": d, "up": up(d), "pool": pool(base), "gen": gen(d)}  # type: ignore[operator]
         # spconv keeps index pairs in the *output's* indice_dict: reuse them for the cached calls
         warm = tensor()  # type: ignore[operator]
         warm.indice_dict = dict(results["subm"].indice_dict)  # type: ignore[attr-defined]
@@ -228,24 +271,24 @@ def spconv_engine(case: Case, repeats: int, refs: dict[str, torch.Tensor] | None
             "down": lambda: down(tensor()),  # type: ignore[operator]  # spconv reuses subm indices only
             "up": lambda: up(d),  # type: ignore[operator]
             "pool": lambda: pool(tensor()),  # type: ignore[operator]  # builds its map every call
+            "gen": lambda: gen(d),  # type: ignore[operator]  # builds its map every call
         }
         out: dict[str, tuple] = {}
-        for k in ("subm", "down", "up", "pool"):
+        for k in ("subm", "down", "up", "pool", "gen"):
             call = median_ms(cached[k], repeats)
-            total = median_ms(fresh(k), repeats)
+            total = call if k in ("down", "pool", "gen") else median_ms(fresh(k), repeats)
             if k == "up":  # the fresh run also built + ran the down conv
                 total -= median_ms(fresh("down"), repeats)
-            if k in ("down", "pool"):
-                total = call
             err = None
             if refs is not None:
-                stride = 1 if k in ("subm", "up") else 2
+                stride = 1 if k in ("subm", "up", "gen") else 2
                 coords, feats = R.spconv_rows(results[k], stride, grid)  # type: ignore[arg-type]
-                target = case.x.coords if k in ("subm", "up") else case.d.coords
+                targets = {"subm": case.x.coords, "up": case.x.coords, "gen": case.generated.coords}
+                target = targets.get(k, case.d.coords)
                 aligned = R.align_rows(coords, feats, target)
                 want = refs[k].clamp(min=0) if k == "pool" else refs[k]  # spconv's max starts from 0
                 err = float("inf") if aligned is None else R.max_err(aligned, want)
-            out[k] = (None if k in ("down", "pool") else max(0.0, total - call), call, err, cached[k])
+            out[k] = (None if k in ("down", "pool", "gen") else max(0.0, total - call), call, err, cached[k])
     return out
 
 
@@ -260,6 +303,7 @@ NAMES = {
     "down": "Conv3d k2 s2",
     "up": "ConvTranspose3d k2 s2",
     "pool": "MaxPool3d k2 s2",
+    "gen": "Generative ConvT3d k2 s2",
 }
 
 
@@ -283,12 +327,13 @@ def run(sizes: list[str], threads: list[int], repeats: int, spconv: bool, before
                     kmap = case.maps[k]
                     volume = 8 if k != "subm" else 27
                     map_ms = median_ms(case.builders()[k], repeats)
-                    call_ms, floor, ratio = paired_ms(call, floor_fn(kmap, volume, k == "pool"), repeats)
+                    floor_1 = single_threaded(floor_fn(kmap, volume, KIND[k]))
+                    call_ms, floor, ratio = paired_ms(call, floor_1, repeats, share=thr)
                     err = "" if refs is None else f"{R.max_err(call().feats, refs[k]):.1e}"
                     o = old.get(k) if thr == 1 else None
                     s = theirs.get(k) if thr == 1 else None
                     vs = paired_ms(call, s[3], repeats)[2] if s else None  # ours / spconv, paired
-                    n_in = len(case.d.coords) if k == "up" else len(x.coords)
+                    n_in = len(case.d.coords) if k in ("up", "gen") else len(x.coords)
                     lines.append(
                         f"| {len(x.coords):,} | {NAMES[k]} | {thr} | {n_in:,}→{kmap.rows:,} "
                         f"| {kmap.pair_count:,} ({kmap.fill(volume):.0%}) | {map_ms:.1f} | {call_ms:.1f} "
@@ -318,7 +363,7 @@ def main() -> None:
         print(memory_of(a.memory_of))
         return
     if a.memory:
-        print(f"load average {load()}; first run of 4 modules (maps built + calls), 1 thread")
+        print(f"load average {load()}; first run of 5 modules (maps built + calls), 1 thread")
         print("| voxels | maps + calls ms | ns per voxel | peak extra MB | bytes per voxel | modules |")
         print("|---|---|---|---|---|---|")
         for size in a.sizes.split(","):

@@ -4,13 +4,16 @@
 Per row: max |HF f32 − tract| over the logits of the three checked inputs (prefill P=0,
 continuation P=6, decode P=9) against the *original* f32 model, the check's own error (f16:
 vs HF f32; q4_0: vs HF running the dequantized weights), how many of 32 greedy tokens equal HF
-``generate`` on the f32 model, weight bytes, archive bytes, export seconds. f16 and q4_0 tokens
+``generate`` on the f32 model, weight bytes, archive bytes, how many weights Q4_0 was asked for
+stayed float (``report.unquantized``), export seconds. q4_0 uses the defaults: linear layers and
+the LM head in Q4_0, the embedding table f32. f16 and q4_0 tokens
 are expected to part from the f32 chain at some point: they measure the format.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,9 +39,9 @@ def main(out: Path | None) -> None:
     torch.set_num_threads(1)
     header = (
         "| arch | format | logit err vs HF f32 | check err | greedy = HF up to (of 32) | weights B |"
-        " archive B | export s |"
+        " archive B | left float | export s |"
     )
-    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         for arch in ARCHES:
             model = llm_models.build(arch)
@@ -49,7 +52,7 @@ def main(out: Path | None) -> None:
                     r = llm.export(model, Path(tmp) / f"{arch}-{fmt}.nnef.tgz", **options)
                 except Exception as exc:  # a row per failure, the table goes on
                     reason = f"{type(exc).__name__}: {str(exc)[:120]}"
-                    lines.append(f"| {arch} | {fmt} | failed: {reason} | | | | | |")
+                    lines.append(f"| {arch} | {fmt} | failed: {reason} | | | | | | |")
                     print(lines[-1], flush=True)
                     continue
                 seconds = time.perf_counter() - t0
@@ -57,10 +60,11 @@ def main(out: Path | None) -> None:
                 same = next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), 32)
                 lines.append(
                     f"| {arch} | {fmt} | {r.logit_error:.2e} | {r.max_abs_error:.2e} | {same} | "
-                    f"{r.weight_bytes:,} | {r.archive_bytes:,} | {seconds:.1f} |"
+                    f"{r.weight_bytes:,} | {r.archive_bytes:,} | {len(r.unquantized)} | {seconds:.1f} |"
                 )
                 print(lines[-1], flush=True)
-    lines.append(f"\nload average at the end: {os.getloadavg()}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    lines.append(f"\nload average at the end: {os.getloadavg()}; commit {commit.stdout.strip()}")
     if out is not None:
         out.write_text("\n".join(lines) + "\n")
 

@@ -1,6 +1,6 @@
 """torchlower.llm against the reference LLM exporter (torch-to-nnef-llm 0.24.12), side by side.
 
-``python -m bench.llm_reference WORKDIR [--repeats N]`` (dev venv; needs ``.venv-llmref`` with
+``python -m bench.llm_reference WORKDIR [--repeats N] [--big]`` (dev venv; needs ``.venv-llmref`` with
 ``torch==2.13.0``, ``transformers>=4.57,<4.58``, ``torch-to-nnef-llm==0.24.12``, ``tract``:
 the reference crashes with transformers 5). One run, interleaved, single-threaded:
 
@@ -13,6 +13,9 @@ the reference crashes with transformers 5). One run, interleaved, single-threade
 3. both f32 archives loaded in the same tract (Python package), decode ms/token at P = 128 and
    P = 1024 (S = 1, explicit cache tensors), prefill of 128 tokens (P = 0), medians.
 Prints a markdown table with ``os.getloadavg()``.
+
+``--big``: instead, the ≥ 1 GB Llama of ``bench/llm_bigmem.py`` (288 M parameters, 1.15 GB f32),
+export wall time and peak RSS (``wait4``) of both CLIs, f32 and Q4_0 (``main_big``).
 """
 
 from __future__ import annotations
@@ -45,14 +48,31 @@ fast.save_pretrained(sys.argv[1])
 """
 
 
+BIG = """
+import sys, json, torch, transformers
+torch.manual_seed(0)
+c = transformers.LlamaConfig(**json.loads(sys.argv[2]))
+transformers.LlamaForCausalLM(c).eval().save_pretrained(sys.argv[1])
+""" + MAKE[MAKE.index("from tokenizers") :]  # the reference needs a tokenizer.json
+
+
 def _run(cmd: list[str]) -> float:
+    return _run_rss(cmd)[0]
+
+
+def _run_rss(cmd: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes, that process alone: ``wait4``) of a fresh process."""
     env = dict(os.environ, **SINGLE)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
-    seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return seconds
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {err.read()[-2000:].decode()}")
+    return seconds, usage.ru_maxrss * 1024
 
 
 def _ours(folder: Path, out: Path, compress: str | None) -> list[str]:
@@ -167,6 +187,52 @@ def main(work: Path, repeats: int) -> None:
     print("\n".join(lines))
 
 
+def main_big(work: Path, repeats: int) -> None:
+    """The ≥ 1 GB checkpoint of ``bench/llm_bigmem.py``: export wall time and peak RSS of both
+    CLIs (fresh processes, interleaved, no check), f32 and Q4_0; import time is amortized here."""
+    import json
+
+    from bench.exporters import tract_shim
+    from bench.llm_bigmem import CONFIG
+
+    os.environ.update(SINGLE)
+    work.mkdir(parents=True, exist_ok=True)
+    folder = work / "llama288m"
+    if not (folder / "tokenizer.json").exists():
+        subprocess.run([str(REF / "python"), "-c", BIG, str(folder), json.dumps(CONFIG)], check=True)
+    checkpoint = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    shim = tract_shim(Path(tempfile.mkdtemp(prefix="shim-", dir=work)))
+    rows: dict[str, list[tuple[float, int]]] = {}
+    sizes: dict[str, int] = {}
+    for i in range(repeats):
+        for compress in (None, "q4_0"):
+            tag = compress or "f32"
+            pairs = [
+                ("torchlower", _ours(folder, work / f"tl-{tag}.nnef.tgz", compress)),
+                ("reference", _reference(folder, work / f"ref-{tag}", shim, compress)),
+            ]
+            for name, cmd in pairs if i % 2 == 0 else pairs[::-1]:
+                rows.setdefault(f"{tag} {name}", []).append(_run_rss(cmd))
+                print(name, tag, rows[f"{tag} {name}"][-1], os.getloadavg(), flush=True)
+            sizes[f"{tag} torchlower"] = (work / f"tl-{tag}.nnef.tgz").stat().st_size
+            sizes[f"{tag} reference"] = _find_archive(work / f"ref-{tag}").stat().st_size
+    lines = [
+        f"checkpoint {checkpoint:,} bytes (f32 safetensors); repeats {repeats}; load average at the end:"
+        f" {os.getloadavg()}",
+        "",
+        "| measure | torchlower | reference | ratio |",
+        "|---|---|---|---|",
+    ]
+    for tag in ("f32", "q4_0"):
+        ours, ref = rows[f"{tag} torchlower"], rows[f"{tag} reference"]
+        for label, k, scale, fmt in (("wall s", 0, 1, "{:.1f}"), ("peak RSS MB", 1, 1e-6, "{:,.0f}")):
+            a, b = statistics.median(r[k] for r in ours) * scale, statistics.median(r[k] for r in ref) * scale
+            lines.append(f"| export {tag} {label} | {fmt.format(a)} | {fmt.format(b)} | {a / b:.2f} |")
+        a, b = sizes[f"{tag} torchlower"], sizes[f"{tag} reference"]
+        lines.append(f"| {tag} archive bytes | {a:,} | {b:,} | {a / b:.2f} |")
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
     n = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 3
-    main(Path(sys.argv[1]), n)
+    (main_big if "--big" in sys.argv else main)(Path(sys.argv[1]), n)

@@ -30,7 +30,6 @@ SEEDS = {"falcon_alibi": 1}  # seed 0 gives a 2-token chain there
 PROMPT = torch.tensor([[3, 17, 42, 9, 101]])
 
 
-
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_tokens_equal_hf(name: str, tmp_path: Path) -> None:
     model = llm_models.build(name, SEEDS.get(name, 0))
@@ -42,8 +41,25 @@ def test_tokens_equal_hf(name: str, tmp_path: Path) -> None:
     # state: detect_kv_cache saw every cache (Phi / GPT-NeoX thanks to llm/kv_pattern.py)
     assert Decoder(report.path).mode == "state"
     assert len(set(want)) > 3  # the chain moves: a repeated token would hide errors
+    tables = _matrices(report.path)  # a tied embedding is stored once (llm.compress.share_tied_table)
+    assert len(set(tables.values())) == len(tables), sorted(tables)
 
 
 def _logit_scale(model: torch.nn.Module) -> float:
     with torch.no_grad():
         return float(model(PROMPT).logits.abs().max())
+
+
+def _matrices(path: Path) -> dict[str, bytes]:
+    """Payload of every stored matrix (random weights: no two are equal)."""
+    import struct
+    import tarfile
+
+    out: dict[str, bytes] = {}
+    with tarfile.open(path) as tar:
+        for m in tar.getmembers():
+            blob = tar.extractfile(m).read() if m.name.endswith(".dat") else b""  # type: ignore[union-attr]
+            dims = struct.unpack_from("<8I", blob, 12) if blob else ()
+            if sum(d > 1 for d in dims) >= 2:  # matrices (norm weights are [1, 1, C] ones)
+                out[m.name] = blob[128:]
+    return out

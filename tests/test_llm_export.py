@@ -102,6 +102,14 @@ def test_cli_export_is_byte_identical(folder: tuple[Path, Any], exported: llm.Ex
     assert again.read_bytes() == exported.path.read_bytes()
 
 
+def test_cli_q4_0_with_lm_head_apart(folder: tuple[Path, Any], tmp_path: Path) -> None:
+    data = cli_json("llm", "export", folder[0], "-o", tmp_path / "q.nnef.tgz", "--compress", "q4_0",
+                    "--lm-head", "f16", "--no-check")  # fmt: skip
+    assert (data["embeddings"], data["lm_head"], data["unquantized"]) == ("f32", "f16", {})
+    formats = data["weight_bytes_by_format"]
+    assert formats["q4_0"] > 0 and formats["float16"] == 160 * 32 * 2  # the LM head alone
+
+
 def test_rotary_tables_reproduce_the_module_and_are_removed(folder: tuple[Path, Any]) -> None:
     from torchlower.llm import rope
 

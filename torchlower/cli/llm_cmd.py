@@ -26,7 +26,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="archive path (.nnef.tgz, .nnef.tar or .nnef dir)")
     p.add_argument("--precision", choices=["f32", "f16"], default="f32", help="weights, compute and cache")
     p.add_argument("--compress", choices=["q4_0"], help="linear layers in 4-bit blocks")
-    p.add_argument("--embeddings", choices=["f32", "f16", "q4_0"], help="embedding and LM head storage")
+    p.add_argument(
+        "--embeddings", choices=["f32", "f16", "q4_0"], help="token embedding storage (default f32)"
+    )
+    p.add_argument(
+        "--lm-head", choices=["f32", "f16", "q4_0"],
+        help="LM head storage (default q4_0 with --compress q4_0, else as --embeddings)",
+    )  # fmt: skip
     p.add_argument(
         "--logits", choices=["last", "all"], default="last", help="logits of the last or every position"
     )
@@ -53,6 +59,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             precision=args.precision,
             compress=args.compress,
             embeddings=args.embeddings,
+            lm_head=args.lm_head,
             logits=args.logits,
             max_context=args.max_context,
             check=not args.no_check,
@@ -81,6 +88,8 @@ def report_json(report: Any) -> dict[str, Any]:
         "precision": report.precision,
         "compress": report.compress,
         "embeddings": report.embeddings,
+        "lm_head": report.lm_head,
+        "unquantized": report.unquantized,
         "logits": report.logits,
         "weight_bytes": report.weight_bytes,
         "weight_bytes_by_format": report.weight_bytes_by_format,
@@ -102,10 +111,13 @@ def render(console: Console, data: dict[str, Any]) -> None:
         "model", f"{data['model_type']}, {data['parameters']:,} parameters, {data['layers']} layers"
     )
     table.add_row("options", f"precision {data['precision']}, compress {data['compress'] or 'none'}, "
-                  f"embeddings {data['embeddings'] or 'f32'}, logits {data['logits']}")  # fmt: skip
+                  f"embeddings {data['embeddings']}, lm_head {data['lm_head']}, "
+                  f"logits {data['logits']}")  # fmt: skip
     table.add_row("context", f"P + S <= {data['max_context']}")
     formats = ", ".join(f"{k} {v:,}" for k, v in data["weight_bytes_by_format"].items())
     table.add_row("weights", f"{data['weight_bytes']:,} bytes ({formats})")
+    for name, why in data["unquantized"].items():
+        table.add_row("left float", f"{name}: {why}")
     table.add_row("artifact", f"{data['artifact_bytes']:,} bytes; bundled {', '.join(data['bundled'])}")
     if data["checked"]:
         logits = [e for e in data["outputs_checked"] if e["name"].startswith("outputs")]

@@ -26,6 +26,7 @@ from torch.utils import _pytree as pytree
 from torchlower import progress
 from torchlower.errors import LoweringError, TraceError, ValueDependentTraceError
 from torchlower.frontends import export_bounds
+from torchlower.frontends.export_inplace import functional_in_place
 from torchlower.frontends.fx import Interpreter
 from torchlower.frontends.provenance import REWRITES
 from torchlower.frontends.session import Session
@@ -161,6 +162,7 @@ def _export(
             pinned.torch_message = str(exc)  # type: ignore[attr-defined]  # read by ``lower_export``
             raise pinned from exc
         raise TraceError(f"torch.export failed on {type(module).__qualname__}: {first}") from exc
+    functional_in_place(program)
     if all(_lowerable(n.target, rules) for n in program.graph.nodes if n.op == "call_function"):
         return program
     table = torch.export.default_decompositions()

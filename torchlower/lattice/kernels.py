@@ -1,22 +1,25 @@
 """The compute of sparse convolutions and pools over a kernel map (``maps.py`` builds them).
 
-Convolution, three ways, chosen by fill (the share of table slots that hold a pair):
-- **im2col** (output fill ≥ ``IM2COL_FILL``, e.g. submanifold convs on surfaces): a few
-  hundred output rows at a time (``IM2COL_FLOATS``: the chunk stays in L2), gather their ``K``
-  neighbours' features with ``index_select`` into one reused buffer (absent = the zero row
-  appended to a copy of the features), then one ``mm`` with the ``[K·I, O]`` weight into the
-  output slice. The arithmetic is the original engine's, bit for bit; only the ``1 − fill``
-  padding is wasted;
+Convolution, three ways; exact first (``choose``): an output that sums several pairs gets the
+original engine's float32 rounding only from im2col, so im2col runs down to ``EXACT_FILL``:
+- **im2col** (sums at fill ≥ ``EXACT_FILL``; the fastest from ``IM2COL_FILL`` anyway): a few
+  hundred output rows at a time (``IM2COL_FLOATS``: the chunk stays in L2), their ``K``
+  neighbours' features gathered with ``index_select`` into one reused buffer (absent = the
+  zero row appended to a copy of the features) — or, when there are few slots per input
+  (strided convs), by one ``embedding_bag`` over a per-map plan (one bag per slot, empty when
+  absent) that needs no copy — then one ``mm`` with the ``[K·I, O]`` weight into the output
+  slice. The arithmetic is the original engine's, bit for bit; only the ``1 − fill`` padding
+  is wasted;
 - **inputs** (input fill ≥ ``INPUTS_FILL``: generative and kernel = stride transposed convs,
   where nearly every input feeds every offset): one GEMM ``[N, I] @ [I, K·O]`` gives every
-  input × offset product, and each output sums its pairs' rows with ``embedding_bag``;
-- **pairs** (sparse maps, e.g. LiDAR or stride-2 downsampling): blocks of outputs; per block,
-  one gather of its pairs' inputs, one ``mm`` per offset, and the products summed back per
-  output by ``embedding_bag`` (a bag gather: ``index_add_`` costs ~80 ns a row on CPU).
+  input × offset product, and each output sums its pairs' rows with ``embedding_bag`` (one
+  pair per output for kernel ≤ stride: a plain gather, bit for bit the original);
+- **pairs** (LiDAR-like maps below ``EXACT_FILL``, or at most one pair per output): blocks of
+  outputs; per block, one gather of its pairs' inputs, one ``mm`` per offset, and the products
+  summed back per output by ``embedding_bag`` (``index_add_`` costs ~80 ns a row on CPU).
 Buffers are one chunk (im2col) or one block (pairs), never ``M·K·C``; only ``inputs`` holds
 ``N·K·O`` products, and it is chosen only when at least half of them are used.
-Pools: sum and mean are one ``embedding_bag`` in the original summation order, max a chunked
-gather + ``amax`` (bit for bit the original scatter-reduce in all three modes).
+Pools are ``pools.py``; the row chunks, padded copies and bags both use are ``gather.py``.
 Without autograd every op writes into reused buffers (``out=``); with it, the same steps run
 as recorded ops so training works. Without autograd, chunks run in parallel over Python threads
 with every GEMM single-threaded (``threads.py``): the outputs do not depend on the thread count.
@@ -24,48 +27,53 @@ with every GEMM single-threaded (``threads.py``): the outputs do not depend on t
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from torchlower.errors import InvalidArgumentError
-from torchlower.lattice import threads
+from torchlower.lattice import gather, threads
 from torchlower.lattice.maps import KernelMap, conv_map, generative_map, subm_map, transpose_map
+from torchlower.lattice.pools import apply_pool
 
 IM2COL_FILL = 0.55  # measured: im2col 8 % faster at 0.65, equal at 0.60, pairs 20 % faster at 0.47
+EXACT_FILL = 0.25  # im2col (the original rounding) for sums down to this fill: ≤ 4× padded work
+BAGS_SLOTS = 4  # im2col gathers by bags when slots ≤ this × inputs (k2 s2: 1.6; subm k3: 20)
 CHUNK_FLOATS = 1 << 20  # pairs / inputs: gathered floats or products per block
-IM2COL_FLOATS = 3 << 17  # im2col: gathered floats per chunk (1.5 MiB: chunk + weights stay in a 2 MiB L2)
 INPUTS_FILL = 0.5  # products used / computed for the inputs method
-MIN_CHUNK_ROWS = 64  # single-threaded MKL rounds a row alike for any M ≥ 16 rows (N ≥ 3 columns)
 INPUTS_CHUNK_ROWS = 1024  # output rows per inputs chunk at least
 INPUTS_FLOATS = 1 << 18  # inputs: products per chunk (1 MiB stays in L2; 4 MiB was 1.4× slower)
-
-
-def _chunks(rows: int, per_row: int, chunk: int | None) -> list[tuple[int, int]]:
-    """Row ranges of about ``IM2COL_FLOATS / per_row`` rows, the remainder merged into the last
-    range so no range is shorter than ``MIN_CHUNK_ROWS`` unless it is the whole output."""
-    size = chunk if chunk is not None else max(MIN_CHUNK_ROWS, IM2COL_FLOATS // max(1, per_row))
-    bounds = [*range(0, rows, size), rows]
-    if chunk is None and len(bounds) > 2 and bounds[-1] - bounds[-2] < MIN_CHUNK_ROWS:
-        del bounds[-2]
-    return list(itertools.pairwise(bounds))
 
 
 METHODS = ("auto", "im2col", "pairs", "inputs")
 
 
 def choose(kmap: KernelMap, in_rows: int, volume: int) -> str:
-    """im2col when most output slots hold a pair; else ``inputs`` when most *input* slots do
-    (generative and k = s transposed convs: every input feeds nearly every offset); else pairs."""
-    if kmap.fill(volume) >= IM2COL_FILL:
+    """Exact first: an output summing several pairs gets the original engine's rounding only
+    from im2col (the others add per-offset products in another order), so im2col is used down
+    to ``EXACT_FILL`` — below it (LiDAR-like sparsity, ≥ 4× padding) the per-offset methods,
+    within float32 rounding of it. Outputs with at most one pair (transposed and generative
+    convs with kernel ≤ stride) are exact by every method: ``inputs`` when most *input* slots
+    are used (every input feeds nearly every offset), else pairs."""
+    fill = kmap.fill(volume)
+    if fill >= IM2COL_FILL:
+        return "im2col"
+    single = _single_source(kmap, in_rows, volume)
+    if not single and fill >= EXACT_FILL:
         return "im2col"
     if kmap.pair_count >= INPUTS_FILL * in_rows * volume:
         return "inputs"
     return "pairs"
+
+
+def _single_source(kmap: KernelMap, in_rows: int, volume: int) -> bool:
+    """Whether no output has two pairs (built once per map)."""
+    key = ("single-source", in_rows, volume)
+    if key not in kmap.memo:
+        table = kmap.table_for(in_rows, volume)
+        kmap.memo[key] = kmap.rows == 0 or int((table != in_rows).sum(1).max()) <= 1
+    return bool(kmap.memo[key])
 
 
 def apply_conv(
@@ -103,13 +111,24 @@ def _im2col(
 ) -> torch.Tensor:
     """``grad``: the same chunks through autograd-recorded ops (no ``out=`` buffers)."""
     n, in_ch = feats.shape
-    ranges = _chunks(kmap.rows, volume * in_ch, chunk)
+    ranges = gather.chunks(kmap.rows, volume * in_ch, chunk)
     table = kmap.table_for(n, volume)
     if grad:
-        with _padded(kmap, feats, 0.0, grad) as padded:  # row n: the absent neighbour
+        with gather.padded(kmap, feats, 0.0, grad) as padded:  # row n: the absent neighbour
             parts = [padded.index_select(0, table[s:e].reshape(-1)).view(e - s, -1) @ w for s, e in ranges]
         return torch.cat(parts) if parts else feats.new_zeros(0, w.shape[1])
     out = feats.new_empty(kmap.rows, w.shape[1])
+    if kmap.rows * volume <= BAGS_SLOTS * n:  # the padded copy would be a large share: bags
+        plan = _im2col_plan(kmap, n, volume, ranges)
+
+        def bagged(run: list[tuple[int, int, torch.Tensor, torch.Tensor]]) -> None:
+            for start, end, inputs, bags in run:
+                cols = F.embedding_bag(inputs, feats, bags, mode="sum")  # [rows·K, I], absent = 0
+                torch.mm(cols.view(end - start, volume * in_ch), w, out=out[start:end])
+
+        with threads.serial() as count:
+            threads.run(bagged, threads.groups(plan, count, lambda c: c[1] - c[0]))
+        return out
 
     def work(run: list[tuple[int, int]]) -> None:
         buf = feats.new_empty(max(e - s for s, e in run) * volume, in_ch)  # one chunk, reused
@@ -118,32 +137,37 @@ def _im2col(
             torch.index_select(padded, 0, table[start:end].view(-1), out=cols)
             torch.mm(cols.view(end - start, volume * in_ch), w, out=out[start:end])
 
-    with threads.serial() as count, _padded(kmap, feats, 0.0, grad) as padded:
+    with threads.serial() as count, gather.padded(kmap, feats, 0.0, grad) as padded:
         threads.run(work, threads.groups(ranges, count, lambda r: r[1] - r[0]))
     return out
 
 
-@contextlib.contextmanager
-def _padded(kmap: KernelMap, feats: torch.Tensor, fill: float, grad: bool) -> Iterator[torch.Tensor]:
-    """``feats`` and one more row of ``fill``, which the table's sentinel ``n`` reads — a copy
-    per call, cheaper than blanking the absent slots after the gather (``index_fill_``: ~60 ns
-    a row; ``torch.cat`` is ~8× slower than ``copy_``). The buffer is kept on the map and
-    reused: a fresh one costs its page faults every call (8 ms of a 16 ms strided conv)."""
-    if grad:
-        yield F.pad(feats, (0, 0, 0, 1), value=fill)
-        return
-    free = kmap.memo.setdefault(("padded", feats.dtype, tuple(feats.shape)), [])
-    assert isinstance(free, list)
-    try:
-        padded = free.pop()  # atomic: concurrent calls on one map never share a buffer
-    except IndexError:
-        padded = feats.new_empty(feats.shape[0] + 1, feats.shape[1])
-    padded[:-1].copy_(feats)
-    padded[-1].fill_(fill)
-    try:
-        yield padded
-    finally:
-        free.append(padded)
+def _im2col_plan(
+    kmap: KernelMap, in_rows: int, volume: int, ranges: list[tuple[int, int]]
+) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """Per chunk ``(start, end, inputs, bags)``: the present slots' input rows and one bag per
+    slot (empty when absent), int32, built once per map. The gather is then one
+    ``embedding_bag``: an empty bag sums to an exact +0 row, a one-entry bag is its row bit
+    for bit, so the chunk is the original zero-padded gather without copying the features
+    into a padded buffer every call (0.9 ms of a 5 ms strided conv at 100k voxels: the bags
+    made the 100k Conv3d k2 s2 14 % faster at load 2). Used only where that copy matters
+    (``BAGS_SLOTS``): with 20 slots an input (SubmConv3d k3) the copy is 3 % of the gather,
+    the bags were no faster (2.49 vs 2.37 × floor) and the plan costs ~200 B a voxel."""
+    key = ("im2col-plan", in_rows, volume, ranges[0] if ranges else None, len(ranges))
+    if key in kmap.memo:
+        return kmap.memo[key]  # type: ignore[return-value]
+    flat = kmap.table_for(in_rows, volume).view(-1)
+    present = flat != in_rows
+    inputs = flat[present]
+    first = present.cumsum(0, dtype=torch.int32)  # pairs up to and including each slot
+    first -= present.to(torch.int32)  # ... before it: the slot's bag start
+    ends = [*first[[s * volume for s, _ in ranges]].tolist(), len(inputs)]
+    plan = []
+    for i, (start, end) in enumerate(ranges):
+        bags = first[start * volume : end * volume] - ends[i]
+        plan.append((start, end, inputs[ends[i] : ends[i + 1]], bags))
+    kmap.memo[key] = plan
+    return plan
 
 
 @dataclass(frozen=True)
@@ -218,19 +242,6 @@ def _pairs(feats: torch.Tensor, kmap: KernelMap, w: torch.Tensor, out_ch: int, g
     return out
 
 
-def _bags(kmap: KernelMap, in_rows: int, volume: int) -> tuple[torch.Tensor, ...]:
-    """Pairs grouped by output, offsets ascending inside each group (built once per map):
-    input rows, offsets, the first pair of every output and every output's pair count."""
-    key = ("bags", in_rows, volume)
-    if key not in kmap.memo:
-        table = kmap.table_for(in_rows, volume)
-        out_idx, k_idx = (table != in_rows).nonzero(as_tuple=True)
-        sizes = torch.bincount(out_idx, minlength=kmap.rows)
-        starts = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)[:-1]])
-        kmap.memo[key] = (table[out_idx, k_idx].long(), k_idx, starts, sizes)
-    return kmap.memo[key]  # type: ignore[return-value]
-
-
 def _inputs(feats: torch.Tensor, kmap: KernelMap, weight: torch.Tensor, grad: bool) -> torch.Tensor:
     """Every input times every offset's weight (``[n, I] @ [I, K·O]``), then each output sums
     its pairs' products (``embedding_bag``): no gather of inputs, no scatter. Without autograd
@@ -239,7 +250,7 @@ def _inputs(feats: torch.Tensor, kmap: KernelMap, weight: torch.Tensor, grad: bo
     out_ch, in_ch = weight.shape[0], weight.shape[-1]
     n, volume = feats.shape[0], weight[0, ..., 0].numel()
     w = weight.reshape(out_ch, volume, in_ch).permute(2, 1, 0).reshape(in_ch, volume * out_ch)
-    inputs, k_idx, starts, _ = _bags(kmap, n, volume)
+    inputs, k_idx, starts, _ = gather.bags(kmap, n, volume)
     if grad:
         products = (feats @ w).view(-1, out_ch)  # row n·K + k: input n through offset k
         return F.embedding_bag(inputs * volume + k_idx, products, starts, mode="sum")
@@ -270,7 +281,7 @@ def _inputs_plan(kmap: KernelMap, in_rows: int, volume: int, out_ch: int) -> lis
     key = ("inputs-plan", in_rows, volume, out_ch)
     if key in kmap.memo:
         return kmap.memo[key]  # type: ignore[return-value]
-    inputs, k_idx, starts, sizes = _bags(kmap, in_rows, volume)
+    inputs, k_idx, starts, sizes = gather.bags(kmap, in_rows, volume)
     per_chunk = max(INPUTS_CHUNK_ROWS, INPUTS_FLOATS // (volume * out_ch) * kmap.rows // max(1, in_rows))
     ends = torch.cat([starts, starts.new_tensor([len(inputs)])]).tolist()
     plan = []
@@ -297,65 +308,6 @@ def _single(index: torch.Tensor, sizes: torch.Tensor, zero: int) -> torch.Tensor
     rows = torch.full((len(sizes),), zero, dtype=torch.long)
     rows[sizes == 1] = index
     return rows
-
-
-def apply_pool(feats: torch.Tensor, kmap: KernelMap, mode: str) -> torch.Tensor:
-    """Max / average / sum over the inputs each output sees (absent neighbours do not count).
-    Sum and mean: one ``embedding_bag`` over the pairs grouped by output, offsets in weight
-    order — the order the original scatter-reduce added in (the mean divides that sum). Max:
-    chunks of the neighbour table gathered (absent = −inf) and reduced over the offsets
-    (``embedding_bag``'s max mode has no fast kernel: ~20× slower)."""
-    if mode not in ("max", "avg", "sum"):
-        raise InvalidArgumentError(f"pool mode must be 'max', 'avg' or 'sum', got {mode!r}")
-    n, channels = feats.shape
-    volume = _volume(kmap)
-    if n == 0 or kmap.rows == 0:
-        return feats.new_zeros(kmap.rows, channels)
-    if mode != "max":
-        inputs, _, starts, sizes = _bags(kmap, n, volume)
-        out = F.embedding_bag(inputs, feats, starts, mode="sum")
-        return out / sizes.unsqueeze(1).to(out.dtype) if mode == "avg" else out
-    ranges = _chunks(kmap.rows, volume * channels, None)
-    grad = torch.is_grad_enabled() and feats.requires_grad
-    table = None if grad else _max_table(kmap, n, volume)
-    if table is None:  # autograd, or an output without inputs (−inf, as before)
-        padded_table = kmap.table_for(n, volume)
-        with _padded(kmap, feats, float("-inf"), grad) as padded:  # row n: absent
-            parts = [padded.index_select(0, padded_table[s:e].reshape(-1)) for s, e in ranges]
-            return torch.cat([p.view(-1, volume, channels).amax(1) for p in parts])
-    out = feats.new_empty(kmap.rows, channels)
-
-    def work(run: list[tuple[int, int]]) -> None:
-        buf = feats.new_empty(max(e - s for s, e in run) * volume, channels)
-        for start, end in run:
-            gathered = buf[: (end - start) * volume]
-            torch.index_select(feats, 0, table[start:end].view(-1), out=gathered)
-            torch.amax(gathered.view(end - start, volume, channels), 1, out=out[start:end])
-
-    with threads.serial() as count:
-        threads.run(work, threads.groups(ranges, count, lambda r: r[1] - r[0]))
-    return out
-
-
-def _max_table(kmap: KernelMap, in_rows: int, volume: int) -> torch.Tensor | None:
-    """The table with every absent slot reading the row's first present input instead: a
-    repeated operand leaves a max unchanged (NaN included), so the gather needs no padded copy
-    of the features with a −inf row (built once per map). None when some output has no input
-    (a strided conv's outputs always have one)."""
-    key = ("max-table", in_rows, volume)
-    if key not in kmap.memo:
-        table = kmap.table_for(in_rows, volume)
-        present = table != in_rows
-        first = table.gather(1, present.to(torch.uint8).argmax(1, keepdim=True))
-        kmap.memo[key] = torch.where(present, table, first) if bool(present.any(1).all()) else None
-    return kmap.memo[key]  # type: ignore[return-value]
-
-
-def _volume(kmap: KernelMap) -> int:
-    """Kernel volume of a map (its table's width; for a pairs-built map, past the last offset)."""
-    if kmap._table is not None:
-        return int(kmap._table.shape[1])
-    return 1 + max((k for k, _, _ in kmap.pairs), default=0)
 
 
 __all__ = [

@@ -55,7 +55,8 @@ def reference_cases(
 def _runner(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> Any:
     if weights is None:
         return lambda ids, cache: hf_forward(model, ids, cache)
-    params = dict(model.named_parameters()) | dict(model.named_buffers()) | weights
+    # every name of a tied parameter, untied: the embedding and the LM head may be stored apart
+    params = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers()) | weights
 
     def run(ids: torch.Tensor, cache: Any) -> Any:
         from transformers.cache_utils import DynamicCache
@@ -64,7 +65,7 @@ def _runner(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> Any:
 
         options = {"input_ids": ids, "use_cache": True, cache_arg(model): cache or DynamicCache()}
         with torch.no_grad():
-            return torch.func.functional_call(model, params, (), options)
+            return torch.func.functional_call(model, params, (), options, tie_weights=False)
 
     return run
 

@@ -24,11 +24,19 @@ from torchlower.api import _build, _bytes_by_format
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks
 from torchlower.llm.alibi import alibi_table
+from torchlower.llm.compress import share_tied_table
 from torchlower.llm.kv_pattern import unsplit_query_concats
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, drop_cache_casts, keep_f32
 from torchlower.llm.rope import rotary_tables
 from torchlower.llm.source import SourceError, check_tokenizer, open_source
-from torchlower.llm.wrapper import CachedCausalLM, CacheLayout, dynamic_rope_limit, layout_of, static_rope
+from torchlower.llm.wrapper import (
+    CachedCausalLM,
+    CacheLayout,
+    dynamic_rope_limit,
+    layout_of,
+    plain_linears,
+    static_rope,
+)
 from torchlower.model_io import eval_view
 from torchlower.nnef import archive, guards, passes
 from torchlower.nnef.tract import OutputError
@@ -55,7 +63,8 @@ class ExportReport:
     max_context: int
     precision: str
     compress: str | None
-    embeddings: str | None
+    embeddings: str  # storage of the token embedding table
+    lm_head: str  # storage of the LM head
     logits: str
     weight_bytes: int
     weight_bytes_by_format: dict[str, int]
@@ -65,6 +74,8 @@ class ExportReport:
     errors: list[OutputError] = field(default_factory=list)  # vs the checked reference
     original_errors: list[OutputError] = field(default_factory=list)  # with compress: vs the original
     properties: dict[str, str | int | float] = field(default_factory=dict)
+    # weights Q4_0 was asked for that stayed float (HF name → why), e.g. a size not a multiple of 32
+    unquantized: dict[str, str] = field(default_factory=dict)
 
     @property
     def max_abs_error(self) -> float:
@@ -84,6 +95,7 @@ def export(
     precision: str = "f32",
     compress: str | None = None,
     embeddings: str | None = None,
+    lm_head: str | None = None,
     logits: str = "last",
     max_context: int | None = None,
     check: bool = True,
@@ -96,15 +108,18 @@ def export(
     [1, kv_heads, P, head_dim]; outputs ``outputs`` (logits: [1, 1, vocab] with
     ``logits="last"``, [1, S, vocab] with ``"all"``) and ``out_cache_key_{i}``/
     ``out_cache_value_{i}`` [1, kv_heads, P+S, head_dim], with ``P + S <= max_context``.
-    ``compress="q4_0"`` stores the linear layers in 4-bit blocks; ``embeddings`` picks the
-    storage of the token embedding and LM head separately (default: f32).
+    ``compress="q4_0"`` stores the linear layers in 4-bit blocks. ``embeddings`` picks the
+    storage of the token embedding table (default f32) and ``lm_head`` that of the LM head
+    (default: q4_0 with ``compress="q4_0"``, as the reference exporter's ``min_max_q4_0``
+    does, else the ``embeddings`` choice); each of ``f32``, ``f16``, ``q4_0``.
     ``f32_parts`` (f16 only): parts computed in f32 inside the f16 graph, any of
     ``"attention"``, ``"norms"``, ``"lm_head"``; default ``("attention", "norms")``, ``()`` for
     f16 throughout (``precision.keep_f32``).
     ``check`` compares with the model as Hugging Face runs it; a failed export writes nothing.
     """
     started = time.perf_counter()
-    _validate_options(precision, compress, embeddings, logits, max_context, check, io_samples)
+    _validate_options(precision, compress, embeddings, lm_head, logits, max_context, check, io_samples)
+    storage = table_storage(compress, embeddings, lm_head)
     parts = _f32_parts(precision, f32_parts)
     target = Path(path)
     archive.archive_kind(target)  # a bad suffix fails before the model loads
@@ -136,19 +151,31 @@ def export(
         validate.dynamic_axes(axes, names_in, [t.dim() for t in example]), names_in, example
     )
     tracing = progress.stage("tracing (export)", unit="ops")
-    with tracing, static_rope(model), rotary_tables(model, context), alibi_table(model, context):
+    with (
+        tracing,
+        static_rope(model),
+        plain_linears(model),
+        rotary_tables(model, context),
+        alibi_table(model, context),
+    ):
         builder = _build("export", wrapper, example, names_in, names_out, len(names_out), precision, spec)
-    dequantized = None
-    if compress is not None or embeddings == "q4_0":
+    tied = (
+        share_tied_table(builder, wrapper) if storage["embeddings"] == storage["lm_head"] != "q4_0" else None
+    )
+    dequantized, left_float = None, {}
+    if compress is not None or "q4_0" in storage.values():
         from torchlower.llm.compress import compress_weights
 
         release = src.mapping.release if src.mapping is not None else None
         keep = check or io_samples
-        dequantized = compress_weights(builder, wrapper, compress, embeddings or "f32", keep, release)
-    if embeddings == "f16" and precision == "f32":
+        dequantized, left_float = compress_weights(builder, wrapper, compress, storage, keep, release)
+    halves = {role for role, kind in storage.items() if kind == "f16"}
+    if halves and precision == "f32":
         from torchlower.llm.compress import store_f16
 
-        dequantized = (dequantized or {}) | store_f16(builder, wrapper)
+        dequantized = (dequantized or {}) | store_f16(builder, wrapper, halves)
+        if tied is not None and tied[0] in dequantized:  # one f16 tensor serves both roles
+            dequantized[tied[1]] = dequantized[tied[0]]
     if precision == "f16":
         drop_cache_casts(builder)
     guards.before_passes(builder)
@@ -169,7 +196,8 @@ def export(
         "torchlower.llm.max_context": int(context),
         "torchlower.llm.precision": precision,
         "torchlower.llm.compress": compress or "none",
-        "torchlower.llm.embeddings": embeddings or "f32",
+        "torchlower.llm.embeddings": storage["embeddings"],
+        "torchlower.llm.lm_head": storage["lm_head"],
         "torchlower.llm.logits": logits,
     }
     if precision == "f16":
@@ -192,7 +220,8 @@ def export(
             max_context=int(context),
             precision=precision,
             compress=compress,
-            embeddings=embeddings,
+            embeddings=storage["embeddings"],
+            lm_head=storage["lm_head"],
             logits=logits,
             weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
             weight_bytes_by_format=_bytes_by_format(weights),
@@ -200,6 +229,7 @@ def export(
             seconds=0.0,
             bundled=sorted(files),
             properties=props,
+            unquantized=left_float,
         )
         if check:
             with progress.stage("checking in tract"):
@@ -218,35 +248,52 @@ def _check(
     precision: str,
     dequantized: dict[str, torch.Tensor] | None,
 ) -> None:
-    """Three inputs against HF: prefill (P = 0), a continuation with past, one decode step."""
-    from torchlower.api import verify
+    """Three inputs against HF: prefill (P = 0), a continuation with past, one decode step.
+
+    With compressed weights the same inputs also run against the original model (reported, not
+    bounded). One tract load for all of them (the archive is loaded once by the check worker).
+    """
+    from torchlower.errors import CheckError
+    from torchlower.nnef.tract import compare, run_points_in_tract
 
     dtype = cache_dtype(precision)
     reference = checks.reference_cases(model, layout, vocab, logits, dequantized, dtype=dtype)
-    for case in reference:
+    original = (
+        [] if dequantized is None else checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype)
+    )
+    points = [[t.numpy() for t in case.inputs] for case in reference + original]
+    got = run_points_in_tract(report.path, points)
+    for case, actual in zip(reference, got[: len(reference)], strict=True):
         want = [t.numpy() for t in case.outputs]
         tol = F16_TOLERANCE * tolerances._scale(want) if precision == "f16" else tolerances.default(want)
         if dequantized is not None:
             tol = max(tol, 1e-3 * tolerances._scale(want))  # blocks reorder the f32 sums
         names = [f"{n} ({case.label})" for n in layout.output_names()]
-        report.errors += verify(report.path, case.inputs, case.outputs, names, tol)
-    if dequantized is not None:
-        from torchlower.nnef.tract import compare, run_in_tract
+        report.errors += compare(names, want, actual, tol)
+    bad = [e for e in report.errors if not e.ok]
+    if bad:
+        detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
+        raise CheckError(f"{report.path}: tract disagrees with Hugging Face — {detail}", report.errors)
+    for case, actual in zip(original, got[len(reference) :], strict=True):
+        names = [f"{n} ({case.label})" for n in layout.output_names()]
+        report.original_errors += compare(names, [t.numpy() for t in case.outputs], actual, float("inf"))
 
-        for case in checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype):
-            got = run_in_tract(report.path, [t.numpy() for t in case.inputs])
-            names = [f"{n} ({case.label})" for n in layout.output_names()]
-            report.original_errors += compare(names, [t.numpy() for t in case.outputs], got, float("inf"))
+
+def table_storage(compress: str | None, embeddings: str | None, lm_head: str | None) -> dict[str, str]:
+    """Storage of the embedding table and the LM head (the defaults of ``export``)."""
+    head = lm_head or ("q4_0" if compress == "q4_0" else embeddings or "f32")
+    return {"embeddings": embeddings or "f32", "lm_head": head}
 
 
 def _validate_options(
-    precision: str, compress: str | None, embeddings: str | None, logits: str, max_context: int | None,
-    check: bool, io_samples: bool,
+    precision: str, compress: str | None, embeddings: str | None, lm_head: str | None, logits: str,
+    max_context: int | None, check: bool, io_samples: bool,
 ) -> None:  # fmt: skip
     for name, value, allowed in (
         ("precision", precision, PRECISIONS),
         ("compress", compress, COMPRESSIONS),
         ("embeddings", embeddings, EMBEDDINGS),
+        ("lm_head", lm_head, EMBEDDINGS),
         ("logits", logits, LOGITS),
     ):
         if value not in allowed:

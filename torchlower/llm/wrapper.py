@@ -254,3 +254,24 @@ def _dynamic_ropes(model: nn.Module) -> list[nn.Module]:
         and "dynamic" in m.rope_type
         and hasattr(m, "original_inv_freq")
     ]
+
+
+# nn.Linear subclasses whose forward computes exactly ``F.linear`` (``x @ W.T + b``) in a form
+# torch.export records as a transpose of the weight: the transpose folds into an unlabelled
+# constant, which q4_0 cannot recognize as the layer's weight (nor stream from the checkpoint)
+LINEAR_EQUIVALENTS = ("FalconLinear",)
+
+
+@contextmanager
+def plain_linears(model: nn.Module) -> Iterator[None]:
+    """Trace those layers through ``nn.Linear.forward`` (restored after): one labelled matmul."""
+    patched = [
+        m for m in model.modules() if type(m).__name__ in LINEAR_EQUIVALENTS and isinstance(m, nn.Linear)
+    ]
+    try:
+        for m in patched:
+            m.forward = nn.Linear.forward.__get__(m)  # type: ignore[method-assign]
+        yield
+    finally:
+        for m in patched:
+            del m.forward
