@@ -47,7 +47,7 @@ clean:
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 BENCH_ARGS ?=
-.PHONY: bench bench-speed
+.PHONY: bench bench-speed bench-llm
 
 $(BENCH_STAMP): bench/requirements.txt bench/constraints.txt pyproject.toml
 	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
@@ -59,12 +59,29 @@ $(BENCH_STAMP): bench/requirements.txt bench/constraints.txt pyproject.toml
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/run.py $(BENCH_ARGS)
 	$(MAKE) bench-speed
+	$(MAKE) bench-llm
 
 # Inference speed of the whole zoo vs torch_to_nnef / onnxruntime in one process, interleaved
 # (bench/zoo_ab.py → bench/results-issue16.md; ~5 min at load 4 with the default 30 rounds).
 ZOO_AB_ARGS ?= --rounds 30
 bench-speed: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python -m bench.zoo_ab $(ZOO_AB_ARGS) --out bench/results-issue16.md
+
+# torchlower.llm vs torch-to-nnef-llm (bench/llm_reference.py): export time and decode / prefill of a
+# 16M Llama, then export time and peak RSS of a 1.15 GB one (--big); printed, with the load average.
+LLMREF_VENV := .venv-llmref
+LLMREF_STAMP := $(LLMREF_VENV)/.installed
+LLM_BENCH_DIR ?= /tmp/torchlower-bench-llm
+
+$(LLMREF_STAMP): bench/requirements-llmref.txt
+	test -x $(LLMREF_VENV)/bin/python || $(PY) -m venv $(LLMREF_VENV)
+	$(LLMREF_VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements-llmref.txt
+	touch $(LLMREF_STAMP)
+
+bench-llm: $(STAMP) $(LLMREF_STAMP)
+	mkdir -p $(LLM_BENCH_DIR)/small $(LLM_BENCH_DIR)/big
+	$(BIN)/python -m bench.llm_reference $(LLM_BENCH_DIR)/small --repeats 3
+	$(BIN)/python -m bench.llm_reference $(LLM_BENCH_DIR)/big --repeats 2 --big
 
 # A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000 [MODE=values]
 N ?= 10000
