@@ -78,10 +78,12 @@ $(LLMREF_STAMP): bench/requirements-llmref.txt
 	$(LLMREF_VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements-llmref.txt
 	touch $(LLMREF_STAMP)
 
+# (tests/subprocess_site: the dev venv's CUDA-only torchvision wheel would break transformers'
+# import in the CLI processes, as in the CLI tests)
 bench-llm: $(STAMP) $(LLMREF_STAMP)
 	mkdir -p $(LLM_BENCH_DIR)/small $(LLM_BENCH_DIR)/big
-	$(BIN)/python -m bench.llm_reference $(LLM_BENCH_DIR)/small --repeats 3
-	$(BIN)/python -m bench.llm_reference $(LLM_BENCH_DIR)/big --repeats 2 --big
+	PYTHONPATH=$(CURDIR)/tests/subprocess_site:$(CURDIR) $(BIN)/python -m bench.llm_reference $(LLM_BENCH_DIR)/small --repeats 3
+	PYTHONPATH=$(CURDIR)/tests/subprocess_site:$(CURDIR) $(BIN)/python -m bench.llm_reference $(LLM_BENCH_DIR)/big --repeats 2 --big
 
 # A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000 [MODE=values]
 N ?= 10000
