@@ -20,6 +20,7 @@ from tests.test_cli import cli_json
 
 pytest.importorskip("transformers")
 from torchlower import llm
+from torchlower.errors import InvalidArgumentError
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +131,14 @@ def test_rotary_tables_reproduce_the_module_and_are_removed(folder: tuple[Path, 
     assert "forward" not in vars(rotary) and not hasattr(rotary, "_torchlower_cos")
     with rope.rotary_tables(folder[1], 1 << 20) as patched:  # table beyond TABLE_LIMIT: computed
         assert patched == 0
+
+
+def test_generate_refuses_token_ids_outside_the_vocabulary(
+    folder: tuple[Path, Any], exported: llm.ExportReport
+) -> None:
+    """tract's Gather panics on an out-of-range id and aborts the process: generate checks first."""
+    vocab = folder[1].config.vocab_size
+    for bad in (vocab, -1):
+        with pytest.raises(InvalidArgumentError, match=rf"token id {bad} is outside the vocabulary"):
+            llm.generate(exported.path, [1, 2, bad], 2)
+    assert len(llm.generate(exported.path, [1, 2, vocab - 1], 2)) == 2

@@ -41,6 +41,7 @@ class Decoder:
                 "write one with torchlower.llm.export"
             )
         self.cache_facts = [str(model.input_fact(i)) for i in range(1, self.n_inputs)]
+        self.vocab = _vocabulary(str(model.output_fact(0)))
         self.dtypes = [_dtype(f) for f in self.cache_facts]
         self.shapes = [_empty_shape(f) for f in self.cache_facts]
         self.mode = kv
@@ -66,6 +67,13 @@ class Decoder:
     def step(self, ids: np.ndarray) -> np.ndarray:
         """Logits of the last position after feeding ``ids`` [1, S] (the cache grows by S)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1)
+        if self.vocab is not None and ids.size and (ids.min() < 0 or ids.max() >= self.vocab):
+            bad = int(ids.min() if ids.min() < 0 else ids.max())
+            # tract's Gather panics on an index out of range, which aborts this process
+            raise InvalidArgumentError(
+                f"token id {bad} is outside the vocabulary of this model (ids 0..{self.vocab - 1}); "
+                "encode the prompt with the tokenizer the model was exported with"
+            )
         if self.mode == "state":
             out = self.state.run([ids])
             return out[0].to_numpy()[0, -1]
@@ -139,6 +147,12 @@ def _as_ids(input_ids: Any) -> np.ndarray:
             f"dtype {array.dtype}"
         )
     return array.reshape(1, -1).astype(np.int64)
+
+
+def _vocabulary(fact: str) -> int | None:
+    """The logits' last size from tract's fact text (``1,S,32000,f32`` → 32000), if it is a number."""
+    parts = fact.split(",")
+    return int(parts[-2]) if len(parts) >= 2 and parts[-2].isdigit() else None
 
 
 def _dtype(fact: str) -> Any:
