@@ -23,7 +23,7 @@ import torch
 
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _const, _producers, _rewrite, _uses, _variable
+from torchlower.nnef.passes import _const, _producers, _rewrite, _static, _uses, _variable
 from torchlower.values import Value
 
 Assignment = text.Assignment
@@ -87,12 +87,6 @@ def _single(producers: dict[str, Assignment], uses: dict[str, int], x: Any) -> A
     if not isinstance(x, Value) or uses[x.name] != 1:
         return None
     return producers.get(x.name)
-
-
-def _static(shape: Any) -> list[int] | None:
-    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        return None
-    return list(shape)
 
 
 def _match(

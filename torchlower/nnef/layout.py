@@ -20,7 +20,7 @@ from typing import Any
 
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _producers, _uses
+from torchlower.nnef.passes import _producers, _splice, _static, _uses
 from torchlower.values import Value
 
 Assignment = text.Assignment
@@ -55,13 +55,7 @@ def canonical_layout(b: NNEFBuilder) -> bool:
         new = _rewrite_chain(b, chain)
         if new is not None:
             replace[id(end)] = new
-    if not replace:
-        return False
-    out_list: list[Assignment] = []
-    for a in b.assignments:
-        out_list.extend(replace.get(id(a), [a]))
-    b.assignments = out_list  # the old chain members are now dead; live_assignments drops them
-    return True
+    return _splice(b, replace)
 
 
 def _is_layout(a: Assignment) -> bool:
@@ -70,12 +64,6 @@ def _is_layout(a: Assignment) -> bool:
     if a.op == "reshape" and (a.attrs.get("axis_start", 0) != 0 or a.attrs.get("axis_count", -1) != -1):
         return False
     return _static(a.args[0].shape) is not None and _static(a.outputs[0].shape) is not None
-
-
-def _static(shape: Any) -> list[int] | None:
-    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        return None
-    return list(shape)
 
 
 def _rewrite_chain(b: NNEFBuilder, chain: list[Assignment]) -> list[Assignment] | None:

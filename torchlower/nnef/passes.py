@@ -141,6 +141,25 @@ def _operand(b: NNEFBuilder, tensor: torch.Tensor, label: str, before: list[Assi
     return value
 
 
+def _static(shape: Any) -> list[int] | None:
+    """``shape`` as a list when every size is a plain int (no symbol), else None."""
+    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        return None
+    return list(shape)
+
+
+def _splice(b: NNEFBuilder, replace: dict[int, list[Assignment]]) -> bool:
+    """Put ``replace[id(a)]`` in place of each such assignment ``a``; the chains it consumed are
+    left dead for ``live_assignments`` to drop. Says whether anything was replaced."""
+    if not replace:
+        return False
+    out: list[Assignment] = []
+    for a in b.assignments:
+        out.extend(replace.get(id(a), [a]))
+    b.assignments = out
+    return True
+
+
 def _rewrite(b: NNEFBuilder, step: Callable[[Assignment, list[Assignment]], bool]) -> bool:
     """Rebuild the assignment list; ``step(a, out)`` appends ``a``'s replacement(s) and says if it changed."""
     out: list[Assignment] = []

@@ -24,7 +24,7 @@ import torch
 
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _const, _producers, _uses
+from torchlower.nnef.passes import _const, _producers, _splice, _static, _uses
 from torchlower.values import Value
 
 Assignment = text.Assignment
@@ -42,19 +42,7 @@ def patch_matmul(b: NNEFBuilder) -> bool:
         if found is not None:
             end, new = found
             replace[id(end)] = new
-    if not replace:
-        return False
-    out: list[Assignment] = []
-    for a in b.assignments:
-        out.extend(replace.get(id(a), [a]))
-    b.assignments = out  # the conv and its old chain are dead now; live_assignments drops them
-    return True
-
-
-def _static(shape: Any) -> list[int] | None:
-    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        return None
-    return list(shape)
+    return _splice(b, replace)
 
 
 def _kernel(conv: Assignment, spatial: list[int], k: list[int]) -> list[int] | None:

@@ -31,7 +31,7 @@ import torch
 
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _rewrite, _uses, _variable
+from torchlower.nnef.passes import _rewrite, _static, _uses, _variable
 from torchlower.values import Value
 
 Assignment = text.Assignment
@@ -43,12 +43,6 @@ def apply(b: NNEFBuilder) -> bool:
     changed = pad_softmax_rows(b)
     changed |= softmax_by_pool(b)
     return max_by_pool(b) or changed
-
-
-def _static(shape: Any) -> list[int] | None:
-    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        return None
-    return list(shape)
 
 
 def _last_axis_f32(
