@@ -26,9 +26,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
+
+T = TypeVar("T")  # what one measurement of a CLI run gives (seconds, or seconds and peak RSS)
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT / ".venv-llmref" / "bin"
@@ -140,18 +144,15 @@ def _find_archive(folder: Path) -> Path:
     return found[0]
 
 
-def main(work: Path, repeats: int) -> None:
+def _interleaved_exports(
+    folder: Path, work: Path, repeats: int, measure: Callable[[list[str]], T], verbose: bool = False
+) -> dict[str, list[T]]:
+    """``measure`` of both CLIs' f32 and Q4_0 exports of ``folder``, ``repeats`` times, alternating
+    who goes first; keyed ``"{f32|q4_0} {torchlower|reference}"``."""
     from bench.exporters import tract_shim
 
-    os.environ.update(SINGLE)
-    work.mkdir(parents=True, exist_ok=True)
-    folder = work / "llama16m"
-    if not (folder / "config.json").exists():
-        subprocess.run(
-            [str(REF / "python"), "-c", MAKE, str(folder)], check=True, env=dict(os.environ, **SINGLE)
-        )
     shim = tract_shim(Path(tempfile.mkdtemp(prefix="shim-", dir=work)))
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, list[T]] = {}
     for i in range(repeats):
         for compress in (None, "q4_0"):
             tag = compress or "f32"
@@ -160,7 +161,21 @@ def main(work: Path, repeats: int) -> None:
                 ("reference", _reference(folder, work / f"ref-{tag}", shim, compress)),
             ]
             for name, cmd in pairs if i % 2 == 0 else pairs[::-1]:
-                rows.setdefault(f"export {tag} s ({name})", []).append(_run(cmd))
+                rows.setdefault(f"{tag} {name}", []).append(measure(cmd))
+                if verbose:
+                    print(name, tag, rows[f"{tag} {name}"][-1], os.getloadavg(), flush=True)
+    return rows
+
+
+def main(work: Path, repeats: int) -> None:
+    os.environ.update(SINGLE)
+    work.mkdir(parents=True, exist_ok=True)
+    folder = work / "llama16m"
+    if not (folder / "config.json").exists():
+        subprocess.run(
+            [str(REF / "python"), "-c", MAKE, str(folder)], check=True, env=dict(os.environ, **SINGLE)
+        )
+    rows = _interleaved_exports(folder, work, repeats, _run)
     lines = [
         f"load average before timing decode: {os.getloadavg()}",
         "",
@@ -168,8 +183,8 @@ def main(work: Path, repeats: int) -> None:
         "|---|---|---|---|",
     ]
     for tag in ("f32", "q4_0"):
-        ours = statistics.median(rows[f"export {tag} s (torchlower)"])
-        ref = statistics.median(rows[f"export {tag} s (reference)"])
+        ours = statistics.median(rows[f"{tag} torchlower"])
+        ref = statistics.median(rows[f"{tag} reference"])
         lines.append(
             f"| export {tag} wall s (CLI, fresh process) | {ours:.2f} | {ref:.2f} | {ours / ref:.2f} |"
         )
@@ -192,7 +207,6 @@ def main_big(work: Path, repeats: int) -> None:
     CLIs (fresh processes, interleaved, no check), f32 and Q4_0; import time is amortized here."""
     import json
 
-    from bench.exporters import tract_shim
     from bench.llm_bigmem import CONFIG
 
     os.environ.update(SINGLE)
@@ -201,21 +215,11 @@ def main_big(work: Path, repeats: int) -> None:
     if not (folder / "tokenizer.json").exists():
         subprocess.run([str(REF / "python"), "-c", BIG, str(folder), json.dumps(CONFIG)], check=True)
     checkpoint = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
-    shim = tract_shim(Path(tempfile.mkdtemp(prefix="shim-", dir=work)))
-    rows: dict[str, list[tuple[float, int]]] = {}
-    sizes: dict[str, int] = {}
-    for i in range(repeats):
-        for compress in (None, "q4_0"):
-            tag = compress or "f32"
-            pairs = [
-                ("torchlower", _ours(folder, work / f"tl-{tag}.nnef.tgz", compress)),
-                ("reference", _reference(folder, work / f"ref-{tag}", shim, compress)),
-            ]
-            for name, cmd in pairs if i % 2 == 0 else pairs[::-1]:
-                rows.setdefault(f"{tag} {name}", []).append(_run_rss(cmd))
-                print(name, tag, rows[f"{tag} {name}"][-1], os.getloadavg(), flush=True)
-            sizes[f"{tag} torchlower"] = (work / f"tl-{tag}.nnef.tgz").stat().st_size
-            sizes[f"{tag} reference"] = _find_archive(work / f"ref-{tag}").stat().st_size
+    rows = _interleaved_exports(folder, work, repeats, _run_rss, verbose=True)
+    sizes = {}
+    for tag in ("f32", "q4_0"):
+        sizes[f"{tag} torchlower"] = (work / f"tl-{tag}.nnef.tgz").stat().st_size
+        sizes[f"{tag} reference"] = _find_archive(work / f"ref-{tag}").stat().st_size
     lines = [
         f"checkpoint {checkpoint:,} bytes (f32 safetensors); repeats {repeats}; load average at the end:"
         f" {os.getloadavg()}",
