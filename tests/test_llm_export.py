@@ -142,3 +142,36 @@ def test_generate_refuses_token_ids_outside_the_vocabulary(
         with pytest.raises(InvalidArgumentError, match=rf"token id {bad} is outside the vocabulary"):
             llm.generate(exported.path, [1, 2, bad], 2)
     assert len(llm.generate(exported.path, [1, 2, vocab - 1], 2)) == 2
+
+
+def _guard_selects(archive: Path) -> int:
+    """``select(alive, out, 0.0)`` lines: the SDPA empty-row guards (the mask's select fills -inf)."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("graph.nnef")
+        assert member is not None
+        graph = member.read().decode()
+    return sum(1 for line in graph.splitlines() if " = select(" in line and line.endswith(", 0.0);"))
+
+
+def test_last_layer_guard_dropped_with_the_same_numbers(
+    folder: tuple[Path, Any], exported: llm.ExportReport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """logits='last': only the last layer loses its empty-row guard (llm/last_row.py), and tract
+    gives the same logits and caches as the export that keeps it, prefill and decode."""
+    import tract
+
+    from torchlower.llm import exporter
+
+    monkeypatch.setattr(exporter, "drop_last_guard", lambda builder: False)
+    kept = llm.export(folder[0], tmp_path / "kept.nnef.tgz", check=False).path
+    assert (_guard_selects(exported.path), _guard_selects(kept)) == (exported.layers - 1, exported.layers)
+    nnef = tract.nnef().with_tract_extra().with_tract_transformers()
+    runs = [nnef.load(str(p)).into_runnable() for p in (exported.path, kept)]
+    rng = np.random.default_rng(0)
+    for past, seq in ((0, 7), (7, 1), (5, 3)):
+        caches = [rng.standard_normal((1, 2, past, 8)).astype(np.float32) for _ in range(2 * exported.layers)]
+        feeds = [rng.integers(0, 160, (1, seq)).astype(np.int64), *caches]
+        got, want = ([t.to_numpy() for t in r.run(feeds)] for r in runs)
+        for g, w in zip(got, want, strict=True):
+            err = float(np.abs(g - w).max())
+            assert g.shape == w.shape and err <= 1e-6 * max(1.0, float(np.abs(w).max())), (past, seq, err)

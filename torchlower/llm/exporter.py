@@ -27,6 +27,7 @@ from torchlower.llm import bundle, checks
 from torchlower.llm.alibi import alibi_table
 from torchlower.llm.compress import share_tied_table
 from torchlower.llm.kv_pattern import unsplit_query_concats
+from torchlower.llm.last_row import drop_last_guard
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, drop_cache_casts, keep_f32
 from torchlower.llm.rope import rotary_tables
 from torchlower.llm.source import SourceError, check_tokenizer, open_source
@@ -188,6 +189,8 @@ def export(
     passes.optimize(builder)
     guards.apply(builder)
     unsplit_query_concats(builder)
+    if logits == "last" and not wrapper.own_mask:  # the wrapper's mask has no empty row
+        drop_last_guard(builder)
     keep_f32(builder, wrapper, parts)
     if src.mapping is not None:
         src.mapping.release_all()  # folds and passes may have read some weights
