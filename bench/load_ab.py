@@ -224,7 +224,9 @@ def report(rows: list[dict[str, Any]], runners: list[str], start: tuple[float, .
             + base + " | load avg |", "|---|" + "---|" * (len(runners) + 2)]  # fmt: skip
     for x in rows:
         cells = " | ".join(f"{x['ms'][r][2]:.1f}" if r in x["ms"] else "–" for r in runners)
-        differs = ", ".join(r for r in runners[1:] if r in x["digest"] and x["digest"][r] != x["digest"][base])
+        differs = ", ".join(
+            r for r in runners[1:] if r in x["digest"] and x["digest"][r] != x["digest"][base]
+        )
         out.append(f"| {x['model']} | {cells} | {differs or '–'} | {x['loadavg']:.1f} |")
     if failed:
         out += ["", *[f"- failed: {f}" for f in failed]]
