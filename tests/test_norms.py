@@ -39,7 +39,6 @@ CASES = {  # name: (norm, input shape, whether the pass fires)
 }
 
 
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_centre_by_sum_matches(case, monkeypatch, tmp_path):
     norm, shape, fires = CASES[case]
