@@ -30,6 +30,7 @@ from torchlower.values import Value
 
 Assignment = text.Assignment
 MAX_ROW = 4096  # the row length up to which n·x keeps the overflow bound above 4e15
+_EPS_CEILING = 1e30  # a larger eps·n² (eps itself ≳ 6e22) would near f32's range: left alone
 
 
 def centre_by_sum(b: NNEFBuilder) -> bool:
@@ -87,6 +88,8 @@ def _norm_chain(
         return None
     add = only(var[0].outputs[0], "add")
     if add is None or not isinstance(add[0].args[1], float) or add[0].args[0] != var[0].outputs[0]:
+        return None
+    if not 0.0 <= add[0].args[1] * shape[-1] ** 2 < _EPS_CEILING:  # eps·n² must stay a plain f32
         return None
     rsqrt = only(add[0].outputs[0], "rsqrt")
     if rsqrt is None or only(rsqrt[0].outputs[0], "mul") != [out]:
