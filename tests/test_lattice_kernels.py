@@ -12,7 +12,7 @@ import torch
 
 from tests import lattice_kernels_oracle as O
 from torchlower import lattice as L
-from torchlower.lattice import kernels
+from torchlower.lattice import gather, kernels
 
 
 def cloud(
@@ -365,5 +365,44 @@ def test_strided_bags_gather_in_chunks() -> None:
                 chunked = kernels.apply_conv(x.feats, kmap, w, None, chunk=64, method="im2col")
                 assert torch.equal(chunked, want)
                 assert torch.equal(kernels.apply_conv(x.feats, kmap, w, None), want)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_transposed_inputs_in_disjoint_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transposed and generative convs' products in many small chunks whose input ranges
+    do not overlap (each input multiplied once; no chunk's GEMM below MIN_CHUNK_ROWS rows): bit for bit
+    the oracle at 1 and 2 threads."""
+    monkeypatch.setattr(kernels, "INPUTS_FLOATS", 100 * 8 * 16)  # ~100 input rows a chunk
+    x = cloud(n=3000, span=5, channels=16, seed=3)
+    c = x.coords.long() + 64  # rows in lexicographic order, as voxelize makes them: local chunks
+    x = L.SparseTensor(
+        x.feats, x.coords[(((c[:, 0] * 128 + c[:, 1]) * 128 + c[:, 2]) * 128 + c[:, 3]).argsort()]
+    )
+    geo = ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+    down = kernels.conv_map(x.coords, x.stride, *geo)
+    y = L.SparseTensor(torch.randn(down.rows, 16), down.out_coords, down.out_stride, check=False)
+    w = torch.randn(16, 2, 2, 2, 16)
+    maps = {
+        "up": (
+            kernels.transpose_map(y.coords, y.stride, x.coords, *geo, conv=down),
+            O.transpose_map(y.coords, y.stride, x.coords, *geo),
+        ),
+        "gen": (
+            kernels.generative_map(y.coords, y.stride, (2, 2, 2), (2, 2, 2)),
+            O.generative_map(y.coords, y.stride, (2, 2, 2), (2, 2, 2)),
+        ),
+    }
+    before = torch.get_num_threads()
+    try:
+        for kmap, old in maps.values():
+            plan = kernels._inputs_plan(kmap, down.rows, 8, 16)
+            assert len(plan) > 4 and sum(hi - lo for _, _, lo, hi, _, _ in plan) == down.rows
+            assert min(hi - lo for _, _, lo, hi, _, _ in plan) >= gather.MIN_CHUNK_ROWS
+            want = O.apply_conv(y.feats, old, w, None)
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                with torch.no_grad():
+                    assert torch.equal(kernels.apply_conv(y.feats, kmap, w, None, method="inputs"), want)
     finally:
         torch.set_num_threads(before)
