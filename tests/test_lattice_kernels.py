@@ -12,7 +12,7 @@ import torch
 
 from tests import lattice_kernels_oracle as O
 from torchlower import lattice as L
-from torchlower.lattice import gather, kernels
+from torchlower.lattice import gather, kernels, pools
 
 
 def cloud(
@@ -404,5 +404,29 @@ def test_transposed_inputs_in_disjoint_chunks(monkeypatch: pytest.MonkeyPatch) -
                 torch.set_num_threads(count)
                 with torch.no_grad():
                     assert torch.equal(kernels.apply_conv(y.feats, kmap, w, None, method="inputs"), want)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 2)])
+def test_max_pool_slot_major_chunks(monkeypatch: pytest.MonkeyPatch, kernel: int, stride: int) -> None:
+    """The max pool's slot-major gather in many chunks (the last one short), with NaN and ±inf
+    among the features: exactly the oracle's scatter-reduce (NaN where it has NaN), at 1 and 2
+    threads."""
+    monkeypatch.setattr(pools, "POOL_FLOATS", 37 * kernel**3 * 8)  # 37 output rows a chunk
+    x = cloud(n=3000, span=5, channels=8, seed=5)
+    feats = x.feats.clone()
+    feats[::7, 1], feats[::11, 2], feats[::13, 3] = float("nan"), float("inf"), float("-inf")
+    geo = ((kernel,) * 3, (stride,) * 3, (0, 0, 0), (1, 1, 1))
+    new, old = kernels.conv_map(x.coords, x.stride, *geo), O.conv_map(x.coords, x.stride, *geo)
+    assert new.rows > 4 * 37 and new.rows % 37 != 0
+    want = O.apply_pool(feats, old, "max")
+    before = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            with torch.no_grad():
+                got = kernels.apply_pool(feats, new, "max")
+                torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)  # NaN ≠ NaN
     finally:
         torch.set_num_threads(before)
