@@ -45,6 +45,19 @@ CONFIGS: dict[str, Callable[[], Any]] = {
     "qwen2": lambda: _config("Qwen2Config", **LLAMA_LIKE, num_key_value_heads=2, tie_word_embeddings=True),
     "mistral": lambda: _config("MistralConfig", **LLAMA_LIKE, num_key_value_heads=1, sliding_window=5),
     "phi3": lambda: _config("Phi3Config", **LLAMA_LIKE, num_key_value_heads=2),
+    # Phi-3 128k's longrope: short factors up to 16 positions, long beyond (and HF's generate
+    # recomputes the cache when it crosses)
+    "phi3_longrope": lambda: _config(
+        "Phi3Config",
+        **LLAMA_LIKE,
+        num_key_value_heads=2,
+        original_max_position_embeddings=16,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0, 1.1, 1.2, 1.3],
+            "long_factor": [2.0, 3.0, 4.0, 5.0],
+        },
+    ),
     "phi": lambda: _config("PhiConfig", **LLAMA_LIKE, num_key_value_heads=4),
     "gemma": lambda: _config("GemmaConfig", **LLAMA_LIKE, num_key_value_heads=1, head_dim=16),
     "gpt2": lambda: _config("GPT2Config", vocab_size=160, n_embd=32, n_layer=2, n_head=4, n_positions=128),

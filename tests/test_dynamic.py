@@ -304,3 +304,26 @@ def test_auto_reports_the_dynamic_axis_error_first(tmp_path: Path) -> None:
         )
     assert any("jit front end skipped" in n for n in caught.value.__notes__)
     assert not (tmp_path / "m.nnef.tgz").exists()
+
+
+class SortRows(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(x, dim=1).values
+
+
+@pytest.mark.parametrize("frontend", ["export", "fx"])
+def test_sort_along_a_dynamic_axis_is_a_clear_error(tmp_path, frontend):
+    """tract's topk needs a fixed k: the error names the op and the fix, nothing is written."""
+    with pytest.raises(LoweringError, match=r"aten::sort at .*size S depends on a dynamic axis.*axis static"):
+        torchlower.export(
+            SortRows(),
+            torch.randn(2, 7),
+            tmp_path / "m.nnef.tgz",
+            frontend=frontend,
+            dynamic_axes={"x": {1: "S"}},
+        )
+    assert list(tmp_path.iterdir()) == []
+    report = torchlower.export(
+        SortRows(), torch.randn(2, 7), tmp_path / "m.nnef.tgz", dynamic_axes={"x": {0: "B"}}
+    )
+    assert report.errors and all(e.ok for e in report.errors)

@@ -6,7 +6,8 @@ Mistral MQA + a sliding window shorter than the sequence, Phi-3 full rotary (an 
 pass-through slice), Phi and GPT-NeoX partial rotary, Gemma a head_dim apart from hidden/heads
 + MQA, GPT-2 and OPT learned positions, Falcon MQA + rotary, Falcon ALiBi (its bias from a
 table, ``llm/alibi.py``), Bloom ALiBi (baddbmm), Llama
-with dynamic-NTK RoPE (traced below its rescaling point).
+with dynamic-NTK RoPE (traced below its rescaling point), Phi-3 longrope (32 tokens cross its
+switch at 16 positions: the long-factor table, and the cache recomputed as HF's generate does).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torchlower.llm.runner import Decoder
 
 ARCHITECTURES = [
     "qwen2", "mistral", "phi3", "phi", "gemma", "gpt2", "gpt_neox", "opt", "falcon", "falcon_alibi",
-    "bloom", "llama_dynamic_rope",
+    "bloom", "llama_dynamic_rope", "phi3_longrope",
 ]  # fmt: skip
 SEEDS = {"falcon_alibi": 1}  # seed 0 gives a 2-token chain there
 PROMPT = torch.tensor([[3, 17, 42, 9, 101]])
@@ -43,6 +44,25 @@ def test_tokens_equal_hf(name: str, tmp_path: Path) -> None:
     assert len(set(want)) > 3  # the chain moves: a repeated token would hide errors
     tables = _matrices(report.path)  # a tied embedding is stored once (llm.compress.share_tied_table)
     assert len(set(tables.values())) == len(tables), sorted(tables)
+
+
+def test_longrope_checked_past_its_switch_and_model_untouched(tmp_path: Path) -> None:
+    """The check reaches the long factors (a 17-token prefill), and the model stays usable.
+
+    HF caches ``long_inv_freq`` on the module on the device of the call: the shape run on
+    ``meta`` left a meta tensor there, and the next trace crashed on it (``aten::equal`` on meta).
+    """
+    model = llm_models.build("phi3_longrope")
+    rotary = model.model.rotary_emb
+    inv_freq = rotary.inv_freq.clone()
+    for attempt in range(2):  # the second export reads what the first left on the model
+        report = llm.export(model, tmp_path / f"phi3_{attempt}.nnef.tgz", check=True)
+        long = [e for e in report.errors if "prefill S=17" in e.name]
+        assert long and all(e.ok for e in long), report.errors
+    assert report.properties["torchlower.llm.recompute_cache_at"] == 16
+    left = [v for v in vars(rotary).values() if isinstance(v, torch.Tensor)]
+    assert all(type(v) is torch.Tensor and v.device.type == "cpu" for v in left), left
+    assert torch.equal(rotary.inv_freq, inv_freq)
 
 
 def _logit_scale(model: torch.nn.Module) -> float:

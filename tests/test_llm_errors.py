@@ -119,3 +119,24 @@ def test_tokenizer_bundled_and_user_model_untouched(folder: Path, tmp_path: Path
     llm.export(model, tmp_path / "d.nnef.tgz", check=False)
     assert model.training and rope.rope_type == "dynamic"
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_failed_check_writes_nothing_and_names_the_target(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    """A reference that tract cannot match (HF's logits shifted by 1): CheckError, no archive."""
+    from torchlower.errors import CheckError
+    from torchlower.llm import checks
+
+    honest = checks.reference_cases
+
+    def shifted(*args, **kwargs):  # reference_cases, its outputs shifted
+        cases = honest(*args, **kwargs)
+        for case in cases:
+            case.outputs[0] = case.outputs[0] + 1.0
+        return cases
+
+    monkeypatch.setattr(checks, "reference_cases", shifted)
+    out = tmp_path / "m.nnef.tgz"
+    want = rf"^{out}: tract disagrees with Hugging Face .*outputs \(prefill P=0\): max abs 1"
+    with pytest.raises(CheckError, match=want):
+        llm.export(folder, out)
+    _nothing_written(out)

@@ -124,8 +124,13 @@ class Session:
         self.builder.scope = self.scope if self.scope is not None else where
         try:
             result = fn(self.builder, *args)
-        except TorchlowerError:
-            raise
+        except TorchlowerError as exc:
+            if type(exc) is not LoweringError or getattr(exc, "located", False):
+                raise  # typed errors of their own (unsupported ops, dynamic axes) say where already
+            place = self.location or where or "<top level>"
+            located = LoweringError(f"{op} at {place}: {exc}")
+            located.located = True  # type: ignore[attr-defined]  # an enclosing rule adds nothing
+            raise located from exc
         except (TypeError, ValueError, IndexError, NotImplementedError) as exc:
             place = self.location or where or "<top level>"
             raise LoweringError(f"rule for {op} failed at {place}: {exc}") from exc

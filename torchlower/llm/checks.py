@@ -18,6 +18,8 @@ from torchlower.llm.bundle import npz
 from torchlower.llm.wrapper import CacheLayout, cache_tensors, hf_forward, present_cache
 
 PROMPT, CONTINUATION, GENERATED = 6, 3, 16
+# longest extra prefill the check runs to reach a length-switched branch (longrope's long factors)
+LONG_CHECK_LIMIT = 512
 
 
 @dataclass
@@ -35,8 +37,13 @@ def reference_cases(
     weights: dict[str, torch.Tensor] | None = None,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    long_prefill: int | None = None,
 ) -> list[Case]:
-    """Prefill from an empty cache, a 3-token continuation with past, then one decode step."""
+    """Prefill from an empty cache, a 3-token continuation with past, then one decode step.
+
+    ``long_prefill``: also a prefill of that many tokens, for a graph whose numbers switch
+    past a length (longrope picks its long factors when P + S > original positions).
+    """
     prompt, more, step = reference_inputs(vocab, seed)
     run = _runner(model, weights)
     cases: list[Case] = []
@@ -49,6 +56,13 @@ def reference_cases(
         scores = out.logits[:, -1:, :] if logits == "last" else out.logits
         cases.append(Case(label, [ids, *past], [scores.detach().clone(), *present]))
         past = [t.to(dtype) for t in present]  # what the archive's cache inputs hold
+    if long_prefill is not None:
+        g = torch.Generator().manual_seed(seed + 1)
+        ids = torch.randint(0, vocab, (1, long_prefill), generator=g)
+        out = run(ids, None)
+        present = [t.detach().clone() for t in cache_tensors(present_cache(out))]
+        scores = out.logits[:, -1:, :] if logits == "last" else out.logits
+        cases.append(Case(f"prefill S={long_prefill}", [ids, *layout.empty(0, dtype)], [scores, *present]))
     return cases
 
 

@@ -9,6 +9,7 @@ with past, one decode step).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -32,14 +33,18 @@ from torchlower.llm.source import SourceError, check_tokenizer, open_source
 from torchlower.llm.wrapper import (
     CachedCausalLM,
     CacheLayout,
+    attributes_kept,
     dynamic_rope_limit,
     layout_of,
     plain_linears,
+    rope_switch_length,
     static_rope,
 )
 from torchlower.model_io import eval_view
 from torchlower.nnef import archive, guards, passes
 from torchlower.nnef.tract import OutputError
+
+log = logging.getLogger("torchlower")
 
 PRECISIONS = ("f32", "f16")
 COMPRESSIONS = (None, "q4_0")
@@ -153,6 +158,7 @@ def export(
     tracing = progress.stage("tracing (export)", unit="ops")
     with (
         tracing,
+        attributes_kept(model),
         static_rope(model),
         plain_linears(model),
         rotary_tables(model, context),
@@ -200,6 +206,9 @@ def export(
         "torchlower.llm.lm_head": storage["lm_head"],
         "torchlower.llm.logits": logits,
     }
+    switch = rope_switch_length(config, int(context))
+    if switch is not None:
+        props["torchlower.llm.recompute_cache_at"] = switch
     if precision == "f16":
         props["torchlower.llm.f32_parts"] = ",".join(parts) or "none"
     bounds = [f"tract_assert P + S <= {context}", "tract_assert S >= 1", "tract_assert P >= 0"]
@@ -232,7 +241,7 @@ def export(
             unquantized=left_float,
         )
         if check:
-            with progress.stage("checking in tract"):
+            with progress.stage("checking in tract"), attributes_kept(model):
                 _check(report, model, layout, vocab, logits, precision, dequantized)
     report.path = target
     report.seconds = time.perf_counter() - started
@@ -257,9 +266,14 @@ def _check(
     from torchlower.nnef.tract import compare, run_points_in_tract
 
     dtype = cache_dtype(precision)
-    reference = checks.reference_cases(model, layout, vocab, logits, dequantized, dtype=dtype)
+    long = _long_prefill(report)
+    reference = checks.reference_cases(
+        model, layout, vocab, logits, dequantized, dtype=dtype, long_prefill=long
+    )
     original = (
-        [] if dequantized is None else checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype)
+        []
+        if dequantized is None
+        else checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype, long_prefill=long)
     )
     points = [[t.numpy() for t in case.inputs] for case in reference + original]
     got = run_points_in_tract(report.path, points)
@@ -273,10 +287,29 @@ def _check(
     bad = [e for e in report.errors if not e.ok]
     if bad:
         detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
-        raise CheckError(f"{report.path}: tract disagrees with Hugging Face — {detail}", report.errors)
+        shown = archive.target_of(report.path)
+        raise CheckError(
+            f"{shown}: tract disagrees with Hugging Face (nothing written) — {detail}", report.errors
+        )
     for case, actual in zip(original, got[len(reference) :], strict=True):
         names = [f"{n} ({case.label})" for n in layout.output_names()]
         report.original_errors += compare(names, [t.numpy() for t in case.outputs], actual, float("inf"))
+
+
+def _long_prefill(report: ExportReport) -> int | None:
+    """A prefill one token past the RoPE switch, when the model has one the check can reach."""
+    switch = report.properties.get("torchlower.llm.recompute_cache_at")
+    if not isinstance(switch, int):
+        return None
+    if switch + 1 > checks.LONG_CHECK_LIMIT:
+        log.warning(
+            "positions past %d use the long RoPE factors; the check does not reach them "
+            "(a %d-token prefill), only the short ones are verified",
+            switch,
+            switch + 1,
+        )
+        return None
+    return switch + 1
 
 
 def table_storage(compress: str | None, embeddings: str | None, lm_head: str | None) -> dict[str, str]:

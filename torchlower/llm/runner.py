@@ -57,12 +57,19 @@ class Decoder:
                 )
             else:
                 self.mode = "explicit"
+        self.recompute_at = _int_property(model, "torchlower.llm.recompute_cache_at")
         self.runnable = model.into_runnable()
         self.reset()
 
     def reset(self) -> None:
         self.state = self.runnable.spawn_state()
         self.past = [np.zeros(s, dtype=d) for s, d in zip(self.shapes, self.dtypes, strict=True)]
+        self.length = 0  # tokens in the cache
+
+    def drops_cache(self, new_tokens: int) -> bool:
+        """Whether HF's generate would recompute the cache before these tokens (see ``recompute_at``)."""
+        at = self.recompute_at
+        return at is not None and 0 < self.length <= at < self.length + new_tokens
 
     def step(self, ids: np.ndarray) -> np.ndarray:
         """Logits of the last position after feeding ``ids`` [1, S] (the cache grows by S)."""
@@ -74,6 +81,7 @@ class Decoder:
                 f"token id {bad} is outside the vocabulary of this model (ids 0..{self.vocab - 1}); "
                 "encode the prompt with the tokenizer the model was exported with"
             )
+        self.length += ids.shape[1]
         if self.mode == "state":
             out = self.state.run([ids])
             return out[0].to_numpy()[0, -1]
@@ -111,6 +119,9 @@ def generate(
     tokens: list[int] = []
     feed = prompt
     for _ in range(max_new_tokens):
+        if decoder.drops_cache(feed.shape[1]):  # as HF's generate: all positions again, long RoPE
+            decoder.reset()
+            feed = np.concatenate([prompt, np.array([tokens], dtype=np.int64)], axis=1)
         logits = decoder.step(feed).astype(np.float64)
         token = _pick(logits, do_sample, temperature, top_k, rng)
         tokens.append(token)
@@ -147,6 +158,13 @@ def _as_ids(input_ids: Any) -> np.ndarray:
             f"dtype {array.dtype}"
         )
     return array.reshape(1, -1).astype(np.int64)
+
+
+def _int_property(model: Any, key: str) -> int | None:
+    """An integer property of the archive (``tract_core_properties``), if it has one."""
+    if key not in model.property_keys():
+        return None
+    return int(model.property(key).to_numpy())
 
 
 def _vocabulary(fact: str) -> int | None:

@@ -111,6 +111,31 @@ def layout_of(model: nn.Module) -> CacheLayout:
     return CacheLayout(len(keys), k[1], k[3], v[1], v[3])
 
 
+@contextmanager
+def attributes_kept(model: nn.Module) -> Iterator[None]:
+    """Every plain tensor attribute and every buffer's values as they were before (restored after).
+
+    transformers caches tensors on modules as a side effect of ``forward`` (longrope's
+    ``long_inv_freq``, built on the device of the call) and rewrites buffers in place (its
+    ``inv_freq``): a ``meta`` shape run or a trace would leave a meta or fake tensor on the
+    caller's model, which later traces read, and the check's calls would change its buffers.
+    """
+    saved = [(m, {k: v for k, v in vars(m).items() if isinstance(v, torch.Tensor)}) for m in model.modules()]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        for module, tensors in saved:
+            for name in [k for k, v in vars(module).items() if isinstance(v, torch.Tensor)]:
+                if name not in tensors:
+                    delattr(module, name)
+            for name, value in tensors.items():
+                setattr(module, name, value)
+        with torch.no_grad():
+            for buffer, value in buffers:
+                buffer.copy_(value)
+
+
 def _shape_run(model: nn.Module) -> Any:
     """A 2-token forward for the cache shapes, on ``meta`` copies of the weights when possible.
 
@@ -122,7 +147,7 @@ def _shape_run(model: nn.Module) -> Any:
     state = {k: v.to("meta") for k, v in [*model.named_parameters(), *model.named_buffers()]}
     ids = torch.zeros(1, 2, dtype=torch.long, device="meta")
     try:
-        with torch.no_grad():
+        with torch.no_grad(), attributes_kept(model):
             options = {"input_ids": ids, "use_cache": True, cache_arg(model): DynamicCache()}
             return torch.func.functional_call(model, state, (), options, tie_weights=False)
     except Exception:  # any failure on meta: measure with the real weights
@@ -219,6 +244,20 @@ def _sliding_window(config: Any) -> int | None:
     if types and "sliding_attention" not in types:
         return None
     return int(window)
+
+
+# Hugging Face's generate for these drops the cache the first time the sequence grows past
+# ``original_max_position_embeddings`` and recomputes every position with the long RoPE
+# factors (``Phi3ForCausalLM.prepare_inputs_for_generation``): ``llm.generate`` does the same.
+RECOMPUTE_AT_ROPE_SWITCH = ("phi3", "phimoe")
+
+
+def rope_switch_length(config: Any, context: int) -> int | None:
+    """The length past which HF's generate recomputes the cache, if it can happen below ``context``."""
+    length = getattr(config, "original_max_position_embeddings", None)
+    if config.model_type not in RECOMPUTE_AT_ROPE_SWITCH or not isinstance(length, int):
+        return None
+    return length if length < context else None
 
 
 def dynamic_rope_limit(model: nn.Module) -> int | None:

@@ -286,6 +286,12 @@ def _move(source: Path, target: Path) -> None:
 _STAGED = itertools.count()
 
 
+def target_of(path: Path) -> Path:
+    """The user's path behind a ``staged`` name (itself otherwise): what messages should name."""
+    stem, sep, name = path.name.partition("-checking-")
+    return path.with_name(name) if sep and stem.startswith(".") else path
+
+
 @contextlib.contextmanager
 def staged(target: Path) -> Iterator[Path]:
     """A name beside ``target`` to write and check the artifact at, moved onto ``target`` when

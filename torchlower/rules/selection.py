@@ -61,6 +61,11 @@ def topk_values(b: Builder, x: Value, k: int, dim: int, largest: bool) -> tuple[
     """Both results of ``tract_core_topk`` (sorted, stable), with their shapes."""
     dim = normalize_dim(dim, x.rank)
     shape = list(dims_of(x))
+    if not isinstance(shape[dim], int):
+        raise LoweringError(
+            f"sort/topk along dim {dim}, whose size {shape[dim]} depends on a dynamic axis: "
+            "tract_core_topk needs a fixed length; export with that axis static"
+        )
     if not 0 <= k <= shape[dim]:  # k = 0: tract's topk gives the empty results torch does
         raise LoweringError(f"topk: k = {k} must be in [0, {shape[dim]}] for dim {dim}")
     shape[dim] = k
