@@ -140,3 +140,25 @@ def test_failed_check_writes_nothing_and_names_the_target(folder: Path, tmp_path
     with pytest.raises(CheckError, match=want):
         llm.export(folder, out)
     _nothing_written(out)
+
+
+def test_positions_below_the_config_name_the_max_context_that_works(tmp_path: Path) -> None:
+    """XGLM's sinusoidal table holds fewer positions than ``max_position_embeddings`` says."""
+    import transformers
+
+    from torchlower.errors import DynamicAxisError
+
+    torch.manual_seed(0)
+    config = transformers.XGLMConfig(
+        **llm_models.NO_SPECIAL, vocab_size=160, d_model=32, num_layers=2, attention_heads=4, ffn_dim=64,
+        max_position_embeddings=128,
+    )  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    out = tmp_path / "x.nnef.tgz"
+    with pytest.raises(DynamicAxisError, match=r"export with max_context=126$"):
+        llm.export(model, out)
+    _nothing_written(out)
+    report = llm.export(model, out, max_context=126)
+    assert report.errors and all(e.ok for e in report.errors)
+    prompt = torch.tensor([[3, 17, 42, 9, 101]])
+    assert llm.generate(out, prompt, 16) == llm_models.greedy(model, prompt, 16)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from torch import nn
 from torchlower import __version__, dynamic, progress, validate
 from torchlower import tolerance as tolerances
 from torchlower.api import _build, _bytes_by_format
-from torchlower.errors import InvalidArgumentError
+from torchlower.errors import DynamicAxisError, InvalidArgumentError
 from torchlower.llm import bundle, checks
 from torchlower.llm.alibi import alibi_table
 from torchlower.llm.compress import share_tied_table
@@ -151,9 +152,13 @@ def export(
 
     names_in, names_out = layout.input_names(), layout.output_names()
     example = _trace_example(layout, vocab, cache_dtype(precision))
-    axes = {"input_ids": {1: "S"}} | {n: {2: "P"} for n in names_in[1:]}
+    # bounded as the graph asserts: torch.export refuses a size its position tables cannot hold
+    axes = {"input_ids": {1: ("S", 1, int(context))}} | {n: {2: ("P", 1, int(context))} for n in names_in[1:]}
     spec = dynamic.Spec.build(
-        validate.dynamic_axes(axes, names_in, [t.dim() for t in example]), names_in, example
+        validate.dynamic_axes(axes, names_in, [t.dim() for t in example]),
+        names_in,
+        example,
+        validate.dynamic_bounds(axes),
     )
     tracing = progress.stage("tracing (export)", unit="ops")
     with (
@@ -164,7 +169,10 @@ def export(
         rotary_tables(model, context),
         alibi_table(model, context),
     ):
-        builder = _build("export", wrapper, example, names_in, names_out, len(names_out), precision, spec)
+        try:
+            builder = _build("export", wrapper, example, names_in, names_out, len(names_out), precision, spec)
+        except DynamicAxisError as exc:
+            raise _context_fix(exc, int(context)) from exc
     tied = (
         share_tied_table(builder, wrapper) if storage["embeddings"] == storage["lm_head"] != "q4_0" else None
     )
@@ -294,6 +302,17 @@ def _check(
     for case, actual in zip(original, got[len(reference) :], strict=True):
         names = [f"{n} ({case.label})" for n in layout.output_names()]
         report.original_errors += compare(names, [t.numpy() for t in case.outputs], actual, float("inf"))
+
+
+def _context_fix(exc: DynamicAxisError, context: int) -> DynamicAxisError:
+    """torch.export's bounds on S and P, said as the ``max_context`` that satisfies them."""
+    limits = [int(n) for n in re.findall(r"<= [SP] <= (\d+)", str(exc))]
+    if not limits or min(limits) >= context:
+        return exc
+    return DynamicAxisError(
+        f"{exc}\ntorchlower.llm: the model traces for at most {min(limits)} positions per call, "
+        f"fewer than max_context={context}; export with max_context={min(limits)}"
+    )
 
 
 def _long_prefill(report: ExportReport) -> int | None:
