@@ -11,7 +11,10 @@ each call: for a conv, ``mm``s of its useful FLOPs (2·pairs·I·O) in the dense
 ``[R, K·I] @ [K·I, O]`` for the convs, ``[R, I] @ [I, K·O]`` for the transposed ones — on a
 block of ``R`` rows that stays in L2 (≤ 1 MiB), i.e. at the core's best GEMM rate; for the
 pool, a dense ``amax`` over the same number of elements (a streaming, memory-bound floor).
-At 2 threads the floor is the 1-thread floor halved (``paired_ms``). Run:
+At 2 threads the floor is the 1-thread floor halved (``paired_ms``). "× floor CPU" is the same
+ratio in the calling thread's CPU time (1 thread): steadier than the wall-clock one on a shared
+machine, since waiting for a core is not counted (cache misses caused by the other processes
+still are). Run:
     PYTHONPATH=. OMP_NUM_THREADS=2 nice .venv/bin/python bench/lattice_subm_conv.py [--sizes 10k,100k]
 """
 
@@ -50,13 +53,21 @@ def cloud(target: int = 100_000, voxel: float = 0.03) -> L.SparseTensor:
 def sample_ms(fn: Callable[[], object], min_seconds: float = 0.06) -> float:
     """Mean ms of ``fn`` over a loop of at least ``min_seconds`` (long enough that a shared
     machine's preemptions average out instead of landing on one short call)."""
-    count, t0 = 0, time.perf_counter()
+    return sample_both(fn, min_seconds)[0]
+
+
+def sample_both(fn: Callable[[], object], min_seconds: float = 0.06) -> tuple[float, float]:
+    """Mean wall ms and mean CPU ms of the calling thread per call, over the same loop. The CPU
+    time leaves out the time the thread waited for a core while other processes ran (on 2
+    shared cores the wall time of one call swings 2× with the load); it is the whole cost of a
+    1-thread call, since our kernels run on the calling thread at 1 thread."""
+    count, t0, c0 = 0, time.perf_counter(), time.thread_time()
     while True:
         fn()
         count += 1
         elapsed = time.perf_counter() - t0
         if elapsed >= min_seconds:
-            return elapsed / count * 1e3
+            return elapsed / count * 1e3, (time.thread_time() - c0) / count * 1e3
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -102,14 +113,19 @@ FLOOR_FLOATS = 1 << 18  # the floor's GEMM operand: 1 MiB, resident in the 2 MiB
 def floor_fn(kmap: kernels.KernelMap, volume: int, kind: str) -> Callable[[], object]:
     """The op's floor as a dense op. ``conv``: ``mm``s of ``[R, K·32] @ [K·32, 32]`` totalling
     its useful FLOPs (2·pairs·32·32); ``transposed``: the same FLOPs as ``[R, 32] @ [32, K·32]``
-    (a dense transposed conv's GEMM); both on an L2-resident block (the earlier 4096-row block
-    was 4–14 MiB, out of L2, and ran 10–30 % below the core's GEMM rate: a floor too slow).
-    ``pool``: an ``amax`` over as many elements as the pool reads, laid out contiguously."""
-    if kind == "pool":
-        t = torch.randn(kmap.rows, max(1, kmap.pair_count // max(1, kmap.rows)), 32)
-        return lambda: torch.amax(t, 1)
+    (a dense transposed conv's GEMM); both on an L2-resident block, its larger operand ≤ 1 MiB
+    (the earlier 4096-row block was 4–14 MiB, out of L2, and ran 10–30 % below the core's GEMM
+    rate: a floor too slow; the transposed floor's 8192-row block had an 8 MiB output, ~10 %
+    slower than a 1024-row one).
+    ``pool``: an ``amax`` over as many elements as the pool reads, laid out contiguously as
+    ``[K, rows, C]`` and reduced over ``K`` — as fast as a plain streaming read of them; the
+    earlier ``[rows, K, C]`` reduced over the middle dimension ran ~1.8× slower (measured at
+    100k), a floor too slow."""
+    if kind == "pool":  # reduced over the outer dimension: elementwise over contiguous rows
+        t = torch.randn(max(1, kmap.pair_count // max(1, kmap.rows)), kmap.rows, 32)
+        return lambda: torch.amax(t, 0)
     k_dim, n_dim = (volume * 32, 32) if kind == "conv" else (32, volume * 32)
-    block = max(64, FLOOR_FLOATS // k_dim)
+    block = max(64, FLOOR_FLOATS // max(k_dim, n_dim))  # A and C both ≤ 1 MiB
     a, b, c = torch.randn(block, k_dim), torch.randn(k_dim, n_dim), torch.empty(block, n_dim)
     rows = kmap.pair_count * 32 * 32 // (k_dim * n_dim)  # rows·K_dim·N_dim = pairs·32·32
     full, rest = divmod(rows, block)
@@ -140,19 +156,22 @@ def single_threaded(fn: Callable[[], object]) -> Callable[[], object]:
 
 def paired_ms(
     fn: Callable[[], object], floor: Callable[[], object], repeats: int, share: int = 1
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """Median call ms, median floor ms and the median of the per-repeat ratios (the floor runs
     right before each call, so both see the same machine load). ``share``: the floor's time is
     divided by it — at ``t`` threads the floor is the 1-thread floor over ``t`` (perfect
     scaling), not MKL's own ``t``-thread GEMM, whose OpenMP barriers wait for preempted
-    threads on a loaded machine (3 s for a 47 ms floor at load 7) and made "× floor" < 1."""
+    threads on a loaded machine (3 s for a 47 ms floor at load 7) and made "× floor" < 1.
+    The fourth value is the same median ratio in the calling thread's CPU time (meaningful at
+    1 thread only: at 2 the other Python thread's time is not counted)."""
     fn(), floor()
     calls, floors = [], []
     for _ in range(repeats):
-        floors.append(sample_ms(floor) / share)
-        calls.append(sample_ms(fn))
-    ratio = statistics.median(c / f for c, f in zip(calls, floors, strict=True))
-    return statistics.median(calls), statistics.median(floors), ratio
+        floors.append(sample_both(floor))
+        calls.append(sample_both(fn))
+    ratio = statistics.median(c[0] / (f[0] / share) for c, f in zip(calls, floors, strict=True))
+    cpu = statistics.median(c[1] / f[1] for c, f in zip(calls, floors, strict=True))
+    return statistics.median(c[0] for c in calls), statistics.median(f[0] for f in floors) / share, ratio, cpu
 
 
 class Case:
@@ -310,8 +329,9 @@ NAMES = {
 def run(sizes: list[str], threads: list[int], repeats: int, spconv: bool, before: bool) -> list[str]:
     lines = [
         "| voxels | op | thr | rows in→out | pairs (fill) | map ms | call ms | floor ms | × floor "
-        "| before map / call | spconv map / call | call vs spconv | max err ours / spconv | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| × floor CPU | before map / call | spconv map / call | call vs spconv | max err ours / spconv "
+        "| load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for size in sizes:
         x = cloud(int(float(size.rstrip("kM")) * (1e3 if size.endswith("k") else 1e6)), VOXEL[size])
@@ -328,7 +348,7 @@ def run(sizes: list[str], threads: list[int], repeats: int, spconv: bool, before
                     volume = 8 if k != "subm" else 27
                     map_ms = median_ms(case.builders()[k], repeats)
                     floor_1 = single_threaded(floor_fn(kmap, volume, KIND[k]))
-                    call_ms, floor, ratio = paired_ms(call, floor_1, repeats, share=thr)
+                    call_ms, floor, ratio, cpu = paired_ms(call, floor_1, repeats, share=thr)
                     err = "" if refs is None else f"{R.max_err(call().feats, refs[k]):.1e}"
                     o = old.get(k) if thr == 1 else None
                     s = theirs.get(k) if thr == 1 else None
@@ -337,7 +357,7 @@ def run(sizes: list[str], threads: list[int], repeats: int, spconv: bool, before
                     lines.append(
                         f"| {len(x.coords):,} | {NAMES[k]} | {thr} | {n_in:,}→{kmap.rows:,} "
                         f"| {kmap.pair_count:,} ({kmap.fill(volume):.0%}) | {map_ms:.1f} | {call_ms:.1f} "
-                        f"| {floor:.1f} | {ratio:.2f} "
+                        f"| {floor:.1f} | {ratio:.2f} | {f'{cpu:.2f}' if thr == 1 else '–'} "
                         f"| {f'{o[0]:.0f} / {o[1]:.0f}' if o else '–'} "
                         f"| {spconv_cell(s)} "
                         f"| {f'{vs:.2f}×' if vs else '–'} "

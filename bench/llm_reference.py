@@ -9,7 +9,10 @@ the reference crashes with transformers 5). One run, interleaved, single-threade
 2. export wall time of each CLI in a fresh process (imports included), f32 and Q4_0:
    ``torchlower llm export DIR -o X --no-check [--compress q4_0]`` and
    ``t2n_export_llm_to_tract -d DIR -e X -nv [-c min_max_q4_0]`` (shim tract binary printing
-   ``tract 0.23.8``: nothing downloaded), median of ``--repeats``;
+   ``tract 0.23.8``: nothing downloaded), median of ``--repeats``; wall and CPU seconds (CPU:
+   user + system of that process, what a loaded machine changes least), and the same for each
+   process's imports alone (torch, transformers' Llama code, the exporter): the floor both
+   exporters pay before any work;
 3. both f32 archives loaded in the same tract (Python package), decode ms/token at P = 128 and
    P = 1024 (S = 1, explicit cache tensors), prefill of 128 tokens (P = 0), medians.
 Prints a markdown table with ``os.getloadavg()``.
@@ -60,12 +63,23 @@ transformers.LlamaForCausalLM(c).eval().save_pretrained(sys.argv[1])
 """ + MAKE[MAKE.index("from tokenizers") :]  # the reference needs a tokenizer.json
 
 
-def _run(cmd: list[str]) -> float:
-    return _run_rss(cmd)[0]
+# what each exporter's process imports before it can trace a Llama: torch, transformers' Llama
+# code and the exporter itself (the reference's env has no PYTHONPATH: ours points at the repo)
+LLAMA = "import torch, transformers; transformers.LlamaForCausalLM; "
+IMPORTS = {
+    "torchlower": LLAMA + "import torchlower.llm.exporter",
+    "reference": LLAMA + "import torch_to_nnef_llm.cli",
+}
 
 
-def _run_rss(cmd: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes, that process alone: ``wait4``) of a fresh process."""
+def _run(cmd: list[str]) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system: what a loaded machine changes least)."""
+    seconds, _, cpu = _run_rss(cmd)
+    return seconds, cpu
+
+
+def _run_rss(cmd: list[str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS (bytes) and CPU seconds of a fresh process (that process alone: ``wait4``)."""
     env = dict(os.environ, **SINGLE)
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
@@ -76,7 +90,7 @@ def _run_rss(cmd: list[str]) -> tuple[float, int]:
         if proc.returncode != 0:
             err.seek(0)
             raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {err.read()[-2000:].decode()}")
-    return seconds, usage.ru_maxrss * 1024
+    return seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def _ours(folder: Path, out: Path, compress: str | None) -> list[str]:
@@ -176,6 +190,7 @@ def main(work: Path, repeats: int) -> None:
             [str(REF / "python"), "-c", MAKE, str(folder)], check=True, env=dict(os.environ, **SINGLE)
         )
     rows = _interleaved_exports(folder, work, repeats, _run)
+    floor = _import_floor(repeats)
     lines = [
         f"load average before timing decode: {os.getloadavg()}",
         "",
@@ -183,10 +198,17 @@ def main(work: Path, repeats: int) -> None:
         "|---|---|---|---|",
     ]
     for tag in ("f32", "q4_0"):
-        ours = statistics.median(rows[f"{tag} torchlower"])
-        ref = statistics.median(rows[f"{tag} reference"])
+        for label, k in (("wall s", 0), ("CPU s", 1)):
+            ours = statistics.median(r[k] for r in rows[f"{tag} torchlower"])
+            ref = statistics.median(r[k] for r in rows[f"{tag} reference"])
+            lines.append(
+                f"| export {tag} {label} (CLI, fresh process) | {ours:.2f} | {ref:.2f} | {ours / ref:.2f} |"
+            )
+    for label, k in (("wall s", 0), ("CPU s", 1)):
+        ours, ref = (statistics.median(r[k] for r in floor[name]) for name in ("torchlower", "reference"))
         lines.append(
-            f"| export {tag} wall s (CLI, fresh process) | {ours:.2f} | {ref:.2f} | {ours / ref:.2f} |"
+            f"| imports alone {label} (torch, transformers' Llama, the exporter) "
+            f"| {ours:.2f} | {ref:.2f} | {ours / ref:.2f} |"
         )
     ours_t = _decode_times(work / "tl-f32.nnef.tgz", 20)
     ref_t = _decode_times(_find_archive(work / "ref-f32"), 20)
@@ -200,6 +222,16 @@ def main(work: Path, repeats: int) -> None:
     lines.append(f"| q4_0 archive bytes | {q4[0]:,} | {q4[1]:,} | {q4[0] / q4[1]:.2f} |")
     lines.append(f"\nload average at the end: {os.getloadavg()}")
     print("\n".join(lines))
+
+
+def _import_floor(repeats: int) -> dict[str, list[tuple[float, float]]]:
+    """What each CLI's process pays before any work: its imports in a fresh interpreter, interleaved."""
+    python = {"torchlower": sys.executable, "reference": str(REF / "python")}
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for i in range(repeats):
+        for name in ("torchlower", "reference") if i % 2 == 0 else ("reference", "torchlower"):
+            rows.setdefault(name, []).append(_run([python[name], "-c", IMPORTS[name]]))
+    return rows
 
 
 def main_big(work: Path, repeats: int) -> None:
@@ -229,7 +261,11 @@ def main_big(work: Path, repeats: int) -> None:
     ]
     for tag in ("f32", "q4_0"):
         ours, ref = rows[f"{tag} torchlower"], rows[f"{tag} reference"]
-        for label, k, scale, fmt in (("wall s", 0, 1, "{:.1f}"), ("peak RSS MB", 1, 1e-6, "{:,.0f}")):
+        for label, k, scale, fmt in (
+            ("wall s", 0, 1, "{:.1f}"),
+            ("CPU s", 2, 1, "{:.1f}"),
+            ("peak RSS MB", 1, 1e-6, "{:,.0f}"),
+        ):
             a, b = statistics.median(r[k] for r in ours) * scale, statistics.median(r[k] for r in ref) * scale
             lines.append(f"| export {tag} {label} | {fmt.format(a)} | {fmt.format(b)} | {a / b:.2f} |")
         a, b = sizes[f"{tag} torchlower"], sizes[f"{tag} reference"]

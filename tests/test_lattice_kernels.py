@@ -12,7 +12,7 @@ import torch
 
 from tests import lattice_kernels_oracle as O
 from torchlower import lattice as L
-from torchlower.lattice import kernels
+from torchlower.lattice import gather, kernels, pools
 
 
 def cloud(
@@ -365,5 +365,68 @@ def test_strided_bags_gather_in_chunks() -> None:
                 chunked = kernels.apply_conv(x.feats, kmap, w, None, chunk=64, method="im2col")
                 assert torch.equal(chunked, want)
                 assert torch.equal(kernels.apply_conv(x.feats, kmap, w, None), want)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_transposed_inputs_in_disjoint_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transposed and generative convs' products in many small chunks whose input ranges
+    do not overlap (each input multiplied once; no chunk's GEMM below MIN_CHUNK_ROWS rows): bit for bit
+    the oracle at 1 and 2 threads."""
+    monkeypatch.setattr(kernels, "INPUTS_FLOATS", 100 * 8 * 16)  # ~100 input rows a chunk
+    x = cloud(n=3000, span=5, channels=16, seed=3)
+    c = x.coords.long() + 64  # rows in lexicographic order, as voxelize makes them: local chunks
+    x = L.SparseTensor(
+        x.feats, x.coords[(((c[:, 0] * 128 + c[:, 1]) * 128 + c[:, 2]) * 128 + c[:, 3]).argsort()]
+    )
+    geo = ((2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+    down = kernels.conv_map(x.coords, x.stride, *geo)
+    y = L.SparseTensor(torch.randn(down.rows, 16), down.out_coords, down.out_stride, check=False)
+    w = torch.randn(16, 2, 2, 2, 16)
+    maps = {
+        "up": (
+            kernels.transpose_map(y.coords, y.stride, x.coords, *geo, conv=down),
+            O.transpose_map(y.coords, y.stride, x.coords, *geo),
+        ),
+        "gen": (
+            kernels.generative_map(y.coords, y.stride, (2, 2, 2), (2, 2, 2)),
+            O.generative_map(y.coords, y.stride, (2, 2, 2), (2, 2, 2)),
+        ),
+    }
+    before = torch.get_num_threads()
+    try:
+        for kmap, old in maps.values():
+            plan = kernels._inputs_plan(kmap, down.rows, 8, 16)
+            assert len(plan) > 4 and sum(hi - lo for _, _, lo, hi, _, _ in plan) == down.rows
+            assert min(hi - lo for _, _, lo, hi, _, _ in plan) >= gather.MIN_CHUNK_ROWS
+            want = O.apply_conv(y.feats, old, w, None)
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                with torch.no_grad():
+                    assert torch.equal(kernels.apply_conv(y.feats, kmap, w, None, method="inputs"), want)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 2)])
+def test_max_pool_slot_major_chunks(monkeypatch: pytest.MonkeyPatch, kernel: int, stride: int) -> None:
+    """The max pool's slot-major gather in many chunks (the last one short), with NaN and ±inf
+    among the features: exactly the oracle's scatter-reduce (NaN where it has NaN), at 1 and 2
+    threads."""
+    monkeypatch.setattr(pools, "POOL_FLOATS", 37 * kernel**3 * 8)  # 37 output rows a chunk
+    x = cloud(n=3000, span=5, channels=8, seed=5)
+    feats = x.feats.clone()
+    feats[::7, 1], feats[::11, 2], feats[::13, 3] = float("nan"), float("inf"), float("-inf")
+    geo = ((kernel,) * 3, (stride,) * 3, (0, 0, 0), (1, 1, 1))
+    new, old = kernels.conv_map(x.coords, x.stride, *geo), O.conv_map(x.coords, x.stride, *geo)
+    assert new.rows > 4 * 37 and new.rows % 37 != 0
+    want = O.apply_pool(feats, old, "max")
+    before = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            with torch.no_grad():
+                got = kernels.apply_pool(feats, new, "max")
+                torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)  # NaN ≠ NaN
     finally:
         torch.set_num_threads(before)

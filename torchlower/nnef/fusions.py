@@ -11,7 +11,9 @@ kernel computes what the chain computes (see each docstring).
   packed matmuls), so it fires up to ``MAX_FLASH_AREA``; a mask with a whole 32×32 tile at
   ≤ -65504 (causal) lets the kernel skip that tile: 0.77× at 48², 0.84× at 64², so such masks
   fuse up to ``MAX_FLASH_AREA_SKIPPING``. A dense random mask: 0.85× at 32², 1.19× at 48².
-- then ``rows.apply``: last-axis softmax and max in the forms tract runs fastest (``nnef/rows.py``).
+- then ``rows.apply``: last-axis softmax and max in the forms tract runs fastest (``nnef/rows.py``);
+- then ``norms.centre_by_sum``: a layer norm's centring as ``n·x - Σx``, which tract fuses
+  (``nnef/norms.py``).
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ _FILL_CEILING = -1e9
 def apply(b: NNEFBuilder) -> bool:
     if not b.tract or b.precision != "f32" or b.quantization:
         return False
-    from torchlower.nnef import rows
+    from torchlower.nnef import norms, rows
 
     changed = fuse_attention(b)
-    return rows.apply(b) or changed
+    changed |= rows.apply(b)
+    return norms.centre_by_sum(b) or changed
 
 
 def fuse_attention(b: NNEFBuilder) -> bool:
