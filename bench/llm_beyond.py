@@ -110,14 +110,7 @@ def build(name: str) -> Any:
     import transformers
 
     cls, fields = CONFIGS[name]
-    torch.manual_seed(0)
-    config = getattr(transformers, cls)(**(llm_models.NO_SPECIAL | fields))
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.6)
-    return model
+    return llm_models.from_config(getattr(transformers, cls)(**(llm_models.NO_SPECIAL | fields)))
 
 
 def try_one(name: str, folder: Path, options: dict[str, str]) -> str:

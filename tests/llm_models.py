@@ -84,10 +84,14 @@ CONFIGS: dict[str, Callable[[], Any]] = {
 
 def build(name: str, seed: int = 0) -> Any:
     """The model in eval mode with seeded random weights (std 0.6: greedy chains that move)."""
+    return from_config(CONFIGS[name](), seed)
+
+
+def from_config(config: Any, seed: int = 0) -> Any:
+    """``build`` for any causal-LM config."""
     import transformers
 
     torch.manual_seed(seed)
-    config = CONFIGS[name]()
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for p in model.parameters():
