@@ -13,20 +13,27 @@ load average. Single-threaded.
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.llm_reference import MAKE, REF, SINGLE, _find_archive, _ours, _reference, _run
+from bench.llm_reference import (
+    MAKE,
+    REF,
+    SINGLE,
+    _feeds,
+    _find_archive,
+    _interleaved_cpu,
+    _ours,
+    _reference,
+    _run,
+)
 
 SIZES = {  # name -> (hidden, intermediate, layers, heads, kv heads, vocab)
     "tiny": (64, 128, 2, 4, 2, 256),
@@ -47,44 +54,6 @@ def _make(folder: Path, size: str) -> None:
     )
     env = dict(os.environ, **SINGLE)
     subprocess.run([str(REF / "python"), "-c", script, str(folder)], check=True, env=env)
-
-
-def _feeds(facts: list[str], past: int, seq: int, vocab: int, rng: np.random.Generator) -> list[np.ndarray]:
-    kv = []
-    for fact in facts:
-        dims = [int(d) if d.isdigit() else past for d in fact.split(",")[:-1]]
-        kv.append(rng.standard_normal(dims).astype(np.float32))
-    return [rng.integers(0, vocab, (1, seq)).astype(np.int64), *kv]
-
-
-def _interleaved(
-    runs: dict[str, Any], feeds: dict[str, list[np.ndarray]], rounds: int, burst: int
-) -> dict[str, float]:
-    return _interleaved_cpu(runs, feeds, rounds, burst)[0]
-
-
-def _interleaved_cpu(
-    runs: dict[str, Any], feeds: dict[str, list[np.ndarray]], rounds: int, burst: int
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Median wall ms and median thread-CPU ms per run. Single-threaded tract runs on the
-    calling thread, so the two agree on an idle machine; under load the CPU time leaves out
-    preemption (not cache contention), a second opinion on a noisy wall ratio."""
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    cpu: dict[str, list[float]] = {k: [] for k in runs}
-    order = list(runs)
-    for k, r in runs.items():
-        r.run(feeds[k])
-    for i in range(rounds):
-        for k in order[i % len(order) :] + order[: i % len(order)]:
-            for _ in range(burst):
-                c0, t0 = time.thread_time(), time.perf_counter()
-                runs[k].run(feeds[k])
-                times[k].append((time.perf_counter() - t0) * 1000)
-                cpu[k].append((time.thread_time() - c0) * 1000)
-    return (
-        {k: statistics.median(v) for k, v in times.items()},
-        {k: statistics.median(v) for k, v in cpu.items()},
-    )
 
 
 def main(work: Path, rounds: int, burst: int) -> None:

@@ -29,8 +29,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.llm_decode_ab import _feeds
-from bench.llm_reference import SINGLE
+from bench.llm_reference import SINGLE, _feeds
 
 
 def profile(
