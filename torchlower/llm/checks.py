@@ -52,18 +52,20 @@ def reference_cases(
     for label, ids in (("prefill P=0", prompt), ("with past P=6", more), ("decode P=9", step)):
         out = run(ids, cache)
         cache = present_cache(out)
-        present = [t.detach().clone() for t in cache_tensors(cache)]
-        scores = out.logits[:, -1:, :] if logits == "last" else out.logits
-        cases.append(Case(label, [ids, *past], [scores.detach().clone(), *present]))
-        past = [t.to(dtype) for t in present]  # what the archive's cache inputs hold
+        cases.append(_case(label, ids, past, out, logits))
+        past = [t.to(dtype) for t in cases[-1].outputs[1:]]  # what the archive's cache inputs hold
     if long_prefill is not None:
         g = torch.Generator().manual_seed(seed + 1)
         ids = torch.randint(0, vocab, (1, long_prefill), generator=g)
-        out = run(ids, None)
-        present = [t.detach().clone() for t in cache_tensors(present_cache(out))]
-        scores = out.logits[:, -1:, :] if logits == "last" else out.logits
-        cases.append(Case(f"prefill S={long_prefill}", [ids, *layout.empty(0, dtype)], [scores, *present]))
+        cases.append(_case(f"prefill S={long_prefill}", ids, layout.empty(0, dtype), run(ids, None), logits))
     return cases
+
+
+def _case(label: str, ids: torch.Tensor, past: list[torch.Tensor], out: Any, logits: str) -> Case:
+    """The graph's inputs (``ids``, ``past``) and what HF returned for them (``out``)."""
+    scores = out.logits[:, -1:, :] if logits == "last" else out.logits
+    present = [t.detach().clone() for t in cache_tensors(present_cache(out))]
+    return Case(label, [ids, *past], [scores.detach().clone(), *present])
 
 
 def _runner(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> Any:

@@ -31,7 +31,7 @@ _MAX_CHAIN = ("max_reduce", "max_pool", "tract_core_cast", "reshape")
 
 def drop_last_guard(builder: Any) -> bool:
     """Replace the last empty-row guard's ``select`` by its input; says whether one was found."""
-    producers = {v.name: a for a in builder.assignments for v in a.outputs}
+    producers = passes._producers(builder)
     guards = [a for a in builder.assignments if _is_guard(a, producers)]
     if not guards:
         return False
