@@ -79,6 +79,8 @@ CONFIGS: dict[str, Callable[[], Any]] = {
         "FalconConfig", **SMALL, multi_query=False, alibi=True, max_position_embeddings=128
     ),
     "bloom": lambda: _config("BloomConfig", vocab_size=160, hidden_size=32, n_layer=2, n_head=4),
+    # ALiBi from a table of max_seq_len positions, sliced with torch.sym_max of sizes
+    "mpt": lambda: _config("MptConfig", vocab_size=160, d_model=32, n_layers=2, n_heads=4, max_seq_len=128),
 }
 
 

@@ -5,7 +5,8 @@ What each one covers beyond Llama (tests/test_llm_export.py): Qwen2 tied embeddi
 Mistral MQA + a sliding window shorter than the sequence, Phi-3 full rotary (an empty
 pass-through slice), Phi and GPT-NeoX partial rotary, Gemma a head_dim apart from hidden/heads
 + MQA, GPT-2 and OPT learned positions, Falcon MQA + rotary, Falcon ALiBi (its bias from a
-table, ``llm/alibi.py``), Bloom ALiBi (baddbmm), Llama
+table, ``llm/alibi.py``), Bloom ALiBi (baddbmm), MPT ALiBi (a ``max_seq_len`` table sliced
+with ``torch.sym_max`` of sizes, which also bounds the context), Llama
 with dynamic-NTK RoPE (traced below its rescaling point), Phi-3 longrope (32 tokens cross its
 switch at 16 positions: the long-factor table, and the cache recomputed as HF's generate does).
 """
@@ -25,7 +26,7 @@ from torchlower.llm.runner import Decoder
 
 ARCHITECTURES = [
     "qwen2", "mistral", "phi3", "phi", "gemma", "gpt2", "gpt_neox", "opt", "falcon", "falcon_alibi",
-    "bloom", "llama_dynamic_rope", "phi3_longrope",
+    "bloom", "mpt", "llama_dynamic_rope", "phi3_longrope",
 ]  # fmt: skip
 SEEDS = {"falcon_alibi": 1}  # seed 0 gives a 2-token chain there
 PROMPT = torch.tensor([[3, 17, 42, 9, 101]])
@@ -44,6 +45,15 @@ def test_tokens_equal_hf(name: str, tmp_path: Path) -> None:
     assert len(set(want)) > 3  # the chain moves: a repeated token would hide errors
     tables = _matrices(report.path)  # a tied embedding is stored once (llm.compress.share_tied_table)
     assert len(set(tables.values())) == len(tables), sorted(tables)
+
+
+def test_mpt_context_bounded_by_its_alibi_table(tmp_path: Path) -> None:
+    """MPT's bias table has ``max_seq_len`` rows: beyond them its add would not broadcast."""
+    from torchlower.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=r"exceeds the model's 128 positions.*max_seq_len"):
+        llm.export(llm_models.build("mpt"), tmp_path / "mpt.nnef.tgz", max_context=129)
+    assert not (tmp_path / "mpt.nnef.tgz").exists()
 
 
 def test_longrope_checked_past_its_switch_and_model_untouched(tmp_path: Path) -> None:

@@ -17,6 +17,18 @@ def _floordiv(a: Any, b: Any) -> Any:
     return a // b
 
 
+def _extremum(kind: str) -> Any:
+    """``torch.sym_max`` / ``sym_min`` of sizes (``max(0, table - S)`` in MPT's ALiBi slice)."""
+
+    def fn(a: Any, b: Any) -> Any:
+        import sympy
+
+        pick = sympy.Max if kind == "max" else sympy.Min
+        return SymDim.wrap(pick(SymDim._e(a), SymDim._e(b)))
+
+    return fn
+
+
 _SCALAR_OPS = {
     "add": lambda a, b, alpha=1: a + b * alpha,
     "sub": lambda a, b, alpha=1: a - b * alpha,
@@ -33,6 +45,8 @@ _SCALAR_OPS = {
     "detach": lambda a: a,
     "remainder": lambda a, b: a - _floordiv(a, b) * b,
     "__floordiv__": _floordiv,
+    "sym_max": _extremum("max"),
+    "sym_min": _extremum("min"),
 }
 
 

@@ -21,7 +21,7 @@ from torch import fx, nn
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
-from torchlower import progress
+from torchlower import dynamic_sizes, progress
 from torchlower.errors import InvalidArgumentError, LoweringError
 from torchlower.frontends import fx_dynamic, fx_views, provenance, pycalls
 from torchlower.frontends.fx_index import fold as _fold
@@ -108,6 +108,9 @@ class Interpreter(fx.Interpreter):
                 return target(*args, **kwargs)
             except TypeError:
                 pass  # e.g. ``S / 2``: the rules materialize it
+        if target in (torch.sym_max, torch.sym_min) and not _has_tensors((args, kwargs)):
+            sized = dynamic_sizes.scalar_op(target.__name__, args)  # ``max(0, table - S)`` on sizes
+            return target(*args) if sized is NotImplemented else sized
         if target is getattr and args[1] in ("real", "imag"):  # complex parts: ops, not attributes
             return self.session.apply(f"aten::{args[1]}", [args[0]], self._where(), self._metas())
         if target is getattr:

@@ -134,7 +134,7 @@ def export(
         src = open_source(source)
     model = eval_view(src.model)
     config = src.text_config
-    limit, why = _max_positions(config), "max_position_embeddings"
+    limit, why = _max_positions(config)
     rope_limit = dynamic_rope_limit(model)
     if rope_limit is not None and (limit is None or rope_limit < limit):
         limit, why = rope_limit, "dynamic RoPE rescales beyond original_max_position_embeddings"
@@ -374,12 +374,22 @@ def _f32_parts(precision: str, parts: tuple[str, ...] | None) -> tuple[str, ...]
     return tuple(p for p in F32_PARTS if p in parts)
 
 
-def _max_positions(config: Any) -> int | None:
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+_POSITION_FIELDS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_sequence_length",
+    "seq_length",
+    "max_seq_len",  # MPT: the rows of its ALiBi table
+)
+
+
+def _max_positions(config: Any) -> tuple[int | None, str]:
+    """The config's position limit and the field it came from (MPT: its ALiBi table's rows)."""
+    for attr in _POSITION_FIELDS:
         value = getattr(config, attr, None)
         if isinstance(value, int) and value > 0:
-            return value
-    return None
+            return value, attr
+    return None, "no position limit"
 
 
 def _trace_example(layout: CacheLayout, vocab: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
