@@ -74,6 +74,14 @@ CASES: dict[str, tuple[nn.Module, tuple[Callable[[], torch.Tensor], ...]]] = {
     "prelu_single": (PReLUModel(1), (lambda: torch.randn(2, 3, 5, 6),)),
     "prelu_tensor_weight": (Fn(lambda x, w: F.prelu(x, w)), (_any, lambda: torch.tensor([0.1, -0.5, 2.0]))),
     "prelu_rank2": (Fn(lambda x: F.prelu(x, torch.tensor([0.1, 0.2, 0.3]))), (lambda: torch.randn(4, 3),)),
+    # slopes in (0, 1] lower to max(x, w·x), slopes ≥ 1 to min: NaN, ±inf and ±0 as torch
+    "prelu_max_special": (Fn(lambda x: F.prelu(x, torch.linspace(0.05, 1.0, 8))), (_special,)),
+    "prelu_min_special": (Fn(lambda x: F.prelu(x, torch.linspace(1.0, 3.0, 8))), (_special,)),
+    "prelu_zero_slope_special": (Fn(lambda x: F.prelu(x, torch.linspace(0.0, 1.0, 8))), (_special,)),
+    "prelu_module_default": (
+        nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.PReLU()),
+        (lambda: torch.randn(2, 3, 5, 6),),
+    ),
     "glu_last": (nn.GLU(), (lambda: torch.randn(2, 3, 8),)),
     "glu_dim1": (nn.GLU(dim=1), (lambda: torch.randn(2, 6, 5),)),
     "logsigmoid": (nn.LogSigmoid(), (lambda: torch.randn(2, 3, 5) * 40,)),
@@ -197,3 +205,14 @@ CASES: dict[str, tuple[nn.Module, tuple[Callable[[], torch.Tensor], ...]]] = {
 def test_elementwise_extra(tmp_path, frontend, name):
     model, makes = CASES[name]
     export_and_check(model, [make() for make in makes], tmp_path, frontend)
+
+
+def test_prelu_with_slopes_in_0_1_is_one_max(tmp_path):
+    """nn.PReLU's default slope 0.25: no comparison and no select in the graph."""
+    import tarfile
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.PReLU())
+    report = export_and_check(model, [torch.randn(1, 3, 8, 8)], tmp_path)
+    with tarfile.open(report.path) as tar:
+        graph = tar.extractfile("graph.nnef").read().decode()
+    assert " max(" in graph and "select(" not in graph and " gt(" not in graph

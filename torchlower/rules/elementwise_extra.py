@@ -63,7 +63,28 @@ def prelu(b: Builder, x: Value, weight: Value) -> Value:
         weight = reshape(b, weight, [1, numel] + [1] * (x.rank - 2))
     elif weight.rank > x.rank:
         weight = reshape(b, weight, [1] * max(x.rank, 1))
-    return select(b, binary(b, "gt", x, 0.0), x, binary(b, "mul", weight, x))
+    scaled = binary(b, "mul", weight, x)
+    pick = _extremum_form(weight)
+    if pick is not None:  # tract's comparison is ~6x slower than its max (pixel_shuffle zoo model)
+        return binary(b, pick, x, scaled)
+    return select(b, binary(b, "gt", x, 0.0), x, scaled)
+
+
+def _extremum_form(weight: Value) -> str | None:
+    """``max`` when every slope is in (0, 1], ``min`` when every one is finite and ≥ 1, else None.
+
+    Then ``x > 0 ? x : w·x`` equals ``max(x, w·x)`` (resp. ``min``) for every input: the
+    product keeps x's sign, ±0 and ±inf; a NaN x makes both operands NaN, so tract's max, which
+    returns the other operand for one NaN, still gives NaN. A zero slope is excluded (0·inf is NaN).
+    """
+    if not weight.is_const or not weight.const.is_floating_point():
+        return None
+    w = weight.const
+    if bool(((w > 0) & (w <= 1)).all()):
+        return "max"
+    if bool(((w >= 1) & torch.isfinite(w)).all()):
+        return "min"
+    return None
 
 
 @rule("aten::celu", "aten::celu_")
