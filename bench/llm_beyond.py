@@ -90,6 +90,44 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         "MixtralConfig",
         BASE | {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2},
     ),
+    # mixture of experts (llm/moe.py: every expert on every token, weighted by the router)
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        BASE
+        | {"num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2}
+        | {"moe_intermediate_size": 16, "shared_expert_intermediate_size": 32},
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        BASE
+        | {"num_key_value_heads": 2, "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2}
+        | {"moe_intermediate_size": 16},
+    ),
+    "olmoe": ("OlmoeConfig", BASE | {"num_experts": 4, "num_experts_per_tok": 2}),
+    "granitemoe": ("GraniteMoeConfig", BASE | {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "phimoe": (
+        "PhimoeConfig",
+        BASE | {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
+    "gpt_oss": (
+        "GptOssConfig",
+        BASE
+        | {"num_key_value_heads": 2, "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2}
+        | {"sliding_window": 6},
+    ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        BASE
+        | {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "n_group": 1}
+        | {"topk_group": 1, "first_k_dense_replace": 1, "q_lora_rank": 16, "kv_lora_rank": 16}
+        | {"qk_rope_head_dim": 4, "qk_nope_head_dim": 4, "v_head_dim": 8, "num_key_value_heads": 4},
+    ),
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        BASE
+        | {"num_key_value_heads": 2, "head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2}
+        | {"moe_intermediate_size": 16, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1},
+    ),
     "mpt": ("MptConfig", {"vocab_size": 160, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 128}),
     "xglm": (
         "XGLMConfig",

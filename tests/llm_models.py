@@ -79,6 +79,19 @@ CONFIGS: dict[str, Callable[[], Any]] = {
         "FalconConfig", **SMALL, multi_query=False, alibi=True, max_position_embeddings=128
     ),
     "bloom": lambda: _config("BloomConfig", vocab_size=160, hidden_size=32, n_layer=2, n_head=4),
+    # mixture of experts, traced densely (llm/moe.py); Qwen2-MoE adds a gated shared expert
+    "mixtral": lambda: _config(
+        "MixtralConfig", **LLAMA_LIKE, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
+    ),
+    "qwen2_moe": lambda: _config(
+        "Qwen2MoeConfig",
+        **LLAMA_LIKE,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=32,
+    ),
     # ALiBi from a table of max_seq_len positions, sliced with torch.sym_max of sizes
     "mpt": lambda: _config("MptConfig", vocab_size=160, d_model=32, n_layers=2, n_heads=4, max_seq_len=128),
 }

@@ -147,3 +147,24 @@ def test_inplace_functional_maps_to_the_functional_op():
 def test_python_only_argument_off_default_is_an_error():
     with pytest.raises(LoweringError, match="max_norm"):
         resolve_function(F.embedding, (X, W), {"max_norm": 1.0})
+
+
+class _GradBlocks(nn.Module):
+    """``torch.no_grad()`` / ``enable_grad()`` inside forward: torch.export wraps each block in a
+    ``wrap_with_set_grad_enabled`` higher-order op over a nested graph (PhiMoE's router)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            y = self.proj(x).relu()
+        with torch.enable_grad():
+            z = y * 2 - x
+        return z + x.sigmoid()
+
+
+@pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
+def test_grad_mode_blocks_in_forward_lower_inline(tmp_path, frontend):
+    export_and_check(_GradBlocks(), [torch.randn(3, 4)], tmp_path, frontend)

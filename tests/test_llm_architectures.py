@@ -6,7 +6,8 @@ Mistral MQA + a sliding window shorter than the sequence, Phi-3 full rotary (an 
 pass-through slice), Phi and GPT-NeoX partial rotary, Gemma a head_dim apart from hidden/heads
 + MQA, GPT-2 and OPT learned positions, Falcon MQA + rotary, Falcon ALiBi (its bias from a
 table, ``llm/alibi.py``), Bloom ALiBi (baddbmm), MPT ALiBi (a ``max_seq_len`` table sliced
-with ``torch.sym_max`` of sizes, which also bounds the context), Llama
+with ``torch.sym_max`` of sizes, which also bounds the context), Mixtral and Qwen2-MoE
+(every expert on every token, weighted by the router: ``llm/moe.py``), Llama
 with dynamic-NTK RoPE (traced below its rescaling point), Phi-3 longrope (32 tokens cross its
 switch at 16 positions: the long-factor table, and the cache recomputed as HF's generate does).
 """
@@ -26,7 +27,7 @@ from torchlower.llm.runner import Decoder
 
 ARCHITECTURES = [
     "qwen2", "mistral", "phi3", "phi", "gemma", "gpt2", "gpt_neox", "opt", "falcon", "falcon_alibi",
-    "bloom", "mpt", "llama_dynamic_rope", "phi3_longrope",
+    "bloom", "mpt", "llama_dynamic_rope", "phi3_longrope", "mixtral", "qwen2_moe",
 ]  # fmt: skip
 SEEDS = {"falcon_alibi": 1}  # seed 0 gives a 2-token chain there
 PROMPT = torch.tensor([[3, 17, 42, 9, 101]])
@@ -54,6 +55,21 @@ def test_mpt_context_bounded_by_its_alibi_table(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match=r"exceeds the model's 128 positions.*max_seq_len"):
         llm.export(llm_models.build("mpt"), tmp_path / "mpt.nnef.tgz", max_context=129)
     assert not (tmp_path / "mpt.nnef.tgz").exists()
+
+
+def test_moe_experts_dense_only_while_tracing(tmp_path: Path) -> None:
+    """The dense forward is installed on the expert modules for the trace and removed after,
+    and the check compared tract with HF's own sparse forward."""
+    from torchlower.llm.moe import dense_experts
+
+    model = llm_models.build("mixtral")
+    experts = [m for m in model.modules() if type(m).__name__ == "MixtralExperts"]
+    with dense_experts(model) as count:
+        assert count == len(experts) == 2 and all("forward" in vars(m) for m in experts)
+    assert not any("forward" in vars(m) for m in experts)
+    report = llm.export(model, tmp_path / "mixtral.nnef.tgz")
+    assert report.errors and all(e.ok for e in report.errors)
+    assert not any("forward" in vars(m) for m in experts)
 
 
 def test_longrope_checked_past_its_switch_and_model_untouched(tmp_path: Path) -> None:

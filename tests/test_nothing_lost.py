@@ -221,3 +221,16 @@ def test_failed_check_leaves_no_file_and_keeps_the_previous_one(tmp_path, suffix
     after = {p.relative_to(target).as_posix(): p.read_bytes() for p in target.rglob("*") if p.is_file()}
     assert (after or {"": target.read_bytes()}) == before
     assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_a_graph_tract_cannot_load_is_named_by_the_users_path(tmp_path):
+    """The check runs at a staged name beside the target: tract's refusal names the target."""
+    from torchlower.nnef import archive, tract
+
+    target = tmp_path / "model.nnef.tgz"
+    with pytest.raises(CheckError) as caught, archive.staged(target) as staging:
+        staging.write_bytes(b"not an archive")
+        tract.run_in_tract(staging, [np.zeros(1, np.float32)])
+    message = str(caught.value)
+    assert str(target) in message and "(nothing written)" in message and staging.name not in message
+    assert not target.exists() and not staging.exists()

@@ -34,6 +34,9 @@ from torchlower.values import SymDim, Value, constant
 _SHAPE_METHODS = {"size", "dim", "ndimension", "numel", "nelement"}
 
 
+_SET_GRAD = torch.ops.higher_order.wrap_with_set_grad_enabled
+
+
 class Interpreter(fx.Interpreter):
     """Runs an FX graph with symbolic values, lowering every call into ``builder``."""
 
@@ -94,6 +97,8 @@ class Interpreter(fx.Interpreter):
         return lower_submodule(self.builder, self.session, module, args, kwargs, example, where + ".")
 
     def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if target is _SET_GRAD:  # ``with torch.no_grad():`` in forward: grad mode means nothing here
+            return self._inline(args[1], args[2:])
         if target is operator.getitem and isinstance(args[0], Value):
             return lower_getitem(self.session, args[0], args[1], self._where(), self._metas())
         if target is operator.setitem and isinstance(args[0], Value):
@@ -159,6 +164,12 @@ class Interpreter(fx.Interpreter):
         return self._apply(call, f"Tensor.{target}", args, kwargs, fold)
 
     # ---- helpers ------------------------------------------------------------------------
+    def _inline(self, graph: fx.GraphModule, inputs: tuple[Any, ...]) -> Any:
+        """A nested graph of torch.export (a higher-order op's body) lowered in place."""
+        inner = Interpreter(graph, self.builder, self.session, prefix=self.prefix)
+        inner.symbols = self.symbols
+        return inner.run(*inputs)
+
     def _apply(
         self, call: pycalls.Call, target: Any, args: Any, kwargs: dict[str, Any], fold: Any = "original"
     ) -> Any:

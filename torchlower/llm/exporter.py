@@ -29,6 +29,7 @@ from torchlower.llm.alibi import alibi_table
 from torchlower.llm.compress import share_tied_table
 from torchlower.llm.kv_pattern import unsplit_query_concats
 from torchlower.llm.last_row import drop_last_guard
+from torchlower.llm.moe import dense_experts
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, drop_cache_casts, keep_f32
 from torchlower.llm.rope import rotary_tables
 from torchlower.llm.source import SourceError, check_tokenizer, open_source
@@ -169,6 +170,7 @@ def export(
         plain_linears(model),
         rotary_tables(model, context),
         alibi_table(model, context),
+        dense_experts(model),
     ):
         try:
             builder = _build("export", wrapper, example, names_in, names_out, len(names_out), precision, spec)

@@ -72,10 +72,10 @@ class _Worker:
             except BrokenPipeError:
                 ready, line = [proc.stdout], ""
             if not line:
-                raise CheckError(f"tract could not run {artifact}: {self._death(timed_out=not ready)}")
+                raise CheckError(_named(artifact, f"{self._death(timed_out=not ready)}"))
             error = json.loads(line)["error"]
             if error is not None:
-                raise CheckError(f"tract could not run {artifact}: {error[-4000:]}")
+                raise CheckError(_named(artifact, error[-4000:]))
 
     def _death(self, timed_out: bool) -> str:
         """Why the child stopped answering; it is killed so the next request starts afresh."""
@@ -146,3 +146,13 @@ def compare(
         max_rel = float(rel.max()) if rel.size else 0.0
         errors.append(OutputError(name, max_abs, max_rel, tolerance))
     return errors
+
+
+def _named(artifact: Path, why: str) -> str:
+    """ "tract could not run …" naming the user's path, not the staged name it was checked at."""
+    from torchlower.nnef.archive import target_of
+
+    target = target_of(Path(artifact))
+    if target == Path(artifact):
+        return f"tract could not run {artifact}: {why}"
+    return f"tract could not run {target} (nothing written): {why.replace(str(artifact), str(target))}"
