@@ -92,6 +92,19 @@ CONFIGS: dict[str, Callable[[], Any]] = {
         moe_intermediate_size=16,
         shared_expert_intermediate_size=32,
     ),
+    # DeepSeek's MLA: a latent cache, keys as [per-head part, shared rotary part broadcast over
+    # heads] (nnef/guards_matmul.broadcast_before_concat); one dense layer keeps it small
+    "deepseek_v3": lambda: _config(
+        "DeepseekV3Config",
+        **(LLAMA_LIKE | {"num_hidden_layers": 1}),
+        num_key_value_heads=4,
+        first_k_dense_replace=1,
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=4,
+        v_head_dim=8,
+    ),
     # ALiBi from a table of max_seq_len positions, sliced with torch.sym_max of sizes
     "mpt": lambda: _config("MptConfig", vocab_size=160, d_model=32, n_layers=2, n_heads=4, max_seq_len=128),
 }

@@ -1,6 +1,7 @@
 """Graph rewrites that steer around tract 0.23 optimizer bugs; each keeps the function exact.
 
-These run after ``passes.optimize`` on every graph but quantized ones (graph.quant names values):
+These run after ``passes.optimize`` on every graph but quantized ones (graph.quant names values);
+the three around matmuls live in ``nnef/guards_matmul.py``:
 
 - ``merge_duplicates``: identical assignments (same op, operands and attributes) become one.
   tract's own merging of equal nodes leaves a dangling ``Dummy`` op ("eval() called on a Dummy
@@ -18,6 +19,12 @@ These run after ``passes.optimize`` on every graph but quantized ones (graph.qua
 - ``broadcast_after_matmul``: a matmul input broadcast on batch axes (``expand``) makes tract's
   einsum declutter lose the broadcast size ("Trying to substitute a 2,5,… by 1,5,…"); the
   matmul runs on the unbroadcast input and its result is broadcast, which is the same tensor.
+- ``broadcast_before_concat``: tract's ``ConcatThenEinsum`` split of a matmul over a key that is
+  ``concat([k, broadcast(concat([cache, new]))])`` on the reduced axis (DeepSeek's MLA, its
+  shared rotary key broadcast over heads) wires an einsum piece with an input of the wrong rank
+  ("in output_facts invocation for ….concat-einsum-k.4..8: EinSum … fact.len() ==
+  self.axes.rank"). The broadcast becomes a product with a broadcast of ones, the same tensor,
+  which tract splits; scoped to broadcasts of a concat, read by a concat that a matmul reads.
 - ``gather_strided_after_softmax``: tract pulls a strided slice (its ``Downsample``) up through
   ``softmax`` / ``log_softmax`` as if they were elementwise, so ``softmax(x)[::2]`` becomes
   ``softmax(x[::2])``. A strided slice that such a pull could reach a softmax from becomes a
@@ -48,7 +55,13 @@ import torch
 
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _producers, _rewrite, _substitute, _uses, _variable
+from torchlower.nnef.guards_matmul import (
+    _replacing,
+    broadcast_after_matmul,
+    broadcast_before_concat,
+    flat_matmul_after_reshape,
+)
+from torchlower.nnef.passes import _producers, _substitute, _uses, _variable
 from torchlower.values import Value
 
 Assignment = text.Assignment
@@ -67,6 +80,7 @@ def apply(b: NNEFBuilder) -> None:
     empty_reductions(b)
     exact_quotients(b)
     broadcast_after_matmul(b)
+    broadcast_before_concat(b)
     flat_matmul_after_reshape(b)
     gather_strided_after_softmax(b)
     gather_strided_after_split(b)
@@ -201,95 +215,6 @@ def _in_float64(b: NNEFBuilder, a: Assignment) -> list[Assignment]:
     return steps
 
 
-def broadcast_after_matmul(b: NNEFBuilder) -> bool:
-    """``matmul(broadcast(x), w)`` → ``broadcast(matmul(x, w))`` when only batch axes broadcast."""
-    producers, uses = _producers(b), _uses(b)
-    return _replacing(b, lambda a: _matmul_then_broadcast(b, a, producers, uses))
-
-
-def _matmul_then_broadcast(
-    b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment], uses: dict[str, int]
-) -> list[Assignment] | None:
-    y = a.outputs[0]
-    if a.op != "matmul" or len(a.args) != 2 or y.shape is None:
-        return None
-    args = list(a.args)
-    for i, v in enumerate(args):
-        p = producers.get(v.name) if isinstance(v, Value) else None
-        if p is None or p.op != "tract_core_broadcast" or uses[v.name] != 1:
-            continue
-        src, target = p.args[0], list(p.attrs.get("shape", []))
-        if not isinstance(src, Value) or src.shape is None or len(src.shape) != len(target):
-            continue
-        if list(src.shape[-2:]) == target[-2:]:  # only batch axes broadcast
-            args[i] = src
-    if args == list(a.args):
-        return None
-    product = Value(b.fresh(f"{y.name}_unbroadcast"), y.dtype, None)
-    return [
-        Assignment([product], "matmul", args, dict(a.attrs)),
-        Assignment([y], "tract_core_broadcast", [product], {"shape": list(y.shape)}),
-    ]
-
-
-def flat_matmul_after_reshape(b: NNEFBuilder) -> bool:
-    """``matmul(reshape(..), C)`` with ``C`` a ``[1, …, 1, K, N]`` constant → 2-D matmul + reshapes."""
-    producers = _producers(b)
-    return _replacing(b, lambda a: _flattened_matmul(b, a, producers))
-
-
-def _flattened_matmul(
-    b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment]
-) -> list[Assignment] | None:
-    if a.op != "matmul" or len(a.args) != 2 or a.attrs.get("transposeA", False):
-        return None
-    x, w = a.args
-    y = a.outputs[0]
-    if not (isinstance(x, Value) and isinstance(w, Value)) or w.shape is None:
-        return None
-    source, weight = producers.get(x.name), producers.get(w.name)
-    if source is None or source.op != "reshape" or weight is None or not weight.op.startswith("variable"):
-        return None
-    if x.shape is None:  # its own target shape, when it spells every size
-        target = source.attrs.get("shape", [])
-        if not target or not all(isinstance(d, int) and d > 0 for d in target):
-            return None
-        x = Value(x.name, x.dtype, tuple(target))
-    if len(w.shape) < 3 or len(x.shape) != len(w.shape) or any(d != 1 for d in w.shape[:-2]):
-        return None
-    if _keeps_batch_axes(source, x):
-        return None  # the bug needs a reshape of the batch axes (measured: the guard costs 1-4 %)
-    k = x.shape[-1]
-    n = w.shape[-2] if a.attrs.get("transposeB", False) else w.shape[-1]
-    shape = [*x.shape[:-1], n]
-    rows = Value(b.fresh(f"{y.name}_rows"), x.dtype, None)
-    matrix = Value(b.fresh(f"{w.name}_2d"), w.dtype, tuple(w.shape[-2:]))
-    product = Value(b.fresh(f"{y.name}_2d"), y.dtype, None)
-    return [
-        Assignment([rows], "reshape", [x], {"shape": [-1, k]}),
-        Assignment([matrix], "reshape", [w], {"shape": list(w.shape[-2:])}),
-        Assignment([product], "matmul", [rows, matrix], dict(a.attrs)),
-        Assignment([y], "reshape", [product], {"shape": shape}),
-    ]
-
-
-def _keeps_batch_axes(reshape: Assignment, x: Value) -> bool:
-    """Whether ``reshape`` leaves the matmul's batch axes (all but the last two) as they were.
-
-    Only such a reshape (heads merged into the feature axis, rows merged into M) is folded by
-    tract without touching the constant's broadcast axes; merging or splitting batch axes
-    (``[3, 2, 5, K] → [30, 1, K]``) is what tract gets wrong."""
-    source = reshape.args[0] if reshape.args else None
-    if not isinstance(source, Value) or source.shape is None or x.shape is None:
-        return False
-    batch = list(x.shape[:-2])
-    return (
-        len(source.shape) >= len(batch)
-        and list(source.shape[: len(batch)]) == batch
-        and all(isinstance(d, int) for d in batch)
-    )
-
-
 def gather_strided_after_softmax(b: NNEFBuilder) -> bool:
     """A strided slice that tract could pull into a softmax becomes slice + constant gathers."""
     producers, uses = _producers(b), _uses(b)
@@ -320,17 +245,6 @@ def _splits_an_axis(a: Assignment) -> bool:
     if a.op != "reshape" or not a.args or not isinstance(a.args[0], Value) or a.args[0].shape is None:
         return False
     return len(a.attrs.get("shape", ())) != len(a.args[0].shape)
-
-
-def _replacing(b: NNEFBuilder, replace: Callable[[Assignment], list[Assignment] | None]) -> bool:
-    """Each assignment replaced by ``replace(a)`` where that is not None (``passes._rewrite``)."""
-
-    def step(a: Assignment, out: list[Assignment]) -> bool:
-        new = replace(a)
-        out.extend([a] if new is None else new)
-        return new is not None
-
-    return _rewrite(b, step)
 
 
 def _strided(a: Assignment) -> bool:

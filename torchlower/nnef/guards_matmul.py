@@ -1,0 +1,159 @@
+"""The guards around ``matmul``: rewrites of its operands that tract 0.23's einsum declutter gets wrong.
+
+Listed, with the tract behaviour each avoids, in ``nnef/guards.py`` (which runs them):
+``broadcast_after_matmul``, ``broadcast_before_concat``, ``flat_matmul_after_reshape``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torchlower.nnef import text
+from torchlower.nnef.builder import NNEFBuilder
+from torchlower.nnef.passes import _producers, _rewrite, _uses
+from torchlower.values import Value
+
+Assignment = text.Assignment
+
+
+def broadcast_after_matmul(b: NNEFBuilder) -> bool:
+    """``matmul(broadcast(x), w)`` → ``broadcast(matmul(x, w))`` when only batch axes broadcast."""
+    producers, uses = _producers(b), _uses(b)
+    return _replacing(b, lambda a: _matmul_then_broadcast(b, a, producers, uses))
+
+
+def _matmul_then_broadcast(
+    b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment], uses: dict[str, int]
+) -> list[Assignment] | None:
+    y = a.outputs[0]
+    if a.op != "matmul" or len(a.args) != 2 or y.shape is None:
+        return None
+    args = list(a.args)
+    for i, v in enumerate(args):
+        p = producers.get(v.name) if isinstance(v, Value) else None
+        if p is None or p.op != "tract_core_broadcast" or uses[v.name] != 1:
+            continue
+        src, target = p.args[0], list(p.attrs.get("shape", []))
+        if not isinstance(src, Value) or src.shape is None or len(src.shape) != len(target):
+            continue
+        if list(src.shape[-2:]) == target[-2:]:  # only batch axes broadcast
+            args[i] = src
+    if args == list(a.args):
+        return None
+    product = Value(b.fresh(f"{y.name}_unbroadcast"), y.dtype, None)
+    return [
+        Assignment([product], "matmul", args, dict(a.attrs)),
+        Assignment([y], "tract_core_broadcast", [product], {"shape": list(y.shape)}),
+    ]
+
+
+def broadcast_before_concat(b: NNEFBuilder) -> bool:
+    """``broadcast(concat(..))`` read by a concat that a matmul reads → ``concat(..) · ones``."""
+    producers = _producers(b)
+    readers: dict[str, list[Assignment]] = {}
+    for a in b.assignments:
+        for v in [*a.args, *(x for arg in a.args if isinstance(arg, list) for x in arg)]:
+            if isinstance(v, Value):
+                readers.setdefault(v.name, []).append(a)
+
+    def into_matmul(v: Value) -> bool:
+        concats = [r for r in readers.get(v.name, []) if r.op == "concat"]
+        return any(m.op == "matmul" for c in concats for m in readers.get(c.outputs[0].name, []))
+
+    return _replacing(
+        b, lambda a: _broadcast_as_product(b, a, producers) if into_matmul(a.outputs[0]) else None
+    )
+
+
+def _broadcast_as_product(
+    b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment]
+) -> list[Assignment] | None:
+    """The broadcast as a product with ones (x · 1.0 is x, NaN and -0.0 included): tract splits
+    that, and the concatenated cache keeps its one reader, as ``detect_kv_cache`` needs."""
+    src = a.args[0] if a.op == "tract_core_broadcast" and a.args else None
+    inner = producers.get(src.name) if isinstance(src, Value) else None
+    if (
+        inner is None
+        or inner.op != "concat"
+        or src.shape is None
+        or not (src.dtype and src.dtype.is_floating_point)
+    ):
+        return None
+    target = list(a.attrs.get("shape", []))
+    if len(target) != len(src.shape):
+        return None
+    ones_shape = [t if d == 1 and t != 1 else 1 for d, t in zip(src.shape, target, strict=True)]
+    ones = Value(b.fresh(f"{src.name}_ones"), src.dtype, tuple(ones_shape))
+    return [
+        Assignment([ones], "tract_core_broadcast", [1.0], {"shape": ones_shape}, a.scope),
+        Assignment(list(a.outputs), "mul", [src, ones], {}, a.scope),
+    ]
+
+
+def flat_matmul_after_reshape(b: NNEFBuilder) -> bool:
+    """``matmul(reshape(..), C)`` with ``C`` a ``[1, …, 1, K, N]`` constant → 2-D matmul + reshapes."""
+    producers = _producers(b)
+    return _replacing(b, lambda a: _flattened_matmul(b, a, producers))
+
+
+def _flattened_matmul(
+    b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment]
+) -> list[Assignment] | None:
+    if a.op != "matmul" or len(a.args) != 2 or a.attrs.get("transposeA", False):
+        return None
+    x, w = a.args
+    y = a.outputs[0]
+    if not (isinstance(x, Value) and isinstance(w, Value)) or w.shape is None:
+        return None
+    source, weight = producers.get(x.name), producers.get(w.name)
+    if source is None or source.op != "reshape" or weight is None or not weight.op.startswith("variable"):
+        return None
+    if x.shape is None:  # its own target shape, when it spells every size
+        target = source.attrs.get("shape", [])
+        if not target or not all(isinstance(d, int) and d > 0 for d in target):
+            return None
+        x = Value(x.name, x.dtype, tuple(target))
+    if len(w.shape) < 3 or len(x.shape) != len(w.shape) or any(d != 1 for d in w.shape[:-2]):
+        return None
+    if _keeps_batch_axes(source, x):
+        return None  # the bug needs a reshape of the batch axes (measured: the guard costs 1-4 %)
+    k = x.shape[-1]
+    n = w.shape[-2] if a.attrs.get("transposeB", False) else w.shape[-1]
+    shape = [*x.shape[:-1], n]
+    rows = Value(b.fresh(f"{y.name}_rows"), x.dtype, None)
+    matrix = Value(b.fresh(f"{w.name}_2d"), w.dtype, tuple(w.shape[-2:]))
+    product = Value(b.fresh(f"{y.name}_2d"), y.dtype, None)
+    return [
+        Assignment([rows], "reshape", [x], {"shape": [-1, k]}),
+        Assignment([matrix], "reshape", [w], {"shape": list(w.shape[-2:])}),
+        Assignment([product], "matmul", [rows, matrix], dict(a.attrs)),
+        Assignment([y], "reshape", [product], {"shape": shape}),
+    ]
+
+
+def _keeps_batch_axes(reshape: Assignment, x: Value) -> bool:
+    """Whether ``reshape`` leaves the matmul's batch axes (all but the last two) as they were.
+
+    Only such a reshape (heads merged into the feature axis, rows merged into M) is folded by
+    tract without touching the constant's broadcast axes; merging or splitting batch axes
+    (``[3, 2, 5, K] → [30, 1, K]``) is what tract gets wrong."""
+    source = reshape.args[0] if reshape.args else None
+    if not isinstance(source, Value) or source.shape is None or x.shape is None:
+        return False
+    batch = list(x.shape[:-2])
+    return (
+        len(source.shape) >= len(batch)
+        and list(source.shape[: len(batch)]) == batch
+        and all(isinstance(d, int) for d in batch)
+    )
+
+
+def _replacing(b: NNEFBuilder, replace: Callable[[Assignment], list[Assignment] | None]) -> bool:
+    """Each assignment replaced by ``replace(a)`` where that is not None (``passes._rewrite``)."""
+
+    def step(a: Assignment, out: list[Assignment]) -> bool:
+        new = replace(a)
+        out.extend([a] if new is None else new)
+        return new is not None
+
+    return _rewrite(b, step)
