@@ -93,7 +93,7 @@ CONFIGS: dict[str, Callable[[], Any]] = {
         shared_expert_intermediate_size=32,
     ),
     # DeepSeek's MLA: a latent cache, keys as [per-head part, shared rotary part broadcast over
-    # heads] (nnef/guards_matmul.broadcast_before_concat); one dense layer keeps it small
+    # heads] (nnef/guards_matmul.broadcast_as_product); one dense layer keeps it small
     "deepseek_v3": lambda: _config(
         "DeepseekV3Config",
         **(LLAMA_LIKE | {"num_hidden_layers": 1}),

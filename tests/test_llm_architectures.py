@@ -8,7 +8,7 @@ pass-through slice), Phi and GPT-NeoX partial rotary, Gemma a head_dim apart fro
 table, ``llm/alibi.py``), Bloom ALiBi (baddbmm), MPT ALiBi (a ``max_seq_len`` table sliced
 with ``torch.sym_max`` of sizes, which also bounds the context), Mixtral and Qwen2-MoE
 (every expert on every token, weighted by the router: ``llm/moe.py``), DeepSeek-V3's MLA (a
-latent cache; tract 0.23.9 fails to load it without ``guards_matmul.broadcast_before_concat``), Llama
+latent cache; tract 0.23.9 fails to load it without ``guards_matmul.broadcast_as_product``), Llama
 with dynamic-NTK RoPE (traced below its rescaling point), Phi-3 longrope (32 tokens cross its
 switch at 16 positions: the long-factor table, and the cache recomputed as HF's generate does).
 """

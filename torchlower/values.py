@@ -106,8 +106,8 @@ def tdim_text(expr: object) -> str:
         return " * ".join(tdim_text(f) for f in factors)
     if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) > 1:  # S**2: tract multiplies symbols
         return " * ".join([tdim_text(expr.base)] * int(expr.exp))
-    if isinstance(expr, (sympy.Min, sympy.Max)) or type(expr).__name__ in ("Min", "Max"):
-        # tract's TDim has min(..) and max(..); torch.export's shapes use its own Max class
+    if type(expr).__name__ in ("Min", "Max"):  # sympy's, or torch.export's own classes of that name
+        # tract's TDim has min(..) and max(..)
         args = sorted(expr.args, key=sympy.default_sort_key)
         return f"{type(expr).__name__.lower()}({', '.join(tdim_text(a) for a in args)})"
     raise ValueError(f"size expression {expr} has no tract TDim form")

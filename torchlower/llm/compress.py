@@ -101,7 +101,7 @@ def _left_float(builder: Any, chosen: dict[str, tuple[str, torch.Tensor]]) -> di
             continue
         if label not in live:
             left[name] = "not stored as itself (folded into a derived constant)"
-        elif param.dim() > 2 and any(int(d) != 1 for d in param.shape[:-2]):
+        elif quant.batched(param.shape):
             left[name] = "one matrix per expert (tract packs Q4_0 weights only as [1.., M, K])"
         elif int(param.shape[-1]) % quant.BLOCK:
             left[name] = f"reduced size {int(param.shape[-1])} is not a multiple of {quant.BLOCK}"

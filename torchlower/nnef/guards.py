@@ -19,7 +19,7 @@ the three around matmuls live in ``nnef/guards_matmul.py``:
 - ``broadcast_after_matmul``: a matmul input broadcast on batch axes (``expand``) makes tract's
   einsum declutter lose the broadcast size ("Trying to substitute a 2,5,… by 1,5,…"); the
   matmul runs on the unbroadcast input and its result is broadcast, which is the same tensor.
-- ``broadcast_before_concat``: tract's ``ConcatThenEinsum`` split of a matmul over a key that is
+- ``broadcast_as_product``: tract's ``ConcatThenEinsum`` split of a matmul over a key that is
   ``concat([k, broadcast(concat([cache, new]))])`` on the reduced axis (DeepSeek's MLA, its
   shared rotary key broadcast over heads) wires an einsum piece with an input of the wrong rank
   ("in output_facts invocation for ….concat-einsum-k.4..8: EinSum … fact.len() ==
@@ -58,7 +58,7 @@ from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.guards_matmul import (
     _replacing,
     broadcast_after_matmul,
-    broadcast_before_concat,
+    broadcast_as_product,
     flat_matmul_after_reshape,
 )
 from torchlower.nnef.passes import _producers, _substitute, _uses, _variable
@@ -80,7 +80,7 @@ def apply(b: NNEFBuilder) -> None:
     empty_reductions(b)
     exact_quotients(b)
     broadcast_after_matmul(b)
-    broadcast_before_concat(b)
+    broadcast_as_product(b)
     flat_matmul_after_reshape(b)
     gather_strided_after_softmax(b)
     gather_strided_after_split(b)

@@ -1,7 +1,7 @@
 """The guards around ``matmul``: rewrites of its operands that tract 0.23's einsum declutter gets wrong.
 
 Listed, with the tract behaviour each avoids, in ``nnef/guards.py`` (which runs them):
-``broadcast_after_matmul``, ``broadcast_before_concat``, ``flat_matmul_after_reshape``.
+``broadcast_after_matmul``, ``broadcast_as_product``, ``flat_matmul_after_reshape``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _matmul_then_broadcast(
     ]
 
 
-def broadcast_before_concat(b: NNEFBuilder) -> bool:
+def broadcast_as_product(b: NNEFBuilder) -> bool:
     """``broadcast(concat(..))`` read by a concat that a matmul reads → ``concat(..) · ones``."""
     producers = _producers(b)
     readers: dict[str, list[Assignment]] = {}
@@ -61,16 +61,19 @@ def broadcast_before_concat(b: NNEFBuilder) -> bool:
         return any(m.op == "matmul" for c in concats for m in readers.get(c.outputs[0].name, []))
 
     return _replacing(
-        b, lambda a: _broadcast_as_product(b, a, producers) if into_matmul(a.outputs[0]) else None
+        b,
+        lambda a: (
+            _as_product(b, a, producers)
+            if a.op == "tract_core_broadcast" and into_matmul(a.outputs[0])
+            else None
+        ),
     )
 
 
-def _broadcast_as_product(
-    b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment]
-) -> list[Assignment] | None:
+def _as_product(b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment]) -> list[Assignment] | None:
     """The broadcast as a product with ones (x · 1.0 is x, NaN and -0.0 included): tract splits
     that, and the concatenated cache keeps its one reader, as ``detect_kv_cache`` needs."""
-    src = a.args[0] if a.op == "tract_core_broadcast" and a.args else None
+    src = a.args[0] if a.args else None
     inner = producers.get(src.name) if isinstance(src, Value) else None
     if (
         inner is None

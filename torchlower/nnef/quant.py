@@ -276,12 +276,17 @@ def _same(weight: torch.Tensor, param: torch.Tensor) -> bool:
     return torch.equal(weight, param.to(weight.dtype))
 
 
+def batched(shape: Any) -> bool:
+    """A matrix per batch entry (MoE experts): tract packs block-quantized weights only as [1.., M, K]."""
+    return len(shape) > 2 and any(int(d) != 1 for d in shape[:-2])
+
+
 def _kind(use: _Use, weight: torch.Tensor) -> str | None:
     """How a weight is used: ``rows`` (blocks along its last dim), ``transpose``, ``conv``, ``gather``."""
     a = use.assignment
     if a.op == "matmul" and use.slot == 1 and not a.attrs.get("transposeA"):
-        if weight.dim() >= 2 and any(d != 1 for d in weight.shape[:-2]):
-            return None  # a batched constant: tract packs only [1.., M, K]
+        if batched(weight.shape):
+            return None
         return "rows" if a.attrs.get("transposeB") else "transpose"
     if a.op == "conv" and use.slot == 1:
         return "conv"  # blocks run over in_channels/groups × kernel, flattened

@@ -72,7 +72,7 @@ class _Worker:
             except BrokenPipeError:
                 ready, line = [proc.stdout], ""
             if not line:
-                raise CheckError(_named(artifact, f"{self._death(timed_out=not ready)}"))
+                raise CheckError(_named(artifact, self._death(timed_out=not ready)))
             error = json.loads(line)["error"]
             if error is not None:
                 raise CheckError(_named(artifact, error[-4000:]))
