@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m torchlower.demo
+	$(BIN)/python -m torchlower.cli.demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check torchlower tests

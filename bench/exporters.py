@@ -42,10 +42,10 @@ def names(count: int, stem: str) -> list[str]:
 def _torchlower(frontend: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...], Path], list[Path]]:
     def run(model: nn.Module, args: tuple[torch.Tensor, ...], folder: Path) -> list[Path]:
         import torchlower
-        from torchlower import api
+        from torchlower.pipeline import export as api
 
         if frontend not in api.FRONTENDS:
-            raise RuntimeError(f"front end {frontend!r} not in torchlower.api.FRONTENDS {api.FRONTENDS}")
+            raise RuntimeError(f"front end {frontend!r} not in torchlower.pipeline.export.FRONTENDS {api.FRONTENDS}")
         path = folder / "model.nnef.tar"
         torchlower.export(
             model, args, path, frontend=frontend, check=False, input_names=names(len(args), "input")

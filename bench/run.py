@@ -32,7 +32,7 @@ IMPORTS = {
     "python (no import)": "pass",
     "torch": "import torch",
     "torchlower": "import torchlower",
-    "torchlower.api (ready to export)": "import torchlower.api",
+    "torchlower.api (ready to export)": "import torchlower.pipeline.export",
     "torch_to_nnef": "import torch_to_nnef",
 }
 

@@ -10,7 +10,7 @@ import torch
 
 import torchlower
 from tests import torchvision_shim
-from torchlower.api import FRONTENDS, ExportReport
+from torchlower.pipeline.export import FRONTENDS, ExportReport
 
 torchvision_shim.install()  # before anything (transformers) imports torchvision
 

@@ -2,7 +2,7 @@
 
 - Always: every export whose tract check passed reports its rule keys; a rule counts as
   proven by a test only when that whole test passed.
-- ``TORCHLOWER_RECORD_COVERAGE=1``: write the record ``torchlower/ops_coverage.json`` (run the
+- ``TORCHLOWER_RECORD_COVERAGE=1``: write the record ``torchlower/rules/ops_coverage.json`` (run the
   whole suite: a key no test of this run proved is dropped).
 - ``TORCHLOWER_RECORD_COVERAGE=merge``: add the proofs of keys the committed record lacks (for a
   targeted run; recorded proofs stay as they are).
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from torchlower import coverage
+from torchlower.rules import coverage
 
 _current: set[str] = set()
 _proofs: dict[str, str] = {}
@@ -69,7 +69,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if lost:
             reporter = session.config.pluginmanager.get_plugin("terminalreporter")
             message = (
-                f"{len(lost)} rule(s) listed as proven in torchlower/ops_coverage.json were not proven"
+                f"{len(lost)} rule(s) listed as proven in torchlower/rules/ops_coverage.json were not proven"
                 f" by a passing test in this run: {', '.join(lost[:20])}. Fix the tests or run"
                 " `make ops-doc`."
             )

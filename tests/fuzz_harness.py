@@ -26,9 +26,9 @@ import torch
 
 import torchlower
 from tests.fuzz_models import BatchModel, Case, batch_inputs, output_owner
-from torchlower.api import FRONTENDS
 from torchlower.errors import CheckError, TorchlowerError
 from torchlower.nnef.tract import compare
+from torchlower.pipeline.export import FRONTENDS
 
 OK = ("verified", "typed")
 ROOT = Path(__file__).resolve().parents[1]

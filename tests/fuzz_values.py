@@ -31,7 +31,7 @@ from tests.fuzz_models import Case, CaseModule, cases
 from tests.fuzz_spec import Draw
 from torchlower.errors import CheckError, TorchlowerError
 from torchlower.nnef.tract import compare, run_points_in_tract
-from torchlower.verification import like
+from torchlower.pipeline.verification import like
 
 FRONTENDS = ("jit", "fx", "export")
 KINDS_OF_CONSTRUCT = ("branch", "item", "float", "loop", "tolist", "any", "weight_item", "size_int")

@@ -57,7 +57,7 @@ def ints(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 
 
 def cnn() -> nn.Module:
-    from torchlower.demo import image_classifier
+    from torchlower.cli.demo import image_classifier
 
     return dyadic(image_classifier(), 1)
 

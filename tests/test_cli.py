@@ -238,8 +238,8 @@ def test_planned_options_refused_cleanly(tmp_path: Path, option: str, keyword: s
 
 
 def test_ops_table() -> None:
-    from torchlower import coverage
-    from torchlower.api import FRONTENDS
+    from torchlower.pipeline.export import FRONTENDS
+    from torchlower.rules import coverage
 
     data = cli_json("ops")
     assert data["ops"] == coverage.support_rows()  # only rules with a recorded runtime proof

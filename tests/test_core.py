@@ -18,7 +18,7 @@ from torchlower.errors import (
     TraceError,
     UnsupportedOpsError,
 )
-from torchlower.jit import ModuleTracer, maybe_quantize_args
+from torchlower.frontends.jit import ModuleTracer, maybe_quantize_args
 
 
 def mlp() -> nn.Module:
@@ -147,7 +147,7 @@ def test_archive_formats_run_in_tract(tmp_path, suffix):
 
 
 def test_check_error_carries_numbers(tmp_path):
-    from torchlower.api import verify
+    from torchlower.pipeline.export import verify
 
     model, x = mlp().eval(), torch.randn(2, 4)
     report = torchlower.export(model, x, tmp_path / "m.nnef.tgz", check=False)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import torchlower
-from torchlower.dynamic import resize
+from torchlower.core.dynamic import resize
 from torchlower.errors import InvalidArgumentError, LoweringError
 from torchlower.nnef.tract import run_in_tract
 

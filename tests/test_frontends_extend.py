@@ -8,10 +8,10 @@ from torch import nn
 
 import torchlower
 from tests.conftest import export_and_check
+from torchlower.core.values import Value, constant
 from torchlower.errors import InvalidArgumentError, UnsupportedOpsError
-from torchlower.fx import trace
+from torchlower.frontends.fx import trace
 from torchlower.rules.common import Builder, channel_param
-from torchlower.values import Value, constant
 
 
 # ---- a user module the FX tracer cannot trace through (shape control flow) -------------------

@@ -11,13 +11,13 @@ from torch import nn
 
 import torchlower
 from tests.conftest import export_and_check
+from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError
+from torchlower.frontends.fx import lower_fx
 from torchlower.frontends.pycalls import resolve_function, resolve_method
-from torchlower.fx import lower_fx
 from torchlower.nnef import archive
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.tract import run_in_tract
-from torchlower.values import Value, constant
 
 
 def test_lower_fx_with_explicit_builder_and_inputs(tmp_path):

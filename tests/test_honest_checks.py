@@ -18,8 +18,8 @@ from torch import nn
 import torchlower
 from tests.models_compress import MLP
 from tests.test_cli import cli, cli_json
-from torchlower import verification
 from torchlower.errors import CheckError, InvalidArgumentError
+from torchlower.pipeline import verification
 
 
 def test_export_checks_the_example_and_three_random_points(tmp_path: Path) -> None:

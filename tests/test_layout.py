@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 import torchlower
+from torchlower.core.values import Value
 from torchlower.nnef import layout, text
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.tract import run_in_tract
-from torchlower.values import Value
 
 
 def _apply(a: text.Assignment, x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import torchlower
+import torchlower.artifact.io
 
 
 class Flat(nn.Module):
@@ -46,7 +47,7 @@ def test_nested_keys_are_joined_with_dots(frontend: str, tmp_path: Path) -> None
     model, x = Nested().eval(), torch.randn(2, 4)
     report = torchlower.export(model, x, tmp_path / "n.nnef.tgz", frontend=frontend)
     assert [o.name for o in report.outputs] == ["logits", "extra.probs", "extra.hidden"]
-    assert 'i"extra.probs" = ' in torchlower.io.graph_text(report.path)  # tract's escaped names
+    assert 'i"extra.probs" = ' in torchlower.artifact.io.graph_text(report.path)  # tract's escaped names
     info = torchlower.inspect(report.path)
     assert [o["name"] for o in info["outputs"]] == ["logits", "extra.probs", "extra.hidden"]
     out = torchlower.load(report.path).run([x.numpy()])

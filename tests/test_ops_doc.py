@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchlower import coverage
+from torchlower.rules import coverage
 
 
 def test_operators_doc_is_current():

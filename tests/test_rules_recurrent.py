@@ -8,11 +8,10 @@ import torch
 from torch import nn
 
 from tests.conftest import export_and_check
-from torchlower import coverage
-from torchlower.api import verify
 from torchlower.nnef import archive
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.rules import NNEF_RULES
+from torchlower.pipeline.export import verify
+from torchlower.rules import NNEF_RULES, coverage
 from torchlower.rules.registry import describe
 
 
@@ -157,7 +156,7 @@ def test_aten_cell_rules(tmp_path, kind, bias):
     w_ih, w_hh = torch.randn(gates * 5, 4), torch.randn(gates * 5, 5)
     b_ih, b_hh = (torch.randn(gates * 5), torch.randn(gates * 5)) if bias else (None, None)
     fn = getattr(torch, f"{kind}_cell")
-    from torchlower.values import constant
+    from torchlower.core.values import constant
 
     w = [constant(t) if t is not None else None for t in (w_ih, w_hh, b_ih, b_hh)]
     if kind == "lstm":

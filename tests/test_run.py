@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import torchlower
+import torchlower.artifact.io
 from tests.cli_models import TwoHeads
 from tests.conftest import aborting_graph
 from tests.test_cli import cli, cli_json, stderr_on_a_terminal
@@ -163,7 +164,7 @@ def test_inspect_graph_prints_the_text(dynamic: tuple[Path, Any]) -> None:
     assert proc.returncode == 0 and proc.stdout.startswith("version 1.0;")
     assert "graph network(x, y) -> (a, b)" in proc.stdout
     assert "# module: a" in proc.stdout, "the module of each op is recorded as a comment"
-    assert torchlower.io.graph_text(path) == proc.stdout
+    assert torchlower.artifact.io.graph_text(path) == proc.stdout
 
 
 def test_progress_is_silent_when_piped(dynamic: tuple[Path, Any]) -> None:
@@ -219,14 +220,14 @@ def test_lattice_folder_runs_in_the_reference_executor(tmp_path: Path) -> None:
 
 
 def runner_stats(array: np.ndarray) -> dict[str, Any]:
-    from torchlower import runner
+    from torchlower.artifact import runner
 
     return runner.statistics(array)
 
 
 def test_one_dtype_vocabulary(tmp_path: Path) -> None:
-    from torchlower import dtypes
     from torchlower.cli import specs
+    from torchlower.core import dtypes
 
     for text in ("ids:1x4:i64", "ids:1x4:long", "ids:1x4:int64", "ids:1x4:torch.int64"):
         assert specs.input_spec(text).dtype == "int64"

@@ -23,8 +23,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from torchlower.api import ExportReport, export
-    from torchlower.io import Artifact, CheckResult, check, inspect, load
+    from torchlower.artifact.io import Artifact, CheckResult, check, inspect, load
+    from torchlower.pipeline.export import ExportReport, export
+
+from torchlower import _moved
+
+_moved.install()  # old import paths (torchlower.io, torchlower.api, …) for one release
 
 
 def __dir__() -> list[str]:
@@ -34,11 +38,11 @@ def __dir__() -> list[str]:
 
 def __getattr__(name: str) -> Any:
     if name in ("export", "ExportReport"):
-        from torchlower import api
+        from torchlower.pipeline import export
 
-        return getattr(api, name)
+        return getattr(export, name)
     if name in ("load", "inspect", "check", "Artifact", "CheckResult"):
-        from torchlower import io
+        from torchlower.artifact import io
 
         return getattr(io, name)
     if name == "register_function_rule":

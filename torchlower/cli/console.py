@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
-from torchlower import progress
+from torchlower.core import progress
 
 
 @dataclass
@@ -78,7 +78,7 @@ class _LowerLevel(logging.Formatter):
 
 
 class RichReporter:
-    """``torchlower.progress.Reporter`` drawing rich bars: ops done / total, bytes and rate."""
+    """``torchlower.core.progress.Reporter`` drawing rich bars: ops done / total, bytes and rate."""
 
     def __init__(self, console: Console, delay: float) -> None:
         self.bars = Progress(

@@ -76,7 +76,8 @@ class Drawn:
 
 def draw(artifact: Path, picture: Path, fmt: str, shapes: bool = True, detail: str = "blocks") -> Drawn:
     """Write the picture of ``artifact`` to ``picture`` (``svg``, ``png`` or ``dot`` source)."""
-    from torchlower import io, progress
+    from torchlower.artifact import io
+    from torchlower.core import progress
 
     if detail not in DETAILS:
         raise usage_error(f"--detail {detail!r}: use one of {', '.join(DETAILS)}")
@@ -111,7 +112,7 @@ def write_picture(pic: Picture, picture: Path, fmt: str) -> str:
 # ---- shapes -------------------------------------------------------------------------------
 def declared_shapes(graph: Graph) -> dict[str, str]:
     """Shapes written in the text: inputs (``external``) and weights (``variable``)."""
-    from torchlower import dtypes
+    from torchlower.core import dtypes
 
     known = {i.name: f"{dims(i.shape)} {dtypes.name(i.dtype)}" for i in graph.inputs}
     known.update({v.name: dims(v.shape) for v in graph.variables})
@@ -120,7 +121,7 @@ def declared_shapes(graph: Graph) -> dict[str, str]:
 
 def probe_shapes(artifact: Path, graph: Graph) -> dict[str, str]:
     """Shape of every computed tensor as tract infers it (symbolic for dynamic graphs)."""
-    from torchlower import progress
+    from torchlower.core import progress
     from torchlower.nnef import reader, session
     from torchlower.nnef.text import name_text
 

@@ -92,7 +92,7 @@ def _summary(target: Path, shapes: bool) -> dict[str, Any]:
 
 def _print_graph(target: Path, out: Output) -> int:
     """``graph.nnef`` as checked by the reader; through a pager only when stdout is a terminal."""
-    from torchlower import io
+    from torchlower.artifact import io
 
     with show_progress(out):
         text = io.graph_text(target)

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _demo(args: argparse.Namespace, out: Output) -> int:
-    from torchlower.demo import main as demo_main
+    from torchlower.cli.demo import main as demo_main
 
     return int(demo_main(args.output))
 

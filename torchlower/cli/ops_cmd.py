@@ -32,7 +32,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def support_table() -> list[dict[str, Any]]:
     """One row per rule proven in tract by a test, sorted by family then name."""
-    from torchlower.coverage import support_rows
+    from torchlower.rules.coverage import support_rows
 
     return support_rows()
 
@@ -58,7 +58,7 @@ def _matching(rows: list[dict[str, Any]], pattern: str) -> list[dict[str, Any]]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    from torchlower.coverage import markdown as generate
+    from torchlower.rules.coverage import markdown as generate
 
     return generate()
 

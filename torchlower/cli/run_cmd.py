@@ -38,7 +38,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: Output) -> int:
     import torchlower
-    from torchlower import io, runner
+    from torchlower.artifact import io, runner
 
     target = Path(args.archive)
     if not target.exists():

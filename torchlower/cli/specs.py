@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from torchlower import dtypes
 from torchlower.cli.failures import usage_error
+from torchlower.core import dtypes
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -22,7 +22,7 @@ class InputSpec:
 
     name: str
     shape: tuple[int, ...]
-    dtype: str  # torchlower's spelling (torchlower.dtypes): float32, int64, …
+    dtype: str  # torchlower's spelling (torchlower.core.dtypes): float32, int64, …
 
 
 def input_spec(text: str) -> InputSpec:

@@ -23,7 +23,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
-from torchlower import progress
+from torchlower.core import progress
+from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError, TraceError, ValueDependentTraceError
 from torchlower.frontends import export_bounds
 from torchlower.frontends.export_inplace import functional_in_place
@@ -33,7 +34,6 @@ from torchlower.frontends.session import Session
 from torchlower.frontends.torch_noise import torch_output_to_debug_log
 from torchlower.rules.recurrent_modules import recurrent_as_one_op
 from torchlower.rules.registry import Registry, describe
-from torchlower.values import Value, constant
 
 _PROGRAMS: dict[Any, ExportedProgram] = {}  # torch.nn modules by structure: see ``_program_key``
 _MAX_PROGRAMS = 256

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.export import ExportedProgram
 
-from torchlower.dynamic import not_dynamic
+from torchlower.core.dynamic import not_dynamic
 from torchlower.errors import LoweringError
 from torchlower.frontends.provenance import raised_at
 

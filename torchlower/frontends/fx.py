@@ -21,7 +21,8 @@ from torch import fx, nn
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
-from torchlower import dynamic_sizes, progress
+from torchlower.core import dynamic_sizes, progress
+from torchlower.core.values import SymDim, Value, constant
 from torchlower.errors import InvalidArgumentError, LoweringError
 from torchlower.frontends import fx_dynamic, fx_views, provenance, pycalls
 from torchlower.frontends.fx_index import fold as _fold
@@ -29,7 +30,6 @@ from torchlower.frontends.fx_index import lower_getitem, lower_setitem, static
 from torchlower.frontends.fx_trace import EXAMPLE, ShapePass, Tracer, trace
 from torchlower.frontends.session import MISSING, Meta, Missing, Session, stamp
 from torchlower.rules.registry import describe
-from torchlower.values import SymDim, Value, constant
 
 _SHAPE_METHODS = {"size", "dim", "ndimension", "numel", "nelement"}
 

@@ -18,11 +18,11 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from torchlower.dynamic import Spec, not_dynamic
+from torchlower.core.dynamic import Spec, not_dynamic
+from torchlower.core.values import Shape
 from torchlower.frontends.fx_trace import ShapePass
 from torchlower.frontends.provenance import raised_at
 from torchlower.rules.registry import Registry
-from torchlower.values import Shape
 
 SHAPES = "torchlower_shapes"  # node.meta key: fitted (symbolic) shape per tensor result
 

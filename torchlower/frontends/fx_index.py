@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError
 from torchlower.frontends.session import Meta, Session
-from torchlower.values import Value, constant
 
 Step = tuple[str, list[Any]]
 

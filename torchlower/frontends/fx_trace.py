@@ -21,10 +21,10 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 from torch.utils import _pytree as pytree
 
+from torchlower.core.values import Value
 from torchlower.errors import TorchlowerError, TraceError
 from torchlower.frontends import pycalls
 from torchlower.rules.registry import Registry
-from torchlower.values import Value
 
 EXAMPLE = "torchlower_example"  # node.meta key: real inputs of a call lowered through torch.export
 

@@ -16,11 +16,11 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from torchlower.core.values import Value
 from torchlower.errors import LoweringError
 from torchlower.frontends import pycalls, views
 from torchlower.frontends.fx_index import _basic_steps, _items, fold, overload
 from torchlower.frontends.session import Missing
-from torchlower.values import Value
 
 Level = tuple[Any, str, list[Any]]  # (base value, view op, the op's other arguments)
 _READ_VIEWS = views.INVERTIBLE | {"expand", "expand_as", "unfold", "as_strided", "T", "mT"}

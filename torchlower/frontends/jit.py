@@ -15,13 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower import dynamic, dynamic_sizes, progress
-from torchlower.dynamic import Spec
+from torchlower.core import dynamic, dynamic_sizes, progress
+from torchlower.core.dynamic import Spec
+from torchlower.core.values import SymDim, Value, constant
 from torchlower.errors import InvalidArgumentError, LoweringError, TraceError, ValueDependentTraceError
 from torchlower.frontends import jit_trace, provenance, views
 from torchlower.frontends.jit_trace import FastTrace, dynamic_overrides, maybe_quantize_args, trace
 from torchlower.frontends.session import MISSING, Meta, Session
-from torchlower.values import SymDim, Value, constant
 
 _SCALAR_TYPES = {
     "Float": torch.float32, "Double": torch.float64, "Half": torch.float16,
@@ -132,7 +132,7 @@ def lower_jit(
     """Walk the inlined graph, lowering every node; returns the flattened outputs.
 
     With dynamic axes (``spec``) the module is traced again at other sizes and node shapes and
-    size constants become expressions in the symbols (``torchlower.dynamic``); those traces
+    size constants become expressions in the symbols (``torchlower.core.dynamic``); those traces
     are compared node by node, so they all take the full ``torch.jit.trace`` route.
     """
     fast = tracer.fast_trace() if spec is None else None

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from torchlower.dynamic import UNFIT, Spec, not_dynamic
-from torchlower.values import Shape, SymDim
+from torchlower.core.dynamic import UNFIT, Spec, not_dynamic
+from torchlower.core.values import Shape, SymDim
 
 
 @dataclass

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower import dynamic
-from torchlower.dynamic import Spec
+from torchlower.core import dynamic
+from torchlower.core.dynamic import Spec
 from torchlower.errors import LoweringError
 from torchlower.frontends import jit_sizes
 from torchlower.frontends.provenance import raised_at

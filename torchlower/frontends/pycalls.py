@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch.jit._builtins import _find_builtin
 
+from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError
 from torchlower.frontends.schemas import Bound, bind_op, bind_schema, key_of, schemas_for
 from torchlower.rules.registry import describe
-from torchlower.values import Value, constant
 
 # operator → (ATen op, in place); reflected forms (2 - x) are handled in ``_operator``
 OPERATORS: dict[Callable[..., Any], tuple[str, bool]] = {

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from torchlower import progress
-from torchlower.dynamic_sizes import scalar_op
+from torchlower.core import progress
+from torchlower.core.dynamic_sizes import scalar_op
+from torchlower.core.values import Shape, Value, constant
 from torchlower.errors import LoweringError, TorchlowerError, UnsupportedOp, UnsupportedOpsError
 from torchlower.rules.registry import describe, normalize_key
-from torchlower.values import Shape, Value, constant
 
 Meta = tuple[torch.dtype | None, Shape | None]
 

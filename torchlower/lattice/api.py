@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from torchlower.core.values import Value
 from torchlower.errors import ArtifactError, InvalidArgumentError, LoweringError, UnsupportedOpsError
 from torchlower.lattice import verify
 from torchlower.lattice.builder import WEIGHT_FILE, LatticeBuilder
@@ -25,7 +26,6 @@ from torchlower.lattice.executor import Artifact, execute
 from torchlower.lattice.rules import LATTICE_RULES
 from torchlower.lattice.sparse import SparseTensor
 from torchlower.nnef.tract import OutputError
-from torchlower.values import Value
 
 GRAPH_FILE = "graph.mlir"
 log = logging.getLogger("torchlower")
@@ -84,7 +84,7 @@ def save(
     """
     if not isinstance(model, nn.Module):
         raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    from torchlower.model_io import eval_view
+    from torchlower.core.model_io import eval_view
 
     module = eval_view(model)
     examples = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
@@ -161,7 +161,7 @@ def _module_names(model: nn.Module, rules: Any) -> dict[int, str]:
 def _lower(builder: LatticeBuilder, model: nn.Module, inputs: list[Value]) -> list[Any]:
     """Trace with ``torchlower.fx.Tracer`` (rule-bearing modules stay leaves) and interpret; a
     model that is one rule-bearing module goes straight to its rule."""
-    from torchlower import fx
+    from torchlower.frontends import fx
     from torchlower.frontends.session import Session
 
     if builder.rules.lookup_module(type(model)) is not None:

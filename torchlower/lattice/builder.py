@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchlower.core.values import Value
 from torchlower.errors import InvalidArgumentError, LoweringError
 from torchlower.lattice import quantize
-from torchlower.values import Value
 
 IR_VERSION = 2
 SCHEMA_DIGEST = "1380f1e819fc0eb1af587202ecec3c14ec2c981d249333c5061f0263f82072ad"

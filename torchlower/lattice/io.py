@@ -1,4 +1,4 @@
-"""Reading lattice folders back: ``load``, ``inspect`` and ``check`` (what ``torchlower.io`` and
+"""Reading lattice folders back: ``load``, ``inspect`` and ``check`` (what ``torchlower.artifact.io`` and
 the CLI call for a folder holding ``graph.mlir``).
 
 Folders are untrusted: anything malformed becomes an ``ArtifactError`` naming the file. ``check``
@@ -202,7 +202,7 @@ def check(
     if model is not None:
         if not isinstance(model, nn.Module):
             raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        from torchlower.model_io import eval_view
+        from torchlower.core.model_io import eval_view
 
         eager = verify.eager_outputs(eval_view(model), model_inputs(art, flat))
     else:

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from torchlower.core.values import Value
 from torchlower.errors import LoweringError
 from torchlower.lattice import functional as LF
 from torchlower.lattice import modules as LM
 from torchlower.lattice.builder import LatticeBuilder, SparseValue, enum, f32, f64s, i64s
 from torchlower.rules.registry import Registry
-from torchlower.values import Value
 
 LATTICE_RULES = Registry("lattice")
 rule = LATTICE_RULES.function

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.core.values import Value
 from torchlower.errors import LoweringError
 from torchlower.lattice.builder import LatticeBuilder, f32
 from torchlower.lattice.rules import LATTICE_RULES, activation_attrs, constant, feature_op, symbolic
-from torchlower.values import Value
 
 rule = LATTICE_RULES.function
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torchlower.core.values import Value
 from torchlower.errors import LoweringError
 from torchlower.lattice import modules_ops as LO
 from torchlower.lattice.builder import LatticeBuilder, SparseValue, f32, i64s
@@ -20,7 +21,6 @@ from torchlower.lattice.rules import (
     target_transposed_geometry,
 )
 from torchlower.lattice.rules_functional import emit_rms_norm
-from torchlower.values import Value
 
 
 # ---- normalized convs: weights stay dense under quantization (the op squares them) ------------

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchlower import tolerance as tolerances
+from torchlower.core import tolerance as tolerances
 from torchlower.errors import CheckError
 from torchlower.lattice import quantize
 from torchlower.lattice.sparse import SparseTensor

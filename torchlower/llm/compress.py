@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower import progress
+from torchlower.core import progress
 from torchlower.nnef import quant, text
 
 
@@ -116,7 +116,7 @@ def store_f16(builder: Any, wrapper: nn.Module, roles: set[str]) -> dict[str, to
     tract folds the cast when it loads the archive, so this halves the file, not the memory.
     Returns the f16-rounded HF parameters (what the check runs PyTorch with).
     """
-    from torchlower.values import Value
+    from torchlower.core.values import Value
 
     found = {label: t for label, t in tables(builder, wrapper).items() if t.role in roles}
     rounded: dict[str, torch.Tensor] = {}

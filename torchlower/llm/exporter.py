@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower import __version__, dynamic, progress, validate
-from torchlower import tolerance as tolerances
-from torchlower.api import _build, _bytes_by_format
+from torchlower import __version__
+from torchlower.core import dynamic, progress
+from torchlower.core import tolerance as tolerances
+from torchlower.core.model_io import eval_view
 from torchlower.errors import DynamicAxisError, InvalidArgumentError
 from torchlower.llm import bundle, checks
 from torchlower.llm.alibi import alibi_table
@@ -43,9 +44,10 @@ from torchlower.llm.wrapper import (
     rope_switch_length,
     static_rope,
 )
-from torchlower.model_io import eval_view
 from torchlower.nnef import archive, guards, passes
 from torchlower.nnef.tract import OutputError
+from torchlower.pipeline import validate
+from torchlower.pipeline.export import _build, _bytes_by_format
 
 log = logging.getLogger("torchlower")
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchlower.core.values import Value
 from torchlower.nnef import text
-from torchlower.values import Value
 
 _PASS_THROUGH = ("reshape", "tract_core_broadcast", "transpose")
 

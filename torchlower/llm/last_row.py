@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
+from torchlower.core.values import Value
 from torchlower.nnef import passes
-from torchlower.values import Value
 
 # what may sit between the mask's row maximum and the ``gt`` that tests it
 _MAX_CHAIN = ("max_reduce", "max_pool", "tract_core_cast", "reshape")

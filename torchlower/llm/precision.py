@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from torchlower.core.values import Value
 from torchlower.nnef import passes, text
-from torchlower.values import Value
 
 
 def cache_dtype(precision: str) -> torch.dtype:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchlower import progress
+from torchlower.core import progress
 from torchlower.errors import InvalidArgumentError
 from torchlower.nnef import dat, quant
 

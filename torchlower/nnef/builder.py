@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+from torchlower.core.values import Shape, SymDim, Value
 from torchlower.errors import InvalidArgumentError, LoweringError
 from torchlower.nnef import text
-from torchlower.values import Shape, SymDim, Value
 
 TRACT_DTYPES = {
     torch.float16: "f16",

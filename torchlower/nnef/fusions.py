@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
+from torchlower.core.values import Value
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.passes import _const, _producers, _rewrite, _static, _uses, _variable
-from torchlower.values import Value
 
 Assignment = text.Assignment
 MAX_FLASH_AREA = 32 * 32  # query length × key length up to which flash SDPA beat matmul+softmax

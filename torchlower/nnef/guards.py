@@ -53,6 +53,7 @@ from typing import Any
 
 import torch
 
+from torchlower.core.values import Value
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.guards_matmul import (
@@ -62,7 +63,6 @@ from torchlower.nnef.guards_matmul import (
     flat_matmul_after_reshape,
 )
 from torchlower.nnef.passes import _producers, _substitute, _uses, _variable
-from torchlower.values import Value
 
 Assignment = text.Assignment
 _SOURCES = ("external", "tract_core_external", "variable")  # distinct even when spelled alike

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from torchlower.core.values import Value
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.passes import _producers, _rewrite, _uses
-from torchlower.values import Value
 
 Assignment = text.Assignment
 

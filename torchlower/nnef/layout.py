@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchlower.core.values import Value
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.passes import _producers, _splice, _static, _uses
-from torchlower.values import Value
 
 Assignment = text.Assignment
 _LAYOUT = ("reshape", "squeeze", "unsqueeze", "transpose")

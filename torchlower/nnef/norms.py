@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import torch
 
+from torchlower.core.values import Value
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.passes import _splice, _static, _uses
-from torchlower.values import Value
 
 Assignment = text.Assignment
 MAX_ROW = 4096  # the row length up to which n·x keeps the overflow bound above 4e15

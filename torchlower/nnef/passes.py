@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
+from torchlower.core.values import Value
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.values import Value
 
 Assignment = text.Assignment
 _ARITH = {"add": torch.add, "mul": torch.mul}

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from torchlower.core.values import Value
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.passes import _const, _producers, _splice, _static, _uses
-from torchlower.values import Value
 
 Assignment = text.Assignment
 

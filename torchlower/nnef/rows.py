@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
+from torchlower.core.values import Value
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.passes import _rewrite, _static, _uses, _variable
-from torchlower.values import Value
 
 Assignment = text.Assignment
 ROW_ALIGN = 64  # tract's softmax kernel runs whole rows of 64 floats fast, a ragged tail slowly

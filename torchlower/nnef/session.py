@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from torchlower.dtypes import CANONICAL
+from torchlower.core.dtypes import CANONICAL
 from torchlower.errors import CheckError, InvalidArgumentError
 
 _WIRE_DTYPES = frozenset(CANONICAL) - {"bfloat16"}  # numpy has no bfloat16 to send
@@ -52,7 +52,7 @@ def facts(model: Any) -> dict[str, list[str]]:
 
 def parse_fact(text: str) -> tuple[list[int | str], str]:
     """``"B,10,f32"`` → ``(["B", 10], "float32")``; symbolic sizes stay text (``"S+1"``)."""
-    from torchlower import dtypes
+    from torchlower.core import dtypes
 
     *dims, datum = text.split(",")
     shape: list[int | str] = [int(d) if d.strip().isdigit() else d.strip() for d in dims]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchlower.values import SymDim, Value
+from torchlower.core.values import SymDim, Value
 
 _IDENT = re.compile(r"[^A-Za-z0-9_]")
 

@@ -11,11 +11,11 @@ import math
 
 import torch
 
+from torchlower.core.values import Value, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Scalar, cast
 from torchlower.rules.math import log1p
-from torchlower.values import Value, normalize_dim
 
 
 def _unary(b: Builder, op: str, x: Value, attrs: dict | None = None) -> Value:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from torchlower.core.values import Shape, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import (
@@ -23,7 +24,6 @@ from torchlower.rules.common import (
     tract_operands,
 )
 from torchlower.rules.division import rounded_quotient
-from torchlower.values import Shape, Value, constant
 
 
 def result_dtype(*xs: Operand | None) -> torch.dtype:

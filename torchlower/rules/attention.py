@@ -12,12 +12,12 @@ import math
 import torch
 from torch import nn
 
+from torchlower.core.values import Shape, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import module_rule, rule
 from torchlower.rules.attention_f16 import attend_f16
 from torchlower.rules.attention_f16 import to as _to
 from torchlower.rules.common import Builder, align_ranks, reshape, shape_of, unsqueeze_to
-from torchlower.values import Shape, Value, constant
 
 NEG_INF = float("-inf")  # printed as the lowest finite f32: exp() still gives exactly 0
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from torchlower.core.values import Shape, Value, constant
 from torchlower.rules.common import Builder, Operand, shape_of
-from torchlower.values import Shape, Value, constant
 
 _KV_BLOCK = 512  # kv_split_size of every q-length branch of the kernel's dispatch
 _LOG2E = 0x3FB8AA3B  # the f32 bit patterns the kernel loads

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder
-from torchlower.values import Value, constant
 
 
 def _fold(

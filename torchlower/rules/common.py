@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.core.values import Dim, Shape, Value, constant
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.values import Dim, Shape, Value, constant
 
 Builder = NNEFBuilder
 Scalar = float | int | bool

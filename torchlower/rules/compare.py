@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.core.values import Value, normalize_dim
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Operand
 from torchlower.rules.math import binary
-from torchlower.values import Value, normalize_dim
 
 
 def _compare(op: str) -> object:

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
+from torchlower.core.values import Dim, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Operand, unsqueeze_to
 from torchlower.rules.layout import concat, dims_of, slice_dim
-from torchlower.values import Dim, Value, constant
 
 COMPLEX_OF = {torch.float32: torch.complex64, torch.float16: torch.complex32, torch.float64: torch.complex128}
 REAL_OF = {c: r for r, c in COMPLEX_OF.items()}

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from torchlower.core.values import Shape, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of
-from torchlower.values import Shape, Value, constant
 
 Pairs = list[tuple[int, int]]
 _BORDER = {"constant": "constant", "reflect": "reflect", "replicate": "replicated"}

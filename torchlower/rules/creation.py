@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.core.values import Dim, SymDim, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, cast
 from torchlower.rules.layout import broadcast_to, dims_of, scalar_of
-from torchlower.values import Dim, SymDim, Value, constant
 
 
 def filled(b: Builder, value: float | int | bool, shape: Sequence[Dim], dtype: torch.dtype) -> Value:

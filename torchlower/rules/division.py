@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from torchlower.core.values import Value, constant
 from torchlower.rules import rule
 from torchlower.rules.common import (
     Builder,
@@ -24,7 +25,6 @@ from torchlower.rules.common import (
     tract_operands,
 )
 from torchlower.rules.math import binary, result_type, select, trunc, unary
-from torchlower.values import Value, constant
 
 _EXACT_BELOW = float(2**24)  # |q| from here on: float32 quotients are integers already
 

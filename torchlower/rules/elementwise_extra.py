@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from torchlower.core.values import Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.activations import elu, leaky_relu
@@ -31,7 +32,6 @@ from torchlower.rules.math import (
     trunc,
     unary,
 )
-from torchlower.values import Value, constant, normalize_dim
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from torchlower.dynamic import materialize
+from torchlower.core.dynamic import materialize
+from torchlower.core.values import Dim, Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Operand, align_ranks, broadcast_shapes, reshape, unsqueeze_to
@@ -28,7 +29,6 @@ from torchlower.rules.layout import (
     transpose,
     unsqueeze,
 )
-from torchlower.values import Dim, Value, constant, normalize_dim
 
 Scalar = float | int | bool
 

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.core.values import Dim, SymDim, Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Operand, reshape, unsqueeze_to
-from torchlower.values import Dim, SymDim, Value, constant, normalize_dim
 
 
 def dims_of(x: Value) -> tuple[Dim, ...]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.core.values import Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, cast, reshape
@@ -26,7 +27,6 @@ from torchlower.rules.layout import (
     transpose,
     unsqueeze,
 )
-from torchlower.values import Value, constant, normalize_dim
 
 
 @rule("aten::fill.Scalar", "aten::fill_.Scalar")

@@ -10,13 +10,13 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.core.values import Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Operand, Scalar, align_ranks, cast, shape_of
 from torchlower.rules.layout import dims_of, gather_axis, transpose, unsqueeze
 from torchlower.rules.layout_extra import diagonal
 from torchlower.rules.linear import matmul
-from torchlower.values import Value, constant, normalize_dim
 
 
 def _bin(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | None = None) -> Value:

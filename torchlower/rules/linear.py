@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from torchlower.core.values import Value, constant
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Scalar, channel_param, shape_of, unsqueeze_to
-from torchlower.values import Value, constant
 
 
 @rule("aten::linear")

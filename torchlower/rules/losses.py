@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from torchlower.core.values import Value
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder
 from torchlower.rules.math import binary, select, unary
 from torchlower.rules.reduce import mean, sum_
-from torchlower.values import Value
 
 
 def _reduce(b: Builder, loss: Value, reduction: int) -> Value:

@@ -13,6 +13,7 @@ import operator
 
 import torch
 
+from torchlower.core.values import Shape, Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import (
@@ -24,7 +25,6 @@ from torchlower.rules.common import (
     shape_of,
     tract_operands,
 )
-from torchlower.values import Shape, Value, constant, normalize_dim
 
 # ---- helpers shared by the compare / reduce_extra families ---------------------------------
 

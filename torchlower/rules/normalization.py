@@ -11,10 +11,10 @@ from collections.abc import Sequence
 import torch
 from torch.nn.modules.instancenorm import _InstanceNorm
 
+from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import module_rule, rule
 from torchlower.rules.common import Builder, channel_param, reshape, shape_of
-from torchlower.values import Value, constant
 
 
 def normalize(b: Builder, x: Value, axes: list[int], eps: float) -> Value:

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from torchlower.core.values import Shape, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of
-from torchlower.values import Shape, Value, constant
 
 Pairs = list[tuple[int, int]]
 

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
+from torchlower.core.values import Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, align_ranks, shape_of
-from torchlower.values import Value, constant, normalize_dim
 
 # ScalarType codes of quantized dtypes, as traced graphs store them
 _QDTYPE_OF_CODE = {12: torch.qint8, 13: torch.quint8, 14: torch.qint32}

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of, unsqueeze_to
-from torchlower.values import Value, constant
 
 _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 

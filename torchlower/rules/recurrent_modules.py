@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch import _VF, Tensor, nn
 
+from torchlower.core.values import Dim, Value, constant
 from torchlower.rules import module_rule, rule
 from torchlower.rules.common import Builder, shape_of
 from torchlower.rules.recurrent import Cell, cells_from_params, check_inference, run, run_cell
-from torchlower.values import Dim, Value, constant
 
 _KINDS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
 

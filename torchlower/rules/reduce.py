@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.core.values import Value, normalize_dim
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, cast, shape_of
-from torchlower.values import Value, normalize_dim
 
 
 def _reduce(

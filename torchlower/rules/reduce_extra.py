@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.core.values import Value, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of
 from torchlower.rules.math import binary, cast, floating, unary
-from torchlower.values import Value, normalize_dim
 
 Dims = int | Sequence[int] | None
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of
-from torchlower.values import Value, constant
 
 aten = torch.ops.aten
 Scale = float | None

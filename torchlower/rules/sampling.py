@@ -12,13 +12,13 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, reshape
 from torchlower.rules.creation import filled
 from torchlower.rules.indexing import scatter_elements
 from torchlower.rules.layout import dims_of, gather_axis, slice_dim
-from torchlower.values import Value, constant
 
 _MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
 _PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from torchlower.core.values import Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder
 from torchlower.rules.layout import dims_of
 from torchlower.rules.math import _scan
-from torchlower.values import Value, constant, normalize_dim
 
 
 def _running(b: Builder, x: Value, dim: int, op: str) -> tuple[Value, Value]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from torchlower.core.values import Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Scalar, cast, reshape
@@ -23,7 +24,6 @@ from torchlower.rules.layout import (
     transpose,
 )
 from torchlower.rules.layout_extra import _diagonal_index
-from torchlower.values import Value, constant, normalize_dim
 
 
 def _along(b: Builder, index: Value, dim: int, shape: list[int]) -> Value:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from torchlower.core.values import Value, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, reshape
 from torchlower.rules.layout import dims_of, squeeze
-from torchlower.values import Value, normalize_dim
 
 
 def _reduce(b: Builder, op: str, x: Value, dim: int, keepdim: bool, dtype: torch.dtype) -> Value:

@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from torchlower.core.values import Dim, SymDim, Value, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, cast, shape_of
-from torchlower.values import Dim, SymDim, Value, normalize_dim
 
 
 @rule("aten::reshape", "aten::view", "aten::_unsafe_view")

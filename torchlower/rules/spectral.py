@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from torchlower.core.values import Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder
@@ -32,7 +33,6 @@ from torchlower.rules.complex_parts import (
 from torchlower.rules.creation import filled
 from torchlower.rules.indexing import scatter_elements
 from torchlower.rules.layout import concat, dims_of, gather_axis, slice_dim, transpose
-from torchlower.values import Value, constant, normalize_dim
 
 _NORMS = {None: 0, "backward": 0, "ortho": 1, "forward": 2}
 

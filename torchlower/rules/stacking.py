@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from torchlower.core.values import Dim, Value
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, reshape
 from torchlower.rules.layout import dims_of
 from torchlower.rules.shape import cat
-from torchlower.values import Dim, Value
 
 
 def _at_least(b: Builder, x: Value, rank: int) -> Value:

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchlower import model_io, verification
-from torchlower import tolerance as tolerances
+from torchlower.core import model_io
+from torchlower.core import tolerance as tolerances
 from torchlower.errors import InvalidArgumentError
 from torchlower.nnef import quant
+from torchlower.pipeline import verification
 
 
 @dataclass

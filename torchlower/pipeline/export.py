@@ -14,8 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower import coverage, dynamic, model_io, progress, validate, verification
-from torchlower import tolerance as tolerances
+from torchlower.core import dynamic, model_io, progress
+from torchlower.core import tolerance as tolerances
+from torchlower.core.values import Value
 from torchlower.errors import (
     CheckError,
     DynamicAxisError,
@@ -30,7 +31,8 @@ from torchlower.frontends.session import MISSING, Session
 from torchlower.nnef import archive, guards, passes
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.tract import OutputError, compare, run_in_tract
-from torchlower.values import Value
+from torchlower.pipeline import validate, verification
+from torchlower.rules import coverage
 
 log = logging.getLogger("torchlower")
 

@@ -19,15 +19,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchlower.dynamic_shapes import (
+from torchlower.core.dynamic_shapes import (
     Bounds,
     axes_from_dynamic_shapes,
     bounds_from_dynamic_shapes,
     per_parameter,
 )
-from torchlower.dynamic_sizes import scalar_op
+from torchlower.core.dynamic_sizes import scalar_op
+from torchlower.core.values import Dim, Shape, SymDim, Value
 from torchlower.errors import DynamicAxisError, InvalidArgumentError
-from torchlower.values import Dim, Shape, SymDim, Value
 
 __all__ = [  # the spellings and size arithmetic live in their own modules; importable from here too
     "UNFIT", "Bounds", "Spec", "axes_from_dynamic_shapes", "bounds_from_dynamic_shapes", "materialize",

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from torchlower import dtypes, progress
-from torchlower import tolerance as tolerances
+from torchlower.core import dtypes, progress
+from torchlower.core import tolerance as tolerances
 from torchlower.errors import ArtifactError, CheckError, InvalidArgumentError
 from torchlower.nnef import dat, reader
 from torchlower.nnef.parse import Expr, Graph, Input, parse
@@ -83,7 +83,7 @@ class Artifact:
         for that child (tract's Python API has no thread setting of its own); a different
         ``threads`` than the running child's starts a new one.
         """
-        from torchlower import runner
+        from torchlower.artifact import runner
 
         arrays = runner.as_list(inputs, self.graph.inputs)
         runner.bind(self.graph.inputs, arrays, self.graph.symbols)
@@ -99,7 +99,7 @@ class Artifact:
         """tract's input and output facts (``"B,10,f32"``), loading the model if needed."""
         if self._session is None:
             with progress.stage("tract load+optimize"):
-                from torchlower import runner
+                from torchlower.artifact import runner
 
                 self._session = runner.session_for(self.path, None, True)
         return dict(self._session.facts)
@@ -121,7 +121,7 @@ def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LI
     """Read and validate the artifact at ``path``; weights come back as numpy arrays."""
     target = Path(path)
     if _is_lattice(target):  # runs in the reference executor (runner.LatticeArtifact)
-        from torchlower.runner import LatticeArtifact
+        from torchlower.artifact.runner import LatticeArtifact
 
         return LatticeArtifact(target)
     members: dict[str, bytes] = {}
@@ -285,7 +285,7 @@ class CheckResult:
     outputs: list[np.ndarray]
     errors: list[Any]  # torchlower.nnef.tract.OutputError, every point
     # with model=: every input set checked (the given inputs and random ones like them)
-    points: list[Any] = field(default_factory=list)  # torchlower.verification.CheckPoint
+    points: list[Any] = field(default_factory=list)  # torchlower.pipeline.verification.CheckPoint
     original_errors: list[Any] = field(default_factory=list)  # compressed archive vs the original
     comparison: str | None = None  # what the outputs were compared with, in words
 
@@ -330,7 +330,7 @@ def check(
         art.path = target
         ins = _inputs(art, inputs, symbol_sizes, seed)
         if model is not None:
-            from torchlower import model_check
+            from torchlower.artifact import model_check
 
             found = model_check.check(folder, target, art, ins, model, tolerance)
             errors = [e for p in found.points for e in p.errors]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torchlower.values import SymDim, Value
+from torchlower.core.values import SymDim, Value
 
 
 def _floordiv(a: Any, b: Any) -> Any:

@@ -1,6 +1,6 @@
 """The main job of ``make demo``: export a small image classifier, verify it in tract, report.
 
-Run with ``python -m torchlower.demo`` (or ``torchlower demo``).
+Run with ``python -m torchlower.cli.demo`` (or ``torchlower demo``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from torchlower import dtypes
+from torchlower.core import dtypes
 from torchlower.errors import InvalidArgumentError
 from torchlower.nnef.graph_model import Expr, Ident, Input
 

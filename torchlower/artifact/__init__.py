@@ -1,0 +1,1 @@
+"""Archives after export: ``load``/``run``, ``inspect`` and ``check`` of what torchlower wrote."""
