@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from torchlower.core.values import Value
-from torchlower.nnef import passes
+from torchlower.nnef import graph_edit as edit
 
 # what may sit between the mask's row maximum and the ``gt`` that tests it
 _MAX_CHAIN = ("max_reduce", "max_pool", "tract_core_cast", "reshape")
@@ -31,12 +31,12 @@ _MAX_CHAIN = ("max_reduce", "max_pool", "tract_core_cast", "reshape")
 
 def drop_last_guard(builder: Any) -> bool:
     """Replace the last empty-row guard's ``select`` by its input; says whether one was found."""
-    producers = passes._producers(builder)
+    producers = edit.producers(builder)
     guards = [a for a in builder.assignments if _is_guard(a, producers)]
     if not guards:
         return False
     last = guards[-1]
-    passes._substitute(builder, {last.outputs[0].name: last.args[1]})
+    edit.substitute(builder, {last.outputs[0].name: last.args[1]})
     return True
 
 

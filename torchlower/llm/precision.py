@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from torchlower.core.values import Value
-from torchlower.nnef import passes, text
+from torchlower.nnef import graph_edit as edit
+from torchlower.nnef import text
 
 
 def cache_dtype(precision: str) -> torch.dtype:
@@ -29,7 +30,7 @@ def drop_cache_casts(builder: Any) -> int:
     for a in builder.assignments:
         if _f16_cast(a) and a.args[0].name in f16_inputs:
             renames[a.outputs[0].name] = a.args[0]
-    passes._substitute(builder, renames)
+    edit.substitute(builder, renames)
     outputs = []
     for name, value in builder.outputs:
         cast = producers.get(value.name)

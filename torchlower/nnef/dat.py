@@ -1,4 +1,4 @@
-"""The NNEF tensor file (``.dat``): 128-byte header, then C-order little-endian data."""
+"""The NNEF tensor file (``.dat``): 128-byte header (``dat_header``), then C-order little-endian data."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ import numpy as np
 
 from torchlower.errors import ArtifactError
 from torchlower.nnef import quant
-
-HEADER_SIZE = 128
-MAGIC = b"\x4e\xef"
-MAX_RANK = 8
+from torchlower.nnef.dat_header import HEADER_SIZE, MAGIC, MAX_RANK, header
 
 # item type codes of the Khronos header
 FLOAT, UINT, QUINT, QINT, INT, BOOL = 0, 1, 2, 3, 4, 5
@@ -37,23 +34,6 @@ _DTYPES = {
     (QINT, 16): np.int16,
     (QINT, 32): np.int32,
 }
-
-
-def header(
-    shape: tuple[int, ...],
-    bits: int,
-    item_type: int,
-    data_length: int,
-    vendor: int = 0,
-    raw_item_type: bytes | None = None,
-) -> bytes:
-    """Pack a header; ``raw_item_type`` overrides (item type, vendor) bytes for vendor formats."""
-    if len(shape) > MAX_RANK:
-        raise ArtifactError(f".dat rank {len(shape)} exceeds the NNEF limit of {MAX_RANK}")
-    dims = list(shape) + [0] * (MAX_RANK - len(shape))
-    head = MAGIC + bytes([1, 0]) + struct.pack("<II8II", data_length, len(shape), *dims, bits)
-    head += raw_item_type if raw_item_type is not None else struct.pack("<HH", item_type, vendor)
-    return head + b"\0" * (HEADER_SIZE - len(head) - 0)
 
 
 def encode(array: np.ndarray) -> bytes:

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from torchlower.core.values import Value
+from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _const, _producers, _rewrite, _static, _uses, _variable
 
 Assignment = text.Assignment
 MAX_FLASH_AREA = 32 * 32  # query length × key length up to which flash SDPA beat matmul+softmax
@@ -59,7 +59,7 @@ def fuse_attention(b: NNEFBuilder) -> bool:
     such rows where the chain returns a uniform average); ``-inf`` becomes the lowest finite
     float (tract's tile update turns an all ``-inf`` tile row into NaN).
     """
-    producers, uses = _producers(b), _uses(b)
+    producers, uses = edit.producers(b), edit.uses(b)
     changed = False
 
     def step(a: Assignment, out: list[Assignment]) -> bool:
@@ -71,7 +71,7 @@ def fuse_attention(b: NNEFBuilder) -> bool:
         q, k, v, scale, mask = match
         args: list[Any] = [q, k, v]
         if mask is not None:
-            value, define = _variable(b, mask, f"constants/{a.outputs[0].name}_mask")
+            value, define = edit.variable(b, mask, f"constants/{a.outputs[0].name}_mask")
             out.append(define)
             args.append(value)
         attrs = {"scale": scale, "datum_type": "f32", "acc_datum_type": "f32", "is_causal": False}
@@ -79,7 +79,7 @@ def fuse_attention(b: NNEFBuilder) -> bool:
         changed = True
         return True
 
-    _rewrite(b, step)
+    edit.rewrite(b, step)
     if changed:
         b.use_extension("tract_registry tract_transformers")
     return changed
@@ -112,7 +112,7 @@ def _match(
         node = _single(producers, uses, scores)
     scale = 1.0
     if node is not None and node.op in ("mul", "div") and len(node.args) == 2:
-        c = _const(b, node.args[1], producers)
+        c = edit.const(b, node.args[1], producers)
         if c is None or c.numel() != 1 or not c.is_floating_point():
             return None
         scale = float(c) if node.op == "mul" else 1.0 / float(c)
@@ -131,7 +131,7 @@ def _match(
         k = t.args[0]
     if not all(isinstance(x, Value) and x.dtype == torch.float32 for x in (q, k, v)):
         return None
-    qs, ks, vs = _static(q.shape), _static(k.shape), _static(v.shape)
+    qs, ks, vs = edit.static(q.shape), edit.static(k.shape), edit.static(v.shape)
     if qs is None or ks is None or vs is None or not (len(qs) == len(ks) == len(vs)) or len(qs) not in (3, 4):
         return None
     (length, dim), (source, kdim), (vsource, vdim) = qs[-2:], ks[-2:], vs[-2:]
@@ -168,20 +168,20 @@ def _mask_operand(
     """(scores, additive mask, masked_fill spec) of ``add(scores, M)`` / ``select(C, fill, scores)``."""
     if node.op == "add" and len(node.args) == 2:
         for scores, m in (node.args, node.args[::-1]):
-            const = _const(b, m, producers)
-            if isinstance(scores, Value) and _const(b, scores, producers) is None and const is not None:
+            const = edit.const(b, m, producers)
+            if isinstance(scores, Value) and edit.const(b, scores, producers) is None and const is not None:
                 return (scores, const, None) if const.dtype == torch.float32 else None
         return None
     if node.op == "select" and len(node.args) == 3:
-        cond = _const(b, node.args[0], producers)
+        cond = edit.const(b, node.args[0], producers)
         if cond is None or cond.dtype != torch.bool:
             return None
         _, first, second = node.args
         for keep_when_true, scores, fill in ((False, second, first), (True, first, second)):
-            value = _const(b, fill, producers)
+            value = edit.const(b, fill, producers)
             if (
                 isinstance(scores, Value)
-                and _const(b, scores, producers) is None
+                and edit.const(b, scores, producers) is None
                 and value is not None
                 and value.numel() == 1
                 and value.is_floating_point()

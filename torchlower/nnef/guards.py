@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from torchlower.core.values import Value
+from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.guards_matmul import (
@@ -62,7 +63,6 @@ from torchlower.nnef.guards_matmul import (
     broadcast_as_product,
     flat_matmul_after_reshape,
 )
-from torchlower.nnef.passes import _producers, _substitute, _uses, _variable
 
 Assignment = text.Assignment
 _SOURCES = ("external", "tract_core_external", "variable")  # distinct even when spelled alike
@@ -139,7 +139,7 @@ def merge_duplicates(b: NNEFBuilder) -> bool:
         kept = first.setdefault(key, a)
         if kept is not a and all(o.dtype == k.dtype for o, k in zip(a.outputs, kept.outputs, strict=True)):
             renames.update({o.name: k for o, k in zip(a.outputs, kept.outputs, strict=True)})
-    _substitute(b, renames)
+    edit.substitute(b, renames)
     return bool(renames)
 
 
@@ -174,7 +174,7 @@ def _empty_reduction(b: NNEFBuilder, a: Assignment) -> list[Assignment] | None:
     if not any(x.shape[axis] == 0 for axis in a.attrs.get("axes", [])):
         return None
     fill = torch.full([1] * len(y.shape), _EMPTY_REDUCTION[a.op], dtype=y.dtype or torch.float32)
-    value, define = _variable(b, fill, f"constants/{y.name}_empty")
+    value, define = edit.variable(b, fill, f"constants/{y.name}_empty")
     return [define, Assignment([y], "tract_core_broadcast", [value], {"shape": list(y.shape)})]
 
 
@@ -184,7 +184,7 @@ def _discontinuous(a: Assignment) -> bool:
 
 def exact_quotients(b: NNEFBuilder) -> bool:
     """float32 ``div``s read by a discontinuous op run in float64 (one rounding, like torch)."""
-    producers = _producers(b)
+    producers = edit.producers(b)
     chosen = {
         id(p)
         for a in b.assignments
@@ -217,7 +217,7 @@ def _in_float64(b: NNEFBuilder, a: Assignment) -> list[Assignment]:
 
 def gather_strided_after_softmax(b: NNEFBuilder) -> bool:
     """A strided slice that tract could pull into a softmax becomes slice + constant gathers."""
-    producers, uses = _producers(b), _uses(b)
+    producers, uses = edit.producers(b), edit.uses(b)
 
     def replace(a: Assignment) -> list[Assignment] | None:
         if a.op == "slice" and _strided(a) and _reaches_softmax(a.args[0], producers, uses):
@@ -229,7 +229,7 @@ def gather_strided_after_softmax(b: NNEFBuilder) -> bool:
 
 def gather_strided_after_split(b: NNEFBuilder) -> bool:
     """A strided slice that tract would pull over an axis-splitting or -merging reshape becomes gathers."""
-    producers, uses = _producers(b), _uses(b)
+    producers, uses = edit.producers(b), edit.uses(b)
 
     def replace(a: Assignment) -> list[Assignment] | None:
         if a.op == "slice" and _strided(a) and _reaches(a.args[0], producers, uses, _splits_an_axis):
@@ -292,7 +292,7 @@ def _as_gathers(b: NNEFBuilder, a: Assignment) -> list[Assignment] | None:
         if s == 1:
             continue
         picks = torch.arange(0, shape[axis], s, dtype=torch.int64)
-        index, define = _variable(b, picks, f"constants/{out.name}")
+        index, define = edit.variable(b, picks, f"constants/{out.name}")
         shape[axis] = len(picks)
         gathered = Value(b.fresh(f"{out.name}_picked"), x.dtype, tuple(shape))
         steps += [define, Assignment([gathered], "tract_core_gather", [current, index], {"axis": axis})]

@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torchlower.core.values import Value
+from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _producers, _rewrite, _uses
 
 Assignment = text.Assignment
 
 
 def broadcast_after_matmul(b: NNEFBuilder) -> bool:
     """``matmul(broadcast(x), w)`` → ``broadcast(matmul(x, w))`` when only batch axes broadcast."""
-    producers, uses = _producers(b), _uses(b)
+    producers, uses = edit.producers(b), edit.uses(b)
     return _replacing(b, lambda a: _matmul_then_broadcast(b, a, producers, uses))
 
 
@@ -49,7 +49,7 @@ def _matmul_then_broadcast(
 
 def broadcast_as_product(b: NNEFBuilder) -> bool:
     """``broadcast(concat(..))`` read by a concat that a matmul reads → ``concat(..) · ones``."""
-    producers = _producers(b)
+    producers = edit.producers(b)
     readers: dict[str, list[Assignment]] = {}
     for a in b.assignments:
         for v in [*a.args, *(x for arg in a.args if isinstance(arg, list) for x in arg)]:
@@ -95,7 +95,7 @@ def _as_product(b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment])
 
 def flat_matmul_after_reshape(b: NNEFBuilder) -> bool:
     """``matmul(reshape(..), C)`` with ``C`` a ``[1, …, 1, K, N]`` constant → 2-D matmul + reshapes."""
-    producers = _producers(b)
+    producers = edit.producers(b)
     return _replacing(b, lambda a: _flattened_matmul(b, a, producers))
 
 
@@ -152,11 +152,11 @@ def _keeps_batch_axes(reshape: Assignment, x: Value) -> bool:
 
 
 def _replacing(b: NNEFBuilder, replace: Callable[[Assignment], list[Assignment] | None]) -> bool:
-    """Each assignment replaced by ``replace(a)`` where that is not None (``passes._rewrite``)."""
+    """Each assignment replaced by ``replace(a)`` where that is not None (``graph_edit.rewrite``)."""
 
     def step(a: Assignment, out: list[Assignment]) -> bool:
         new = replace(a)
         out.extend([a] if new is None else new)
         return new is not None
 
-    return _rewrite(b, step)
+    return edit.rewrite(b, step)

@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from torchlower.core.values import Value
+from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _producers, _splice, _static, _uses
 
 Assignment = text.Assignment
 _LAYOUT = ("reshape", "squeeze", "unsqueeze", "transpose")
@@ -29,7 +29,7 @@ _LAYOUT = ("reshape", "squeeze", "unsqueeze", "transpose")
 
 def canonical_layout(b: NNEFBuilder) -> bool:
     """Rewrite every maximal single-use layout chain that holds a transpose (see module doc)."""
-    producers, uses = _producers(b), _uses(b)
+    producers, uses = edit.producers(b), edit.uses(b)
     consumers: dict[str, Assignment] = {}
     for a in b.assignments:
         for x in a.args:
@@ -55,7 +55,7 @@ def canonical_layout(b: NNEFBuilder) -> bool:
         new = _rewrite_chain(b, chain)
         if new is not None:
             replace[id(end)] = new
-    return _splice(b, replace)
+    return edit.splice(b, replace)
 
 
 def _is_layout(a: Assignment) -> bool:
@@ -63,7 +63,7 @@ def _is_layout(a: Assignment) -> bool:
         return False
     if a.op == "reshape" and (a.attrs.get("axis_start", 0) != 0 or a.attrs.get("axis_count", -1) != -1):
         return False
-    return _static(a.args[0].shape) is not None and _static(a.outputs[0].shape) is not None
+    return edit.static(a.args[0].shape) is not None and edit.static(a.outputs[0].shape) is not None
 
 
 def _rewrite_chain(b: NNEFBuilder, chain: list[Assignment]) -> list[Assignment] | None:
@@ -82,7 +82,7 @@ def _rewrite_chain(b: NNEFBuilder, chain: list[Assignment]) -> list[Assignment] 
             groups.append([atom])
     by_input = sorted(groups, key=lambda g: in_order.index(g[0]))
     perm = [by_input.index(g) for g in groups]
-    out_shape = _static(y.shape)
+    out_shape = edit.static(y.shape)
     assert out_shape is not None
     if perm == list(range(len(perm))):
         return [Assignment([y], "reshape", [x], {"shape": out_shape}, chain[-1].scope)]
@@ -92,7 +92,7 @@ def _rewrite_chain(b: NNEFBuilder, chain: list[Assignment]) -> list[Assignment] 
     moved = [grouped[p] for p in perm]
     new: list[Assignment] = []
     src = x
-    if grouped != _static(x.shape):
+    if grouped != edit.static(x.shape):
         src = Value(b.fresh(f"{y.name}_atoms"), x.dtype, tuple(grouped))
         new.append(Assignment([src], "reshape", [x], {"shape": grouped}, chain[-1].scope))
     if moved == out_shape:
@@ -113,7 +113,7 @@ def _prod(xs: Any) -> int:
 
 def _atoms(chain: list[Assignment]) -> tuple[dict[int, int], list[int], list[int]] | None:
     """(atom sizes, atoms in input order, atoms in output order), or None when not expressible."""
-    shape = _static(chain[0].args[0].shape)
+    shape = edit.static(chain[0].args[0].shape)
     assert shape is not None
     sizes: dict[int, int] = {}
     in_order: list[int] = []
@@ -144,13 +144,13 @@ def _atoms(chain: list[Assignment]) -> tuple[dict[int, int], list[int], list[int
             for ax in sorted(a.attrs.get("axes", [])):
                 dims.insert(ax, [])
         else:  # reshape to the output's static shape
-            target = _static(a.outputs[0].shape)
+            target = edit.static(a.outputs[0].shape)
             assert target is not None
             regrouped = _regroup([atom for d in dims for atom in d], target, sizes, in_order)
             if regrouped is None:
                 return None
             dims = regrouped
-        if [_prod(sizes[x] for x in d) for d in dims] != _static(a.outputs[0].shape):
+        if [_prod(sizes[x] for x in d) for d in dims] != edit.static(a.outputs[0].shape):
             return None
     return sizes, in_order, [atom for d in dims for atom in d]
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 
 from torchlower.core.values import Value
+from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _splice, _static, _uses
 
 Assignment = text.Assignment
 MAX_ROW = 4096  # the row length up to which n·x keeps the overflow bound above 4e15
@@ -35,7 +35,7 @@ _EPS_CEILING = 1e30  # a larger eps·n² (eps itself ≳ 6e22) would near f32's 
 
 def centre_by_sum(b: NNEFBuilder) -> bool:
     """``x - mean(x)`` feeding an RMS-norm chain → ``n·x - sum(x)`` with ``eps`` times ``n²``."""
-    uses = _uses(b)
+    uses = edit.uses(b)
     consumers: dict[str, list[Assignment]] = {}
     for a in b.assignments:
         for x in a.args:
@@ -53,7 +53,7 @@ def centre_by_sum(b: NNEFBuilder) -> bool:
         sub.args = [scaled, a.outputs[0]]
         add.args = [add.args[0], float(add.args[1]) * n * n]  # mean(c'²) = n²·mean(c²)
         replace[id(sub)] = [Assignment([scaled], "mul", [x, float(n)], {}, sub.scope), sub]
-    return _splice(b, replace)
+    return edit.splice(b, replace)
 
 
 def _norm_chain(
@@ -63,7 +63,7 @@ def _norm_chain(
     ``c = x - mean(x); c * rsqrt(mean(c²) + eps)`` over the last axis of a static f32 ``x``, each
     intermediate read only inside the chain; else None."""
     x = a.args[0] if a.op == "mean_reduce" and len(a.args) == 1 and len(a.outputs) == 1 else None
-    shape = _static(x.shape) if isinstance(x, Value) and x.dtype == torch.float32 else None
+    shape = edit.static(x.shape) if isinstance(x, Value) and x.dtype == torch.float32 else None
     if not shape or a.attrs.get("axes") != [len(shape) - 1] or not 1 <= shape[-1] <= MAX_ROW:
         return None
 

@@ -23,13 +23,12 @@ mul/add after a conv); doing them here shrinks the artifact and the load work.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from torchlower.core.values import Value
+from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
 
@@ -49,7 +48,7 @@ def optimize(b: NNEFBuilder) -> None:
         b.assignments = b.live_assignments()
         if not changed:
             break
-    from torchlower.nnef import fusions  # imports this module's helpers
+    from torchlower.nnef import fusions
 
     if fusions.apply(b):
         b.assignments = b.live_assignments()
@@ -63,117 +62,10 @@ def optimize(b: NNEFBuilder) -> None:
     b.assignments = b.live_assignments()
 
 
-# ---- helpers ------------------------------------------------------------------------------
-def _substitute(b: NNEFBuilder, renames: dict[str, Value]) -> None:
-    """Point every use of a renamed value at its replacement (chains resolved)."""
-    if not renames:
-        return
-
-    def final(v: Value) -> Value:
-        while v.name in renames:
-            v = renames[v.name]
-        return v
-
-    def sub(item: Any) -> Any:
-        if isinstance(item, Value):
-            return final(item)
-        if isinstance(item, (list, tuple)):
-            return type(item)(sub(i) for i in item)
-        return item
-
-    for a in b.assignments:
-        a.args = [sub(x) for x in a.args]
-        a.attrs = {k: sub(v) for k, v in a.attrs.items()}
-    b.outputs = [(n, final(v)) for n, v in b.outputs]
-
-
-def _uses(b: NNEFBuilder) -> Counter[str]:
-    count: Counter[str] = Counter()
-
-    def walk(item: Any) -> None:
-        if isinstance(item, Value):
-            count[item.name] += 1
-        elif isinstance(item, (list, tuple)):
-            for i in item:
-                walk(i)
-
-    for a in b.assignments:
-        walk(a.args)
-        walk(list(a.attrs.values()))
-    for _, v in b.outputs:
-        count[v.name] += 2  # an output is never folded away
-    return count
-
-
-def _producers(b: NNEFBuilder) -> dict[str, Assignment]:
-    return {o.name: a for a in b.assignments for o in a.outputs}
-
-
-def _const(b: NNEFBuilder, item: Any, producers: dict[str, Assignment]) -> torch.Tensor | None:
-    """The tensor behind an operand: a float literal, or a plain (not block-packed) variable."""
-    if isinstance(item, float):
-        return torch.tensor(item)
-    if isinstance(item, Value):
-        a = producers.get(item.name)
-        if a is not None and a.op.startswith("variable"):
-            weight = b.weights.get(a.attrs["label"])
-            if isinstance(weight, torch.Tensor):
-                return weight
-    return None
-
-
-def _variable(b: NNEFBuilder, tensor: torch.Tensor, label: str) -> tuple[Value, Assignment]:
-    """A new variable assignment (not yet placed) holding ``tensor``."""
-    label = label if label not in b.weights else b.fresh(label.replace("/", "_"))
-    b.weights[label] = tensor
-    out = Value(b.fresh(label), tensor.dtype, tuple(tensor.shape), label=label)
-    kind = "logical" if tensor.dtype == torch.bool else "scalar" if tensor.is_floating_point() else "integer"
-    attrs = {"label": label, "shape": list(tensor.shape)}
-    return out, Assignment([out], f"variable<{kind}>", [], attrs)
-
-
-def _operand(b: NNEFBuilder, tensor: torch.Tensor, label: str, before: list[Assignment]) -> Any:
-    """A rank-0 float folds to a literal; anything else becomes a variable defined ``before``."""
-    if tensor.dim() == 0 and tensor.is_floating_point():
-        return float(tensor.item())
-    value, define = _variable(b, tensor.contiguous(), label)
-    before.append(define)
-    return value
-
-
-def _static(shape: Any) -> list[int] | None:
-    """``shape`` as a list when every size is a plain int (no symbol), else None."""
-    if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        return None
-    return list(shape)
-
-
-def _splice(b: NNEFBuilder, replace: dict[int, list[Assignment]]) -> bool:
-    """Put ``replace[id(a)]`` in place of each such assignment ``a``; the chains it consumed are
-    left dead for ``live_assignments`` to drop. Says whether anything was replaced."""
-    if not replace:
-        return False
-    out: list[Assignment] = []
-    for a in b.assignments:
-        out.extend(replace.get(id(a), [a]))
-    b.assignments = out
-    return True
-
-
-def _rewrite(b: NNEFBuilder, step: Callable[[Assignment, list[Assignment]], bool]) -> bool:
-    """Rebuild the assignment list; ``step(a, out)`` appends ``a``'s replacement(s) and says if it changed."""
-    out: list[Assignment] = []
-    changed = False
-    for a in list(b.assignments):
-        changed |= step(a, out)
-    b.assignments = out
-    return changed
-
-
 # ---- simplify_layout ----------------------------------------------------------------------
 def simplify_layout(b: NNEFBuilder) -> bool:
     """Drop identity layout ops and merge chains of transposes / reshapes / equal casts."""
-    producers = _producers(b)
+    producers = edit.producers(b)
     renames: dict[str, Value] = {}
 
     def source(a: Assignment) -> Assignment | None:
@@ -210,7 +102,7 @@ def simplify_layout(b: NNEFBuilder) -> bool:
         elif len(a.args) == 2 and type(a.args[1]) is float and _neutral(a.op, a.args[1]):
             renames[a.outputs[0].name] = x
     renames = {k: v for k, v in renames.items() if _keeps_meta(producers, k, v)}
-    _substitute(b, renames)
+    edit.substitute(b, renames)
     return changed or bool(renames)
 
 
@@ -238,8 +130,8 @@ def _split(
         return None
     first, second = a.args
     for x, c in ((first, second), (second, first)):
-        if isinstance(x, Value) and _const(b, x, producers) is None:
-            const = _const(b, c, producers)
+        if isinstance(x, Value) and edit.const(b, x, producers) is None:
+            const = edit.const(b, c, producers)
             if const is not None and const.is_floating_point():
                 return x, const, c
     return None
@@ -247,7 +139,7 @@ def _split(
 
 def fold_constant_chains(b: NNEFBuilder) -> bool:
     """``(x ∘ a) ∘ b`` → ``x ∘ (a ∘ b)``; ``(x + a) · b`` → ``x · b + a · b`` (single-use inner)."""
-    producers, uses = _producers(b), _uses(b)
+    producers, uses = edit.producers(b), edit.uses(b)
 
     def step(a: Assignment, out: list[Assignment]) -> bool:
         outer = _split(a, b, producers)
@@ -260,19 +152,19 @@ def fold_constant_chains(b: NNEFBuilder) -> bool:
         label = f"constants/{a.outputs[0].name}"
         if inner_a.op == a.op:  # one op with the combined constant
             merged = _ARITH[a.op](c_in, c_out).to(c_in.dtype)
-            a.args = [x, _operand(b, merged, label, out)]
+            a.args = [x, edit.operand(b, merged, label, out)]
         elif inner_a.op == "add":  # (x + c) * s = x * s + c * s: the scale moves next to x
             scaled = Value(b.fresh(inner_a.outputs[0].name), a.outputs[0].dtype, a.outputs[0].shape)
             shift = (c_in * c_out).to(c_in.dtype)
             out.append(Assignment([scaled], "mul", [x, outer[2]], {}))
-            a.op, a.args = "add", [scaled, _operand(b, shift, label, out)]
+            a.op, a.args = "add", [scaled, edit.operand(b, shift, label, out)]
         else:
             out.append(a)
             return False
         out.append(a)
         return True
 
-    return _rewrite(b, step)
+    return edit.rewrite(b, step)
 
 
 def _same_float(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -282,7 +174,7 @@ def _same_float(x: torch.Tensor, y: torch.Tensor) -> bool:
 # ---- fold_affine --------------------------------------------------------------------------
 def fold_affine(b: NNEFBuilder) -> bool:
     """A per-output-channel ``mul``/``add`` after ``conv`` or constant-weight ``matmul`` → weights/bias."""
-    producers, uses = _producers(b), _uses(b)
+    producers, uses = edit.producers(b), edit.uses(b)
 
     def step(a: Assignment, out: list[Assignment]) -> bool:
         split = _split(a, b, producers)
@@ -299,7 +191,7 @@ def fold_affine(b: NNEFBuilder) -> bool:
         out.append(Assignment(a.outputs, op.op, fused, dict(op.attrs)))
         return True
 
-    return _rewrite(b, step)
+    return edit.rewrite(b, step)
 
 
 def _channels(c: torch.Tensor, rank: int, axis: int, n: int) -> torch.Tensor | None:
@@ -323,8 +215,8 @@ def _fold_conv(
     """New args of ``conv`` computing ``conv(...) * c`` or ``conv(...) + c``."""
     if len(conv.args) != 3 or not isinstance(conv.args[1], Value):
         return None
-    weight = _const(b, conv.args[1], producers)
-    bias = _const(b, conv.args[2], producers)
+    weight = edit.const(b, conv.args[1], producers)
+    bias = edit.const(b, conv.args[2], producers)
     if weight is None or bias is None or not weight.is_floating_point() or c.dtype != weight.dtype:
         return None
     n = weight.shape[0]
@@ -336,11 +228,11 @@ def _fold_conv(
     if kind == "mul":
         weight = weight * vec.reshape((n,) + (1,) * (weight.dim() - 1))
         bias_vec = bias_vec * vec
-        w_arg = _operand(b, weight, f"{label}.folded", before)
+        w_arg = edit.operand(b, weight, f"{label}.folded", before)
     else:
         bias_vec = bias_vec + vec
         w_arg = conv.args[1]
-    b_arg = _operand(b, bias_vec.reshape(1, n).to(weight.dtype), f"{label}.folded_bias", before)
+    b_arg = edit.operand(b, bias_vec.reshape(1, n).to(weight.dtype), f"{label}.folded_bias", before)
     return [conv.args[0], w_arg, b_arg]
 
 
@@ -354,7 +246,7 @@ def _fold_matmul(
     """New args of ``matmul(x, W)`` computing ``matmul(x, W) * c`` (scale along output columns)."""
     if mm.attrs.get("transposeA") or len(mm.args) != 2 or not isinstance(mm.args[1], Value):
         return None
-    weight = _const(b, mm.args[1], producers)
+    weight = edit.const(b, mm.args[1], producers)
     if weight is None or not weight.is_floating_point() or weight.dim() < 2 or c.dtype != weight.dtype:
         return None
     transposed = bool(mm.attrs.get("transposeB"))
@@ -364,7 +256,7 @@ def _fold_matmul(
         return None
     scale = vec.reshape(n, 1) if transposed else vec
     label = producers[mm.args[1].name].attrs["label"]
-    return [mm.args[0], _operand(b, weight * scale, f"{label}.folded", before)]
+    return [mm.args[0], edit.operand(b, weight * scale, f"{label}.folded", before)]
 
 
 # ---- share_constants ----------------------------------------------------------------------
@@ -398,7 +290,7 @@ def share_constants(b: NNEFBuilder) -> bool:
         return False
     moved = {id(a) for a in place.values()}
     b.assignments = [place.get(id(a), a) for a in b.assignments if id(a) in place or id(a) not in moved]
-    _substitute(b, renames)
+    edit.substitute(b, renames)
     return True
 
 

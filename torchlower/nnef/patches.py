@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from torchlower.core.values import Value
+from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _const, _producers, _splice, _static, _uses
 
 Assignment = text.Assignment
 
@@ -34,7 +34,7 @@ def patch_matmul(b: NNEFBuilder) -> bool:
     """Rewrite every ``conv → [reshape to (N, O, P)] → transpose [0, 2, 1]`` over patches."""
     if not b.tract or b.precision != "f32":
         return False
-    producers, uses = _producers(b), _uses(b)
+    producers, uses = edit.producers(b), edit.uses(b)
     consumers = {x.name: a for a in b.assignments for x in a.args if isinstance(x, Value)}
     replace: dict[int, list[Assignment]] = {}
     for conv in b.assignments:
@@ -42,7 +42,7 @@ def patch_matmul(b: NNEFBuilder) -> bool:
         if found is not None:
             end, new = found
             replace[id(end)] = new
-    return _splice(b, replace)
+    return edit.splice(b, replace)
 
 
 def _kernel(conv: Assignment, spatial: list[int], k: list[int]) -> list[int] | None:
@@ -77,7 +77,7 @@ def _match(
     x, w_arg, bias_arg = conv.args
     if not isinstance(x, Value) or x.dtype != torch.float32 or not isinstance(w_arg, Value):
         return None
-    shape, w = _static(x.shape), _const(b, w_arg, producers)
+    shape, w = edit.static(x.shape), edit.const(b, w_arg, producers)
     if shape is None or w is None or w.dtype != torch.float32 or w.dim() != len(shape) or w.dim() < 3:
         return None
     n_, c, spatial = shape[0], shape[1], shape[2:]
@@ -90,7 +90,7 @@ def _match(
     if isinstance(bias_arg, float):
         bias: Any = None if bias_arg == 0.0 else bias_arg
     else:
-        bias_t = _const(b, bias_arg, producers)
+        bias_t = edit.const(b, bias_arg, producers)
         if bias_t is None or bias_t.numel() not in (1, o):
             return None
         bias = bias_arg
@@ -98,12 +98,12 @@ def _match(
     y = conv.outputs[0]
     step = consumers.get(y.name) if uses[y.name] == 1 else None
     if step is not None and step.op == "reshape" and len(spatial) > 1:
-        if _static(step.outputs[0].shape) != [n_, o, p] or uses[step.outputs[0].name] != 1:
+        if edit.static(step.outputs[0].shape) != [n_, o, p] or uses[step.outputs[0].name] != 1:
             return None
         step = consumers.get(step.outputs[0].name)
     if step is None or step.op != "transpose" or list(step.attrs.get("axes", [])) != [0, 2, 1]:
         return None
-    if _static(step.outputs[0].shape) != [n_, p, o]:
+    if edit.static(step.outputs[0].shape) != [n_, p, o]:
         return None
     return step, _rewrite(b, conv, x, w_arg, bias, n_, c, per_axis, k, o, step)
 

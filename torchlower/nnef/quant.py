@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from torchlower.errors import ArtifactError
+from torchlower.nnef.dat_header import header
 
 if TYPE_CHECKING:
     import torch
@@ -65,8 +66,6 @@ class BlockQuantized:
 
     def encode(self) -> bytes:
         """The ``.dat`` file: header with the logical shape (tract blocks rows of dims[1:])."""
-        from torchlower.nnef.dat import header
-
         kind = struct.pack("<HH", self.format.item_type, VENDOR)
         data = self.data  # once: ``DeferredBlocks`` packs on each access
         return header(self.shape, 0xFFFFFFFF, 0, len(data), raw_item_type=kind) + data

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from torchlower.core.values import Value
+from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.passes import _rewrite, _static, _uses, _variable
 
 Assignment = text.Assignment
 ROW_ALIGN = 64  # tract's softmax kernel runs whole rows of 64 floats fast, a ragged tail slowly
@@ -51,7 +51,7 @@ def _last_axis_f32(
     """The static shape of ``a``'s input when ``a`` is ``op`` over the last axis of an f32 tensor
     (or of one of ``dtypes``: the max of ``guards.wide_extrema`` is f64)."""
     x = a.args[0] if a.op == op and len(a.args) == 1 else None
-    shape = _static(x.shape) if isinstance(x, Value) and x.dtype in dtypes else None
+    shape = edit.static(x.shape) if isinstance(x, Value) and x.dtype in dtypes else None
     if not shape or a.attrs.get("axes") != [len(shape) - 1] or shape[-1] < 1:
         return None
     return shape
@@ -97,7 +97,7 @@ def max_by_pool(b: NNEFBuilder) -> bool:
         out[-1].outputs = list(a.outputs)  # the last op of the pool form yields the reduce's value
         return True
 
-    return _rewrite(b, step)
+    return edit.rewrite(b, step)
 
 
 def softmax_by_pool(b: NNEFBuilder) -> bool:
@@ -123,7 +123,7 @@ def softmax_by_pool(b: NNEFBuilder) -> bool:
         out.append(Assignment([y], "div", [e, s], {}, a.scope))
         return True
 
-    return _rewrite(b, step)
+    return edit.rewrite(b, step)
 
 
 def _aligned_length(n: int) -> int | None:
@@ -151,7 +151,7 @@ def pad_softmax_rows(b: NNEFBuilder) -> bool:
     feeds ``matmul(weights, v)`` (attention), ``v`` gets zero rows instead of slicing the
     weights back (a smaller copy); otherwise the padded columns are sliced off.
     """
-    uses = _uses(b)
+    uses = edit.uses(b)
     consumers = {x.name: a for a in b.assignments for x in a.args if isinstance(x, Value)}
     changed = False
 
@@ -172,7 +172,7 @@ def pad_softmax_rows(b: NNEFBuilder) -> bool:
         out.append(Assignment([p], "pad", [x], _zero_pad(pads), a.scope))
         tail = torch.zeros([1] * (rank - 1) + [padded])
         tail[..., n:] = -math.inf
-        m, define = _variable(b, tail, f"constants/{y.name}_row_tail")
+        m, define = edit.variable(b, tail, f"constants/{y.name}_row_tail")
         out.append(define)
         p2 = Value(b.fresh(f"{y.name}_rows"), torch.float32, tuple(wide))
         out.append(Assignment([p2], "add", [p, m], {}, a.scope))
@@ -180,7 +180,7 @@ def pad_softmax_rows(b: NNEFBuilder) -> bool:
         out.append(Assignment([s], "softmax", [p2], dict(a.attrs), a.scope))
         mm = consumers.get(y.name) if uses[y.name] == 1 else None
         v = mm.args[1] if mm is not None and mm.op == "matmul" and len(mm.args) == 2 else None
-        vs = _static(v.shape) if isinstance(v, Value) and v.dtype == torch.float32 else None
+        vs = edit.static(v.shape) if isinstance(v, Value) and v.dtype == torch.float32 else None
         if (
             mm is not None
             and isinstance(mm.args[0], Value)
@@ -203,5 +203,5 @@ def pad_softmax_rows(b: NNEFBuilder) -> bool:
         return True
 
     retarget: dict[int, list[Assignment]] = {}
-    _rewrite(b, step)
+    edit.rewrite(b, step)
     return changed
