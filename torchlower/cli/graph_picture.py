@@ -23,47 +23,18 @@ import shutil
 import subprocess
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchlower.cli import op_families
 from torchlower.cli.failures import usage_error
+from torchlower.cli.picture_model import Edge, Node, Picture
 from torchlower.errors import TorchlowerError
 from torchlower.nnef.graph_model import Expr, Graph, Ident, Invocation
 
 log = logging.getLogger("torchlower")
 DETAILS = ("blocks", "ops")
-
-
-@dataclass
-class Node:
-    id: str
-    title: str  # first line: the op, or the collapsed block's path
-    subtitle: str  # second line: module path, tensor name or op count
-    tooltip: str
-    family: str
-    shape: str = "box"  # box | ellipse | cylinder
-    cluster: str = ""
-    output: bool = False
-    ops: int = 1
-
-
-@dataclass(frozen=True)
-class Edge:
-    src: str
-    dst: str
-    label: str
-
-
-@dataclass
-class Picture:
-    nodes: list[Node]
-    edges: list[Edge]
-    clusters: list[str] = field(default_factory=list)
-
-    def families(self) -> list[str]:
-        return list(dict.fromkeys(n.family for n in self.nodes))
 
 
 @dataclass(frozen=True)

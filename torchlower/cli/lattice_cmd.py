@@ -18,7 +18,8 @@ from torchlower.cli import specs
 from torchlower.cli.console import Output
 from torchlower.cli.factory import build_model
 from torchlower.cli.failures import output_error, short, usage_error
-from torchlower.cli.graph_picture import Edge, Node, Picture, write_picture
+from torchlower.cli.graph_picture import write_picture
+from torchlower.cli.picture_model import Edge, Node, Picture
 
 
 def is_lattice(target: Path) -> bool:

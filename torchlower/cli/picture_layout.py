@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from torchlower.cli.graph_picture import Node, Picture
+from torchlower.cli.picture_model import Node, Picture
 
 CHAR_W, SMALL_W = 7.0, 5.6  # average glyph widths (px) of the 12 / 9.5 px Helvetica text
 NODE_H, GAP_X, GAP_Y, PAD = 40.0, 22.0, 46.0, 12.0

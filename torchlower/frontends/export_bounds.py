@@ -20,6 +20,7 @@ from torch.export import ExportedProgram
 
 from torchlower.core.dynamic import not_dynamic
 from torchlower.errors import LoweringError
+from torchlower.frontends.export_program import export_program
 from torchlower.frontends.provenance import raised_at
 
 _CONSTRAINTS = re.compile(r"Constraints violated \(([\w, ]+)\)")
@@ -42,8 +43,6 @@ def export_again(
 
 
 def _export(builder: Any, module: nn.Module, example: Sequence[Any], spec: Any) -> ExportedProgram:
-    from torchlower.frontends.export import export_program  # export.py imports this module
-
     return export_program(
         module, example, None, builder.rules, dynamic_shapes=spec.export_dims(example, module)
     )

@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 
 from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError
+from torchlower.frontends.aten_ops import overload
 from torchlower.frontends.session import Meta, Session
 
 Step = tuple[str, list[Any]]
@@ -131,11 +132,6 @@ def fold(target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         return target(*pytree.tree_map(unwrap, tuple(args)), **pytree.tree_map(unwrap, dict(kwargs)))
 
     return call
-
-
-def overload(op: str) -> Any:
-    name, overload_name = ([*op.split("::", 1)[1].split("."), "default"])[:2]
-    return getattr(getattr(torch.ops.aten, name), overload_name)
 
 
 def static(x: Value) -> tuple[int, ...]:

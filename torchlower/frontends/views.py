@@ -44,8 +44,6 @@ def write_back(session: Session, where: str, base: Any, op: str, args: Sequence[
     meta = [(base.dtype, base.shape)]
 
     def call(key: str, call_args: list[Any]) -> Any:
-        from torchlower.frontends.fx_index import overload
-
         aten = overload(key)
         return session.apply(key, call_args, where, meta, _fold(aten))
 

@@ -95,6 +95,7 @@ def save(
         scale_dtype=scale_dtype,
         batch_size=batch_size,
         module_names=_module_names(module, LATTICE_RULES),
+        rules=LATTICE_RULES,
     )
     in_names = _input_names(module, examples)
     inputs = [_declare(builder, name, x) for name, x in zip(in_names, examples, strict=True)]

@@ -10,6 +10,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -102,15 +103,14 @@ class LatticeBuilder:
         scale_dtype: str = "f16",
         batch_size: int | None = None,
         module_names: dict[int, str] | None = None,
+        rules: Any = None,
     ) -> None:
-        from torchlower.lattice.rules import LATTICE_RULES
-
         if input_dtype not in FEATURE_DTYPES:
             raise InvalidArgumentError(
                 f"input_dtype must be one of {tuple(FEATURE_DTYPES)}, got {input_dtype!r}"
             )
         quantize.check_options(quantize_bits, group_size, scale_dtype)
-        self.rules = LATTICE_RULES
+        self.rules = rules  # the registry front ends look calls up in (lattice.rules.LATTICE_RULES)
         self.feature_dtype = FEATURE_DTYPES[input_dtype]
         self.quantize_bits, self.group_size, self.scale_dtype = quantize_bits, group_size, scale_dtype
         self.batch_size = batch_size

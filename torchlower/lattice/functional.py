@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from torchlower.errors import InvalidArgumentError
+from torchlower.lattice import sparse
 from torchlower.lattice.sparse import CoordIndex, SparseTensor, merge_supports, triple, unique_coords
 
 JOINS = ("inner", "left", "right", "outer")
@@ -80,7 +81,7 @@ def voxelize(
     if reduction not in ("mean", "sum"):
         raise InvalidArgumentError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     n = _rows(active_rows, points.shape[0])
-    vs, org = _floats3(voxel_size, "voxel_size"), _floats3(origin, "origin")
+    vs, org = three_floats(voxel_size, "voxel_size"), three_floats(origin, "origin")
     cells = torch.floor(_grid(points[:n], vs, org)).long()
     coords = torch.cat([batch_indices[:n].long().unsqueeze(1), cells], dim=1)
     out_coords, inverse = unique_coords(coords)
@@ -109,7 +110,7 @@ def devoxelize(
         raise InvalidArgumentError(f"interpolation must be 'nearest' or 'linear', got {interpolation!r}")
     n = _rows(point_active_rows, points.shape[0])
     stride = torch.tensor(voxels.stride, dtype=torch.float64)
-    q = _grid(points[:n], _floats3(voxel_size, "voxel_size"), _floats3(origin, "origin")) / stride
+    q = _grid(points[:n], three_floats(voxel_size, "voxel_size"), three_floats(origin, "origin")) / stride
     batch = batch_indices[:n].long().unsqueeze(1)
     index = CoordIndex(voxels.coords)
     out = voxels.feats.new_zeros(points.shape[0], voxels.num_channels)
@@ -133,7 +134,7 @@ def devoxelize(
     return out
 
 
-def _floats3(value: float | Sequence[float], what: str) -> tuple[float, float, float]:
+def three_floats(value: float | Sequence[float], what: str) -> tuple[float, float, float]:
     if isinstance(value, (int, float)):
         return (float(value),) * 3  # type: ignore[return-value]
     items = tuple(float(v) for v in value)
@@ -273,3 +274,6 @@ def reindex_sparse(source: SparseTensor, target: SparseTensor, fill: float = 0.0
 
 def strides_of(value: int | Sequence[int]) -> tuple[int, int, int]:
     return triple(value, "stride")
+
+
+sparse.ARITHMETIC.update(add=add, sub=sub, mul=mul)  # SparseTensor's +, -, * (see sparse.py)

@@ -1,5 +1,8 @@
 """Lowering rules of the lattice registry: one short function per module type or function.
 
+Importing this module registers every lattice rule (``rules_functional`` and ``rules_ops`` are
+imported at the end) into ``LATTICE_RULES``: take the registry from here, not ``rule_base``.
+
 Module rules get ``(builder, module, *inputs)``, function rules ``(builder, *args)`` with the
 arguments of the Python function in signature order (its docstring line is the schema).
 """
@@ -17,90 +20,33 @@ from torchlower.errors import LoweringError
 from torchlower.lattice import functional as LF
 from torchlower.lattice import modules as LM
 from torchlower.lattice.builder import LatticeBuilder, SparseValue, enum, f32, f64s, i64s
-from torchlower.rules.registry import Registry
-
-LATTICE_RULES = Registry("lattice")
-rule = LATTICE_RULES.function
-module_rule = LATTICE_RULES.module
-ACCUMULATION = ("accumulation", '"canonical_f32"')
-
-
-def sparse_arg(x: object, what: str) -> SparseValue:
-    if not isinstance(x, SparseValue):
-        raise LoweringError(f"{what} must be a symbolic sparse tensor, got {type(x).__name__}")
-    return x
-
-
-def symbolic(x: object, what: str) -> Value:
-    if not isinstance(x, Value) or x.is_const:
-        raise LoweringError(f"{what} must be a symbolic graph input or result, got {type(x).__name__}")
-    return x
-
-
-def constant(x: object, what: str) -> object:
-    if isinstance(x, (Value, torch.Tensor)):
-        raise LoweringError(f"{what} must be a Python constant known at export time, got a tensor")
-    return x
+from torchlower.lattice.rule_base import (
+    LATTICE_RULES,
+    activation_attrs,
+    constant,
+    emit_conv,
+    feature_op,
+    geometry,
+    module_rule,
+    rule,
+    scaled,
+    sparse_arg,
+    symbolic,
+    target_transposed_geometry,
+)
 
 
 def floats3(value: object, what: str) -> list[float]:
     constant(value, what)
-    return [float(v) for v in LF._floats3(value, what)]  # type: ignore[arg-type]
-
-
-# ---- convolutions ---------------------------------------------------------------------------
-def _conv(
-    b: LatticeBuilder,
-    m: LM._ConvBase,
-    x: object,
-    op: str,
-    attrs: list,
-    stride: tuple[int, int, int] | None = None,
-    target: object = None,
-    packable: bool = True,
-    after: Sequence[tuple[str, str]] = (),
-) -> SparseValue:
-    """``op`` with operands ``x, [target], weight, [bias]``; a target gives the output support.
-    ``packable=False`` keeps the weight dense under quantization (normalized convs need W²);
-    ``after`` are attributes the schema puts after ``accumulation``."""
-    x = sparse_arg(x, f"input of {op}")
-    if x.channels != m.in_channels:
-        raise LoweringError(f"{op}: input has {x.channels} channels, the module expects {m.in_channels}")
-    operands: list[Value] = [x]
-    if target is not None:
-        target = sparse_arg(target, f"target of {op}")
-        if stride is not None and target.stride != stride:
-            raise LoweringError(f"{op}: the target has stride {target.stride}, the output needs {stride}")
-        operands.append(target)
-    operands.append(b.param(m, "weight", "conv3d", "conv3d_o_xyz_i", packable=packable))
-    if m.bias is not None:
-        operands.append(b.param(m, "bias", "bias", "bias_c"))
-    out = b.sparse(b.result_name(m), x, m.out_channels, stride)
-    return b.op(out.name, op, operands, [*attrs, ACCUMULATION, *after], out)  # type: ignore[return-value]
+    return [float(v) for v in LF.three_floats(value, what)]  # type: ignore[arg-type]
 
 
 @module_rule(LM.SubmConv3d)
 def subm_conv3d(b: LatticeBuilder, m: LM.SubmConv3d, x: SparseValue) -> SparseValue:
     """SubmConv3d(x) -> sparse (input support)"""
-    return _conv(
+    return emit_conv(
         b, m, x, "subm_conv3d", [("kernel_size", i64s(m.kernel_size)), ("dilation", i64s(m.dilation))]
     )
-
-
-def _geometry(m: LM.Conv3d | LM._Pool) -> list[tuple[str, str]]:
-    return [
-        ("kernel_size", i64s(m.kernel_size)),
-        ("stride", i64s(m.stride)),
-        ("padding", i64s(m.padding)),
-        ("dilation", i64s(m.dilation)),
-    ]
-
-
-def _scaled(x: object, s: Sequence[int], up: bool) -> tuple[int, int, int]:
-    stride = sparse_arg(x, "sparse input").stride
-    if not up and any(a % b for a, b in zip(stride, s, strict=True)):
-        raise LoweringError(f"transposed conv stride {tuple(s)} does not divide the input stride {stride}")
-    return tuple(a * b if up else a // b for a, b in zip(stride, s, strict=True))  # type: ignore[return-value]
 
 
 @module_rule(LM.ConvTranspose3d)
@@ -109,24 +55,14 @@ def conv_transpose3d(
 ) -> SparseValue:
     """ConvTranspose3d(x, target=None) -> sparse (the inverted conv's support, or target's)"""
     op = "conv_transpose3d" if target is None else "target_conv_transpose3d"
-    return _conv(b, m, x, op, _geometry(m), _scaled(x, m.stride, up=False), target)
+    return emit_conv(b, m, x, op, geometry(m), scaled(x, m.stride, up=False), target)
 
 
 @module_rule(LM.Conv3d)
 def conv3d(b: LatticeBuilder, m: LM.Conv3d, x: SparseValue, target: SparseValue | None) -> SparseValue:
     """Conv3d(x, target=None) -> sparse (stride multiplied; target's support when given)"""
     op = "conv3d" if target is None else "target_conv3d"
-    return _conv(b, m, x, op, _geometry(m), _scaled(x, m.stride, up=True), target)
-
-
-def target_transposed_geometry(m: LM.GenerativeConvTranspose3d) -> list[tuple[str, str]]:
-    """A generative conv called with a target is a target transposed conv (padding 0, dilation 1)."""
-    return [
-        ("kernel_size", i64s(m.kernel_size)),
-        ("stride", i64s(m.stride)),
-        ("padding", i64s((0, 0, 0))),
-        ("dilation", i64s((1, 1, 1))),
-    ]
+    return emit_conv(b, m, x, op, geometry(m), scaled(x, m.stride, up=True), target)
 
 
 @module_rule(LM.GenerativeConvTranspose3d)
@@ -134,11 +70,11 @@ def generative_conv_transpose3d(
     b: LatticeBuilder, m: LM.GenerativeConvTranspose3d, x: SparseValue, target: SparseValue | None
 ) -> SparseValue:
     """GenerativeConvTranspose3d(x, target=None) -> sparse (creates o·s + k, or onto target)"""
-    stride = _scaled(x, m.stride, up=False)
+    stride = scaled(x, m.stride, up=False)
     if target is not None:
-        return _conv(b, m, x, "target_conv_transpose3d", target_transposed_geometry(m), stride, target)
+        return emit_conv(b, m, x, "target_conv_transpose3d", target_transposed_geometry(m), stride, target)
     attrs = [("kernel_size", i64s(m.kernel_size)), ("stride", i64s(m.stride))]
-    return _conv(b, m, x, "generative_conv_transpose3d", attrs, stride)
+    return emit_conv(b, m, x, "generative_conv_transpose3d", attrs, stride)
 
 
 # ---- pooling --------------------------------------------------------------------------------
@@ -146,8 +82,8 @@ def generative_conv_transpose3d(
 def pool3d(b: LatticeBuilder, m: LM._Pool, x: SparseValue) -> SparseValue:
     """MaxPool3d | AvgPool3d | SumPool3d (x) -> sparse"""
     x = sparse_arg(x, "pool input")
-    out = b.sparse(b.result_name(m), x, x.channels, _scaled(x, m.stride, up=True))
-    return b.op(out.name, "pool3d", [x], [("mode", enum("pool_mode", m.mode)), *_geometry(m)], out)  # type: ignore[return-value]
+    out = b.sparse(b.result_name(m), x, x.channels, scaled(x, m.stride, up=True))
+    return b.op(out.name, "pool3d", [x], [("mode", enum("pool_mode", m.mode)), *geometry(m)], out)  # type: ignore[return-value]
 
 
 @module_rule(LM.GlobalAvgPool, LM.GlobalMaxPool)
@@ -231,30 +167,6 @@ ACTIVATIONS: dict[type, str] = {
     nn.Tanh: "tanh",
     nn.Softplus: "softplus",
 }
-
-
-def activation_attrs(
-    kind: str, approximate: str = "none", alpha: float = 0.01, beta: float = 1.0, threshold: float = 20.0
-) -> list[tuple[str, str]]:
-    """The five attributes of ``lattice.activation`` (unused ones keep the reference defaults)."""
-    return [
-        ("kind", enum("activation", kind)),
-        ("approximate", enum("gelu_approx", approximate)),
-        ("alpha", f32(alpha)),
-        ("beta", f32(beta)),
-        ("threshold", f32(threshold)),
-    ]
-
-
-def feature_op(b: LatticeBuilder, x: object, op: str, attrs: list[tuple[str, str]], name: str) -> Value:
-    """``op`` on the features of ``x``, channel count unchanged (``decompose → op → with_features``
-    on a sparse value)."""
-
-    def emit(feats: Value, result: str) -> Value:
-        out = b.dense(result, feats, int(feats.shape[-1]))  # type: ignore[index]
-        return b.op(out.name, op, [feats], attrs, out)
-
-    return b.on_features(symbolic(x, f"{op} input"), name, emit)
 
 
 @module_rule(*ACTIVATIONS)
@@ -404,3 +316,5 @@ def reindex_sparse(b: LatticeBuilder, source: SparseValue, target: SparseValue, 
 
 
 from torchlower.lattice import rules_functional, rules_ops  # noqa: E402, F401  (register their rules)
+
+__all__ = ["LATTICE_RULES"]  # the registry with every rule above registered

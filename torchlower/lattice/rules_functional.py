@@ -16,7 +16,7 @@ import torch
 from torchlower.core.values import Value
 from torchlower.errors import LoweringError
 from torchlower.lattice.builder import LatticeBuilder, f32
-from torchlower.lattice.rules import LATTICE_RULES, activation_attrs, constant, feature_op, symbolic
+from torchlower.lattice.rule_base import LATTICE_RULES, activation_attrs, constant, feature_op, symbolic
 
 rule = LATTICE_RULES.function
 

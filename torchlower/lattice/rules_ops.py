@@ -10,12 +10,12 @@ from torchlower.core.values import Value
 from torchlower.errors import LoweringError
 from torchlower.lattice import modules_ops as LO
 from torchlower.lattice.builder import LatticeBuilder, SparseValue, f32, i64s
-from torchlower.lattice.rules import (
-    _conv,
-    _geometry,
-    _scaled,
+from torchlower.lattice.rule_base import (
+    emit_conv,
     feature_op,
+    geometry,
     module_rule,
+    scaled,
     sparse_arg,
     symbolic,
     target_transposed_geometry,
@@ -28,14 +28,14 @@ from torchlower.lattice.rules_functional import emit_rms_norm
 def normalized_subm_conv3d(b: LatticeBuilder, m: LO.NormalizedSubmConv3d, x: SparseValue) -> SparseValue:
     """NormalizedSubmConv3d(x) -> sparse (input support)"""
     attrs = [("kernel_size", i64s(m.kernel_size)), ("dilation", i64s(m.dilation)), ("eps", f32(m.eps))]
-    return _conv(b, m, x, "normalized_subm_conv3d", attrs, packable=False)
+    return emit_conv(b, m, x, "normalized_subm_conv3d", attrs, packable=False)
 
 
 def _with_eps(
     b: LatticeBuilder, m: LO._Normalized, x: object, op: str, attrs: list, stride, target
 ) -> SparseValue:
     """The schema puts ``eps`` after ``accumulation`` for the (target) normalized transposed conv."""
-    return _conv(b, m, x, op, attrs, stride, target, packable=False, after=[("eps", f32(m.eps))])  # type: ignore[arg-type]
+    return emit_conv(b, m, x, op, attrs, stride, target, packable=False, after=[("eps", f32(m.eps))])  # type: ignore[arg-type]
 
 
 @module_rule(LO.NormalizedConvTranspose3d)
@@ -44,7 +44,7 @@ def normalized_conv_transpose3d(
 ) -> SparseValue:
     """NormalizedConvTranspose3d(x, target=None) -> sparse"""
     op = "normalized_conv_transpose3d" if target is None else "target_normalized_conv_transpose3d"
-    return _with_eps(b, m, x, op, _geometry(m), _scaled(x, m.stride, up=False), target)
+    return _with_eps(b, m, x, op, geometry(m), scaled(x, m.stride, up=False), target)
 
 
 @module_rule(LO.NormalizedGenerativeConvTranspose3d)
@@ -52,12 +52,12 @@ def normalized_generative_conv_transpose3d(
     b: LatticeBuilder, m: LO.NormalizedGenerativeConvTranspose3d, x: SparseValue, target: SparseValue | None
 ) -> SparseValue:
     """NormalizedGenerativeConvTranspose3d(x, target=None) -> sparse (creates o·s + k, or onto target)"""
-    stride = _scaled(x, m.stride, up=False)
+    stride = scaled(x, m.stride, up=False)
     if target is not None:
         geometry = target_transposed_geometry(m)
         return _with_eps(b, m, x, "target_normalized_conv_transpose3d", geometry, stride, target)
     attrs = [("kernel_size", i64s(m.kernel_size)), ("stride", i64s(m.stride)), ("eps", f32(m.eps))]
-    return _conv(b, m, x, "normalized_generative_conv_transpose3d", attrs, stride, packable=False)
+    return emit_conv(b, m, x, "normalized_generative_conv_transpose3d", attrs, stride, packable=False)
 
 
 # ---- upsampling onto a target or a generated support -----------------------------------------
@@ -65,7 +65,7 @@ def _onto(
     b: LatticeBuilder, m: nn.Module, x: object, target: object, op: str, attrs: list, s: tuple
 ) -> SparseValue:
     x = sparse_arg(x, f"input of {op}")
-    stride = _scaled(x, s, up=False)
+    stride = scaled(x, s, up=False)
     operands: list[Value] = [x]
     if target is not None:
         target = sparse_arg(target, f"target of {op}")
@@ -81,7 +81,7 @@ def pool_transpose3d(
     b: LatticeBuilder, m: LO.PoolTranspose3d, x: SparseValue, target: SparseValue | None
 ) -> SparseValue:
     """PoolTranspose3d(x, target=None) -> sparse (average of the coarse voxels pooled from)"""
-    return _onto(b, m, x, target, "pool_transpose3d", _geometry(m), m.stride)  # type: ignore[arg-type]
+    return _onto(b, m, x, target, "pool_transpose3d", geometry(m), m.stride)  # type: ignore[arg-type]
 
 
 @module_rule(LO.TrilinearUpsample3d)

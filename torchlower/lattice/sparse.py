@@ -11,7 +11,7 @@ per coordinate tensor (``coord_cache``).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,13 @@ def triple(value: int | Sequence[int], what: str) -> Triple:
     if len(items) != 3:
         raise InvalidArgumentError(f"{what} must be an int or 3 ints, got {value!r}")
     return items  # type: ignore[return-value]
+
+
+# ``sparse ± sparse`` and ``sparse · sparse`` are the traceable ``lattice.functional`` add / sub /
+# mul (recorded as one FX node when the other operand is a proxy); functional registers them here
+# when it loads, which the ``torchlower.lattice`` package does before anything else, so this
+# module need not import functional back
+ARITHMETIC: dict[str, Callable[[SparseTensor, SparseTensor], SparseTensor]] = {}
 
 
 class SparseTensor:
@@ -99,25 +106,19 @@ class SparseTensor:
 
     # ---- operators and torch functions on features --------------------------------------
     def __add__(self, other: object) -> SparseTensor:
-        from torchlower.lattice import functional
-
         if _is_number(other):
             return self.replace(self.feats + other)  # type: ignore[operator]
-        return functional.add(self, other)  # type: ignore[arg-type]
+        return ARITHMETIC["add"](self, other)  # type: ignore[arg-type]
 
     def __sub__(self, other: object) -> SparseTensor:
-        from torchlower.lattice import functional
-
         if _is_number(other):
             return self.replace(self.feats - other)  # type: ignore[operator]
-        return functional.sub(self, other)  # type: ignore[arg-type]
+        return ARITHMETIC["sub"](self, other)  # type: ignore[arg-type]
 
     def __mul__(self, other: object) -> SparseTensor:
-        from torchlower.lattice import functional
-
         if _is_number(other):
             return self.replace(self.feats * other)  # type: ignore[operator]
-        return functional.mul(self, other)  # type: ignore[arg-type]
+        return ARITHMETIC["mul"](self, other)  # type: ignore[arg-type]
 
     # a number on the left, division and negation act on the features
     def __radd__(self, other: float) -> SparseTensor:
