@@ -267,10 +267,10 @@ def test_save_verifies_on_fresh_inputs_and_keeps_a_training_model(
 def test_save_check_catches_a_wrong_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rule that writes the wrong attribute must fail the check, not pass it."""
     from torchlower.errors import CheckError
-    from torchlower.lattice import rules
+    from torchlower.lattice import rule_base  # where the activation attributes are written
 
-    real = rules.f32
-    monkeypatch.setattr(rules, "f32", lambda v: real(v * 1.5) if v == 0.2 else real(v))
+    real = rule_base.f32
+    monkeypatch.setattr(rule_base, "f32", lambda v: real(v * 1.5) if v == 0.2 else real(v))
 
     class Leaky(nn.Module):
         def __init__(self) -> None:
