@@ -45,7 +45,9 @@ def _torchlower(frontend: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...],
         from torchlower.pipeline import export as api
 
         if frontend not in api.FRONTENDS:
-            raise RuntimeError(f"front end {frontend!r} not in torchlower.pipeline.export.FRONTENDS {api.FRONTENDS}")
+            raise RuntimeError(
+                f"front end {frontend!r} not in torchlower.pipeline.export.FRONTENDS {api.FRONTENDS}"
+            )
         path = folder / "model.nnef.tar"
         torchlower.export(
             model, args, path, frontend=frontend, check=False, input_names=names(len(args), "input")

@@ -26,8 +26,8 @@ import torch
 
 import torchlower
 from tests.fuzz_models import BatchModel, Case, batch_inputs, output_owner
+from torchlower.core.comparison import compare
 from torchlower.errors import CheckError, TorchlowerError
-from torchlower.nnef.tract import compare
 from torchlower.pipeline.export import FRONTENDS
 
 OK = ("verified", "typed")

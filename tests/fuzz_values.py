@@ -29,8 +29,9 @@ import torchlower
 from tests.fuzz_harness import noise, run_float64
 from tests.fuzz_models import Case, CaseModule, cases
 from tests.fuzz_spec import Draw
+from torchlower.core.comparison import compare
 from torchlower.errors import CheckError, TorchlowerError
-from torchlower.nnef.tract import compare, run_points_in_tract
+from torchlower.nnef.tract import run_points_in_tract
 from torchlower.pipeline.verification import like
 
 FRONTENDS = ("jit", "fx", "export")

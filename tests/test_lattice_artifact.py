@@ -110,7 +110,7 @@ def dequantized(model: nn.Module, bits: int, group: int, scale_dtype: str) -> nn
     copy_ = copy.deepcopy(model)
     for m in copy_.modules():
         kind = (
-            "linear" if isinstance(m, nn.Linear) else "conv3d" if isinstance(m, L.modules._ConvBase) else None
+            "linear" if isinstance(m, nn.Linear) else "conv3d" if isinstance(m, L.modules.ConvBase) else None
         )
         if kind:
             w = m.weight.data

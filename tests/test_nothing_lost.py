@@ -225,10 +225,11 @@ def test_failed_check_leaves_no_file_and_keeps_the_previous_one(tmp_path, suffix
 
 def test_a_graph_tract_cannot_load_is_named_by_the_users_path(tmp_path):
     """The check runs at a staged name beside the target: tract's refusal names the target."""
-    from torchlower.nnef import archive, tract
+    from torchlower.core.staging import staged
+    from torchlower.nnef import tract
 
     target = tmp_path / "model.nnef.tgz"
-    with pytest.raises(CheckError) as caught, archive.staged(target) as staging:
+    with pytest.raises(CheckError) as caught, staged(target) as staging:
         staging.write_bytes(b"not an archive")
         tract.run_in_tract(staging, [np.zeros(1, np.float32)])
     message = str(caught.value)

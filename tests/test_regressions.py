@@ -19,8 +19,9 @@ import torchlower
 from tests.conftest import export_and_check
 from tests.fuzz_harness import tolerance
 from tests.test_rules_math import Fn
+from torchlower.core.comparison import compare
 from torchlower.errors import CheckError, TorchlowerError
-from torchlower.nnef.tract import compare, run_in_tract
+from torchlower.nnef.tract import run_in_tract
 
 INF, NAN = float("inf"), float("nan")
 

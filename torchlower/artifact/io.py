@@ -283,7 +283,7 @@ class CheckResult:
 
     inputs: list[np.ndarray]
     outputs: list[np.ndarray]
-    errors: list[Any]  # torchlower.nnef.tract.OutputError, every point
+    errors: list[Any]  # torchlower.core.comparison.OutputError, every point
     # with model=: every input set checked (the given inputs and random ones like them)
     points: list[Any] = field(default_factory=list)  # torchlower.pipeline.verification.CheckPoint
     original_errors: list[Any] = field(default_factory=list)  # compressed archive vs the original
@@ -318,7 +318,8 @@ def check(
     the f16 tolerance): ``torchlower/model_check.py``.
     Raises ``CheckError`` when an output differs beyond ``tolerance``.
     """
-    from torchlower.nnef.tract import compare, run_in_tract
+    from torchlower.core.comparison import compare
+    from torchlower.nnef.tract import run_in_tract
 
     target = Path(path)
     if _is_lattice(target):
@@ -328,7 +329,7 @@ def check(
     with reader.extracted(target) as folder:  # tract reads exactly the bytes we validated
         art = load(folder)
         art.path = target
-        ins = _inputs(art, inputs, symbol_sizes, seed)
+        ins = inputs_for(art, inputs, symbol_sizes, seed)
         if model is not None:
             from torchlower.artifact import model_check
 
@@ -353,7 +354,7 @@ def check(
     return CheckResult(ins, outs, errors, comparison="expected outputs")
 
 
-def _inputs(
+def inputs_for(
     art: Artifact, given: Sequence[Any] | Mapping[str, Any] | None, sizes: Mapping[str, int] | None, seed: int
 ) -> list[np.ndarray]:
     decls = art.graph.inputs

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
                 " active rows).",
             )
         if given is None:
-            given = io._inputs(art, None, specs.symbol_sizes(args.symbol), args.seed)
+            given = io.inputs_for(art, None, specs.symbol_sizes(args.symbol), args.seed)
         elif args.symbol:
             raise usage_error("--symbol sizes random inputs; with --inputs the sizes come from the arrays")
         try:

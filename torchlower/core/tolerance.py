@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def _scale(expected: Sequence[np.ndarray]) -> float:
+def output_scale(expected: Sequence[np.ndarray]) -> float:
     finite = [e[np.isfinite(e)] for e in expected if e.dtype.kind == "f"]
     return max(1.0, max((float(np.abs(f).max()) for f in finite if f.size), default=1.0))
 
@@ -24,15 +24,15 @@ def default(expected: Sequence[np.ndarray]) -> float:
     """1e-4 relative to the largest finite magnitude (at least absolute 1e-4); an f16 output
     (a model computing in f16 itself) cannot be closer than its own rounding, so at least one
     f16 step (2**-10 relative, ×1.01) at that magnitude."""
-    tol = 1e-4 * _scale(expected)
+    tol = 1e-4 * output_scale(expected)
     if any(e.dtype == np.float16 for e in expected):
-        tol = max(tol, 1.01 * 2.0**-10 * _scale(expected))
+        tol = max(tol, 1.01 * 2.0**-10 * output_scale(expected))
     return tol
 
 
 def f16(expected: Sequence[np.ndarray]) -> float:
     """1e-2 relative: f16 keeps ~3 decimal digits, and layers add up."""
-    return 1e-2 * _scale(expected)
+    return 1e-2 * output_scale(expected)
 
 
 def quantized(expected: Sequence[np.ndarray], steps: Sequence[float]) -> float:

@@ -173,3 +173,13 @@ def normalize_dim(dim: int, rank: int) -> int:
     if not -rank <= dim < max(rank, 1):
         raise IndexError(f"dim {dim} out of range for rank {rank}")
     return dim % rank if rank else 0
+
+
+class Missing:
+    """Stands for the result of an op without a rule, so lowering goes on to find the others."""
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING = Missing()

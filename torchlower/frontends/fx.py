@@ -22,6 +22,7 @@ from torchlower.frontends import export, fx_dynamic, fx_interpreter
 from torchlower.frontends.export import lower_export, lower_submodule
 from torchlower.frontends.fx_trace import ShapePass, Tracer, trace
 from torchlower.frontends.session import Session
+from torchlower.rules import NNEF_RULES
 
 __all__ = ["Interpreter", "Tracer", "lower_fx", "lower_module", "trace"]
 
@@ -78,6 +79,8 @@ def lower_fx(
     ``inputs`` defaults to the builder's declared inputs. Shapes come from one real forward
     pass on tensors of the inputs' (static) shapes; every output leaf must be a ``Value``.
     """
+    if builder.rules is None:  # an NNEFBuilder made without a registry: the NNEF rules
+        builder.rules = NNEF_RULES
     inputs = list(builder.inputs if inputs is None else inputs)
     example = [_example_tensor(v) for v in inputs]
     session = Session(builder, "fx")

@@ -23,7 +23,9 @@ Step = tuple[str, list[Any]]
 def lower_getitem(session: Session, x: Value, index: Any, where: str, metas: list[Meta] | None) -> Any:
     """``x[index]``; every step but the last gets its shape from a meta-tensor probe (from the
     rules themselves when ``x`` has dynamic sizes; the last step's comes from the graph)."""
-    steps = _basic_steps(x, _items(x, index, where), where) or [("aten::slice.Tensor", [0, None, None, 1])]
+    steps = basic_steps(x, index_items(x, index, where), where) or [
+        ("aten::slice.Tensor", [0, None, None, 1])
+    ]
     result: Any = x
     probe = None if x.is_symbolic else torch.empty(static(x), dtype=x.dtype, device="meta")
     for n, (op, rest) in enumerate(steps):
@@ -45,8 +47,8 @@ def lower_setitem(session: Session, x: Value, index: Any, value: Any, where: str
     """
     from torchlower.frontends import views
 
-    items = _items(x, index, where)
-    steps = _basic_steps(x, items, where)
+    items = index_items(x, index, where)
+    steps = basic_steps(x, items, where)
     if not isinstance(value, Value):
         value = constant(torch.tensor(value, dtype=x.dtype))
     indexed = steps[-1] if steps and steps[-1][0] == "aten::index.Tensor" else None
@@ -68,7 +70,7 @@ def lower_setitem(session: Session, x: Value, index: Any, value: Any, where: str
     return new
 
 
-def _items(x: Value, index: Any, where: str) -> list[Any]:
+def index_items(x: Value, index: Any, where: str) -> list[Any]:
     """The index as a list with its Ellipsis expanded to full slices."""
     items = list(index) if isinstance(index, tuple) else [index]
     if sum(i is Ellipsis for i in items) > 1:
@@ -88,7 +90,7 @@ def _dims_used(item: Any) -> int:
     return 1
 
 
-def _basic_steps(x: Value, items: list[Any], where: str) -> list[Step]:
+def basic_steps(x: Value, items: list[Any], where: str) -> list[Step]:
     """Slices first (they keep every dim), then one ``index.Tensor`` holding all index tensors.
 
     With index tensors, integers are index tensors too (NumPy's rule), so dims never shift.

@@ -21,13 +21,13 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils import _pytree as pytree
 
 from torchlower.core import dynamic_sizes
-from torchlower.core.values import SymDim, Value, constant
+from torchlower.core.values import MISSING, Missing, SymDim, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.frontends import fx_dynamic, fx_views, provenance, pycalls
 from torchlower.frontends.fx_index import fold as _fold
 from torchlower.frontends.fx_index import lower_getitem, lower_setitem, static
 from torchlower.frontends.fx_trace import EXAMPLE
-from torchlower.frontends.session import MISSING, Meta, Missing, Session, stamp
+from torchlower.frontends.session import Meta, Session, stamp
 from torchlower.rules.registry import describe
 
 _SHAPE_METHODS = {"size", "dim", "ndimension", "numel", "nelement"}

@@ -16,11 +16,10 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from torchlower.core.values import Value
+from torchlower.core.values import Missing, Value
 from torchlower.errors import LoweringError
 from torchlower.frontends import pycalls, views
-from torchlower.frontends.fx_index import _basic_steps, _items, fold, overload
-from torchlower.frontends.session import Missing
+from torchlower.frontends.fx_index import basic_steps, fold, index_items, overload
 
 Level = tuple[Any, str, list[Any]]  # (base value, view op, the op's other arguments)
 _READ_VIEWS = views.INVERTIBLE | {"expand", "expand_as", "unfold", "as_strided", "T", "mT"}
@@ -62,10 +61,10 @@ def levels(interp: Any, n: fx.Node) -> list[Level] | None:
         return None
     x, where = args[0], interp._where()
     if n.op == "call_function" and n.target is operator.getitem:
-        items = _items(x, args[1], where)
+        items = index_items(x, args[1], where)
         if any(isinstance(i, Value) for i in items):
             return None
-        steps = _basic_steps(x, items, where)
+        steps = basic_steps(x, items, where)
         out: list[Level] = []
         for op, rest in steps:
             out.append((x, views.op_name(op), rest))

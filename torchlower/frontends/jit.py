@@ -17,11 +17,11 @@ from torch import nn
 
 from torchlower.core import dynamic, dynamic_sizes, progress
 from torchlower.core.dynamic import Spec
-from torchlower.core.values import SymDim, Value, constant
+from torchlower.core.values import MISSING, SymDim, Value, constant
 from torchlower.errors import InvalidArgumentError, LoweringError, TraceError, ValueDependentTraceError
 from torchlower.frontends import jit_trace, provenance, views
 from torchlower.frontends.jit_trace import FastTrace, dynamic_overrides, maybe_quantize_args, trace
-from torchlower.frontends.session import MISSING, Meta, Session
+from torchlower.frontends.session import Meta, Session
 
 _SCALAR_TYPES = {
     "Float": torch.float32, "Double": torch.float64, "Half": torch.float16,

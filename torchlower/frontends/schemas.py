@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from torchlower.core.values import SymDim, Value
-from torchlower.frontends.session import Missing
+from torchlower.core.values import Missing, SymDim, Value
 
 _NO = object()  # "does not fit this schema type"
 

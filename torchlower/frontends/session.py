@@ -17,7 +17,7 @@ import torch
 
 from torchlower.core import progress
 from torchlower.core.dynamic_sizes import scalar_op
-from torchlower.core.values import Shape, Value, constant
+from torchlower.core.values import MISSING, Missing, Shape, Value, constant
 from torchlower.errors import LoweringError, TorchlowerError, UnsupportedOp, UnsupportedOpsError
 from torchlower.rules.registry import describe, normalize_key
 
@@ -39,16 +39,6 @@ _NOT_FOLDABLE = {
     "empty_like",
     "uniform",
 }
-
-
-class Missing:
-    """Stands for the result of an op without a rule, so lowering goes on to find the others."""
-
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-MISSING = Missing()
 
 
 @dataclass

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torchlower.core.values import Value, normalize_dim
+from torchlower.core.values import MISSING, Missing, Value, normalize_dim
 from torchlower.errors import LoweringError
-from torchlower.frontends.session import MISSING, Missing, Session
+from torchlower.frontends.session import Session
 
 # views whose write-back is defined below (ATen names without the overload)
 INVERTIBLE = {

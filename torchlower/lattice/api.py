@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from torchlower.core.comparison import OutputError
 from torchlower.core.values import Value
 from torchlower.errors import ArtifactError, InvalidArgumentError, LoweringError, UnsupportedOpsError
 from torchlower.lattice import verify
@@ -25,7 +26,6 @@ from torchlower.lattice.builder import WEIGHT_FILE, LatticeBuilder
 from torchlower.lattice.executor import Artifact, execute
 from torchlower.lattice.rules import LATTICE_RULES
 from torchlower.lattice.sparse import SparseTensor
-from torchlower.nnef.tract import OutputError
 
 GRAPH_FILE = "graph.mlir"
 log = logging.getLogger("torchlower")
@@ -231,7 +231,7 @@ def write(folder: Path, text: str, weights: dict[str, torch.Tensor]) -> Path:
             str(tmp / WEIGHT_FILE),
             metadata={"format": "torch"},
         )
-        from torchlower.nnef.archive import publish_mode
+        from torchlower.core.staging import publish_mode
 
         publish_mode(tmp, directory=True)  # mkdtemp made it 0700; the artifact honours the umask
         old = None

@@ -148,12 +148,12 @@ def parse_op(line: str) -> Op:
         for i, ch in enumerate(rest):
             depth += (ch in "{<[(" and 1) or (-1 if ch in "}>])" else 0)
             if depth == 0:
-                attrs = dict(_attr(item) for item in _split(rest[1:i]))
+                attrs = dict(_attr(item) for item in split_ops(rest[1:i]))
                 break
     return Op(results, op, operands, attrs, symbol)
 
 
-def _split(body: str) -> list[str]:
+def split_ops(body: str) -> list[str]:
     items, depth, start = [], 0, 0
     for i, ch in enumerate(body):
         depth += 1 if ch in "<[({" else -1 if ch in ">])}" else 0

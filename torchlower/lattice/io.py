@@ -24,7 +24,7 @@ import torch
 from torchlower.errors import ArtifactError, InvalidArgumentError
 from torchlower.lattice import verify
 from torchlower.lattice.builder import WEIGHT_FILE
-from torchlower.lattice.executor import Artifact, Op, _split, execute, parse_artifact
+from torchlower.lattice.executor import Artifact, Op, execute, parse_artifact, split_ops
 from torchlower.lattice.sparse import SparseTensor
 
 GRAPH_FILE = "graph.mlir"
@@ -92,7 +92,7 @@ def _signature(text: str) -> tuple[list[str], list[str]]:
         raise ArtifactError("no func.func @forward signature")
     ins = [t for _, t in re.findall(r"%(\w+): (.+?),?\n", head.group(1) + "\n")]
     result = head.group(2)
-    outs = _split(result[1:-1]) if result.startswith("(") else [result]
+    outs = split_ops(result[1:-1]) if result.startswith("(") else [result]
     return ins, outs
 
 
@@ -160,7 +160,7 @@ class CheckResult:
 
     inputs: list[np.ndarray]
     outputs: list[np.ndarray]
-    errors: list[Any]  # torchlower.nnef.tract.OutputError
+    errors: list[Any]  # torchlower.core.comparison.OutputError
     sparse_outputs: list[SparseTensor | None] | None = None
 
     @property

@@ -48,7 +48,7 @@ def _inverted(x: SparseTensor, target: torch.Tensor, geometry: tuple) -> kernels
     return None
 
 
-class _ConvBase(nn.Module):
+class ConvBase(nn.Module):
     """Weight ``[O, kx, ky, kz, I]`` and optional bias, initialised like ``nn.Conv3d``."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: IntOr3, bias: bool) -> None:
@@ -77,7 +77,7 @@ class _ConvBase(nn.Module):
         return SparseTensor(feats, kmap.out_coords, kmap.out_stride, supports=x.supports, check=False)
 
 
-class SubmConv3d(_ConvBase):
+class SubmConv3d(ConvBase):
     """Submanifold conv: the output keeps the input's voxels (centered kernel)."""
 
     def __init__(
@@ -95,7 +95,7 @@ class SubmConv3d(_ConvBase):
         return self._run(x, _cached(x, kernels.subm_map, self.kernel_size, self.dilation))
 
 
-class Conv3d(_ConvBase):
+class Conv3d(ConvBase):
     """Strided sparse conv: outputs at ``o`` with ``o·s = c + p − k·d`` (stride multiplies)."""
 
     def __init__(
@@ -144,7 +144,7 @@ class ConvTranspose3d(Conv3d):
         return self._run(x, _cached(x, kernels.transpose_map, target, *geometry, conv=conv))
 
 
-class GenerativeConvTranspose3d(_ConvBase):
+class GenerativeConvTranspose3d(ConvBase):
     """Transposed conv that creates every ``o·s + k`` (the output stride is divided by ``s``)."""
 
     def __init__(
@@ -161,7 +161,7 @@ class GenerativeConvTranspose3d(_ConvBase):
         return self._run(x, _cached(x, kernels.generative_map, self.kernel_size, self.stride))
 
 
-class _Pool(nn.Module):
+class PoolBase(nn.Module):
     mode = "max"
 
     def __init__(
@@ -178,25 +178,25 @@ class _Pool(nn.Module):
         return SparseTensor(feats, kmap.out_coords, kmap.out_stride, supports=x.supports, check=False)
 
 
-class MaxPool3d(_Pool):
+class MaxPool3d(PoolBase):
     """Max over the present inputs of each output voxel (strided-conv geometry)."""
 
     mode = "max"
 
 
-class AvgPool3d(_Pool):
+class AvgPool3d(PoolBase):
     """Mean over the present inputs of each output voxel (absent ones do not count)."""
 
     mode = "avg"
 
 
-class SumPool3d(_Pool):
+class SumPool3d(PoolBase):
     """Sum over the present inputs of each output voxel."""
 
     mode = "sum"
 
 
-class _GlobalPool(nn.Module):
+class GlobalPoolBase(nn.Module):
     mode = "avg"
 
     def __init__(self, batch_size: int | None = None) -> None:
@@ -214,13 +214,13 @@ class _GlobalPool(nn.Module):
         )
 
 
-class GlobalAvgPool(_GlobalPool):
+class GlobalAvgPool(GlobalPoolBase):
     """Mean of the features of each batch entry → dense ``[B, C]``."""
 
     mode = "avg"
 
 
-class GlobalMaxPool(_GlobalPool):
+class GlobalMaxPool(GlobalPoolBase):
     """Max of the features of each batch entry → dense ``[B, C]``."""
 
     mode = "max"

@@ -16,7 +16,7 @@ from torchlower.lattice.modules import ConvTranspose3d, GenerativeConvTranspose3
 from torchlower.lattice.sparse import SparseTensor, triple
 
 
-class _Normalized:
+class NormalizedBase:
     """``conv(x, W) / sqrt(conv(1, W²) + eps) + b``; plain conv for pointwise geometry."""
 
     eps: float
@@ -44,7 +44,7 @@ def _eps(eps: float) -> float:
     return float(eps)
 
 
-class NormalizedSubmConv3d(_Normalized, SubmConv3d):
+class NormalizedSubmConv3d(NormalizedBase, SubmConv3d):
     """Submanifold conv normalized by the weights that met a voxel: ``conv(x, W) /
     sqrt(conv(1, W²) + eps) + b`` (input support kept)."""
 
@@ -61,7 +61,7 @@ class NormalizedSubmConv3d(_Normalized, SubmConv3d):
         self.eps = _eps(eps)
 
 
-class NormalizedConvTranspose3d(_Normalized, ConvTranspose3d):
+class NormalizedConvTranspose3d(NormalizedBase, ConvTranspose3d):
     """Normalized transposed conv onto the support of the conv it inverts (or ``target``'s)."""
 
     def __init__(
@@ -79,7 +79,7 @@ class NormalizedConvTranspose3d(_Normalized, ConvTranspose3d):
         self.eps = _eps(eps)
 
 
-class NormalizedGenerativeConvTranspose3d(_Normalized, GenerativeConvTranspose3d):
+class NormalizedGenerativeConvTranspose3d(NormalizedBase, GenerativeConvTranspose3d):
     """Normalized transposed conv creating every ``o·s + k`` (or onto ``target``'s voxels)."""
 
     def __init__(

@@ -64,11 +64,11 @@ def subm_conv(x: Ref, weight: torch.Tensor, bias: torch.Tensor | None, kernel, d
             n = (key[0], *(key[i + 1] + (off[i] - center[i]) * dilation[i] * x.stride[i] for i in range(3)))
             if n in x.voxels:
                 acc += conv_weight(weight, k).double() @ x.voxels[n].double()
-        out[key] = _finish(acc, bias)
+        out[key] = finish(acc, bias)
     return x.derive(out, x.stride, weight.shape[0])
 
 
-def _finish(acc: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def finish(acc: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return (acc + bias.double() if bias is not None else acc).float()
 
 
@@ -92,7 +92,7 @@ def conv(x: Ref, weight, bias, kernel, stride, padding, dilation) -> Ref:
     for o, k, i in pairs:
         acc.setdefault(o, torch.zeros(weight.shape[0], dtype=torch.float64))
         acc[o] += conv_weight(weight, k).double() @ x.voxels[i].double()
-    return x.derive({o: _finish(a, bias) for o, a in acc.items()}, out_stride, weight.shape[0])
+    return x.derive({o: finish(a, bias) for o, a in acc.items()}, out_stride, weight.shape[0])
 
 
 def conv_transpose(x: Ref, weight, bias, kernel, stride, padding, dilation) -> Ref:
@@ -109,7 +109,7 @@ def conv_transpose(x: Ref, weight, bias, kernel, stride, padding, dilation) -> R
                 o = (key[0], *(num[i] // stride[i] * x.stride[i] for i in range(3)))
                 if o in x.voxels:
                     acc += conv_weight(weight, k).double() @ x.voxels[o].double()
-        out[key] = _finish(acc, bias)
+        out[key] = finish(acc, bias)
     return x.derive(out, out_stride, weight.shape[0])  # type: ignore[arg-type]
 
 
@@ -124,7 +124,7 @@ def generative_conv_transpose(x: Ref, weight, bias, kernel, stride) -> Ref:
             )
             acc.setdefault(c, torch.zeros(weight.shape[0], dtype=torch.float64))
             acc[c] += conv_weight(weight, k).double() @ f.double()
-    return x.derive({c: _finish(a, bias) for c, a in acc.items()}, out_stride, weight.shape[0])  # type: ignore[arg-type]
+    return x.derive({c: finish(a, bias) for c, a in acc.items()}, out_stride, weight.shape[0])  # type: ignore[arg-type]
 
 
 def pool(x: Ref, mode: str, kernel, stride, padding, dilation) -> Ref:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from torchlower.lattice.reference import Key, Ref, _finish, conv_weight, offsets
+from torchlower.lattice.reference import Key, Ref, conv_weight, finish, offsets
 
 
 def _onto(
@@ -42,7 +42,7 @@ def target_conv(x: Ref, target: Ref, weight, bias, kernel, stride, padding, dila
             )
             if c in x.voxels:
                 acc += conv_weight(weight, k).double() @ x.voxels[c].double()
-        out[key] = _finish(acc, bias)
+        out[key] = finish(acc, bias)
     return _onto(x, out, target.stride, weight.shape[0], target)
 
 
@@ -63,7 +63,7 @@ def target_conv_transpose(x: Ref, target: Ref, weight, bias, kernel, stride, pad
         acc = torch.zeros(weight.shape[0], dtype=torch.float64)
         for k, o in _transposed_inputs(x, key, target.stride, kernel, stride, padding, dilation):
             acc += conv_weight(weight, k).double() @ x.voxels[o].double()
-        out[key] = _finish(acc, bias)
+        out[key] = finish(acc, bias)
     return _onto(x, out, target.stride, weight.shape[0], target)
 
 
@@ -76,7 +76,7 @@ def normalized(run, x: Ref, weight, bias, eps: float, pointwise: bool) -> Ref:
     ones = Ref({k: torch.ones(x.channels) for k in x.voxels}, x.stride, x.channels, dict(x.history))
     den = run(ones, weight * weight, None)
     num.voxels = {
-        key: _finish(n.double() / torch.sqrt(den.voxels[key].double() + eps), bias)
+        key: finish(n.double() / torch.sqrt(den.voxels[key].double() + eps), bias)
         for key, n in num.voxels.items()
     }
     return num

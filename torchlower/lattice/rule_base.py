@@ -44,7 +44,7 @@ def constant(x: object, what: str) -> object:
 # ---- convolutions ---------------------------------------------------------------------------
 def emit_conv(
     b: LatticeBuilder,
-    m: LM._ConvBase,
+    m: LM.ConvBase,
     x: object,
     op: str,
     attrs: list,
@@ -72,7 +72,7 @@ def emit_conv(
     return b.op(out.name, op, operands, [*attrs, ACCUMULATION, *after], out)  # type: ignore[return-value]
 
 
-def geometry(m: LM.Conv3d | LM._Pool) -> list[tuple[str, str]]:
+def geometry(m: LM.Conv3d | LM.PoolBase) -> list[tuple[str, str]]:
     return [
         ("kernel_size", i64s(m.kernel_size)),
         ("stride", i64s(m.stride)),

@@ -79,7 +79,7 @@ def generative_conv_transpose3d(
 
 # ---- pooling --------------------------------------------------------------------------------
 @module_rule(LM.MaxPool3d, LM.AvgPool3d, LM.SumPool3d)
-def pool3d(b: LatticeBuilder, m: LM._Pool, x: SparseValue) -> SparseValue:
+def pool3d(b: LatticeBuilder, m: LM.PoolBase, x: SparseValue) -> SparseValue:
     """MaxPool3d | AvgPool3d | SumPool3d (x) -> sparse"""
     x = sparse_arg(x, "pool input")
     out = b.sparse(b.result_name(m), x, x.channels, scaled(x, m.stride, up=True))
@@ -87,7 +87,7 @@ def pool3d(b: LatticeBuilder, m: LM._Pool, x: SparseValue) -> SparseValue:
 
 
 @module_rule(LM.GlobalAvgPool, LM.GlobalMaxPool)
-def global_pool(b: LatticeBuilder, m: LM._GlobalPool, x: SparseValue) -> Value:
+def global_pool(b: LatticeBuilder, m: LM.GlobalPoolBase, x: SparseValue) -> Value:
     """GlobalAvgPool | GlobalMaxPool (x) -> dense [B, C]"""
     x = sparse_arg(x, "global pool input")
     batch = m.batch_size if m.batch_size is not None else b.batch_size

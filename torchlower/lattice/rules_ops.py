@@ -32,7 +32,7 @@ def normalized_subm_conv3d(b: LatticeBuilder, m: LO.NormalizedSubmConv3d, x: Spa
 
 
 def _with_eps(
-    b: LatticeBuilder, m: LO._Normalized, x: object, op: str, attrs: list, stride, target
+    b: LatticeBuilder, m: LO.NormalizedBase, x: object, op: str, attrs: list, stride, target
 ) -> SparseValue:
     """The schema puts ``eps`` after ``accumulation`` for the (target) normalized transposed conv."""
     return emit_conv(b, m, x, op, attrs, stride, target, packable=False, after=[("eps", f32(m.eps))])  # type: ignore[arg-type]

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from torchlower.core import tolerance as tolerances
+from torchlower.core.comparison import OutputError
 from torchlower.errors import CheckError
 from torchlower.lattice import quantize
 from torchlower.lattice.sparse import SparseTensor
-from torchlower.nnef.tract import OutputError
 
 FRESH_ROWS = 256  # cap on the rows of a fresh sparse input: the reference executor is brute force
 

@@ -48,7 +48,7 @@ def tables(builder: Any, wrapper: nn.Module) -> dict[str, Table]:
         if (
             param is None
             or weight.numel() != param.numel()
-            or not quant._same(weight.reshape(param.shape), param.detach())
+            or not quant.same_tensor(weight.reshape(param.shape), param.detach())
         ):
             continue
         found[label] = Table(role, own.get(role) or names[id(param)], param)  # type: ignore[arg-type]
@@ -144,7 +144,7 @@ def _variable_uses(builder: Any) -> dict[str, set[str]]:
     for a in live:
         if a.op.startswith("variable"):
             continue
-        for arg in quant._flat(a.args) + quant._flat(list(a.attrs.values())):
+        for arg in quant.flat_items(a.args) + quant.flat_items(list(a.attrs.values())):
             name = getattr(arg, "name", None)
             if name in labels:
                 uses[labels[name]].add(a.op)

@@ -23,7 +23,10 @@ from torch import nn
 from torchlower import __version__
 from torchlower.core import dynamic, progress
 from torchlower.core import tolerance as tolerances
+from torchlower.core.comparison import OutputError
 from torchlower.core.model_io import eval_view
+from torchlower.core.staging import staged as staged_beside
+from torchlower.core.staging import target_of
 from torchlower.errors import DynamicAxisError, InvalidArgumentError
 from torchlower.llm import bundle, checks
 from torchlower.llm.alibi import alibi_table
@@ -45,7 +48,6 @@ from torchlower.llm.wrapper import (
     static_rope,
 )
 from torchlower.nnef import archive, guards, passes
-from torchlower.nnef.tract import OutputError
 from torchlower.pipeline import validate
 from torchlower.pipeline.export import _build, _bytes_by_format
 
@@ -232,7 +234,7 @@ def export(
     if io_samples:
         files |= checks.samples(model, layout, vocab, logits, dequantized, cache_dtype(precision))
     release = src.mapping.release if src.mapping is not None else None
-    with archive.staged(target) as staging:  # renamed after the check: a failure leaves no archive
+    with staged_beside(target) as staging:  # renamed after the check: a failure leaves no archive
         staged = archive.write(
             staging, graph, weights, builder.quant_text(), files, release, huffman_only=True
         )
@@ -277,8 +279,9 @@ def _check(
     With compressed weights the same inputs also run against the original model (reported, not
     bounded). One tract load for all of them (the archive is loaded once by the check worker).
     """
+    from torchlower.core.comparison import compare
     from torchlower.errors import CheckError
-    from torchlower.nnef.tract import compare, run_points_in_tract
+    from torchlower.nnef.tract import run_points_in_tract
 
     dtype = cache_dtype(precision)
     long = _long_prefill(report)
@@ -294,15 +297,17 @@ def _check(
     got = run_points_in_tract(report.path, points)
     for case, actual in zip(reference, got[: len(reference)], strict=True):
         want = [t.numpy() for t in case.outputs]
-        tol = F16_TOLERANCE * tolerances._scale(want) if precision == "f16" else tolerances.default(want)
+        tol = (
+            F16_TOLERANCE * tolerances.output_scale(want) if precision == "f16" else tolerances.default(want)
+        )
         if dequantized is not None:
-            tol = max(tol, 1e-3 * tolerances._scale(want))  # blocks reorder the f32 sums
+            tol = max(tol, 1e-3 * tolerances.output_scale(want))  # blocks reorder the f32 sums
         names = [f"{n} ({case.label})" for n in layout.output_names()]
         report.errors += compare(names, want, actual, tol)
     bad = [e for e in report.errors if not e.ok]
     if bad:
         detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
-        shown = archive.target_of(report.path)
+        shown = target_of(report.path)
         raise CheckError(
             f"{shown}: tract disagrees with Hugging Face (nothing written) — {detail}", report.errors
         )

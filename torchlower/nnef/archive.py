@@ -7,16 +7,13 @@ failed export never leaves a partial file and keeps any previous one.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import io
-import itertools
 import os
 import shutil
 import struct
 import tarfile
 import tempfile
-import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -26,6 +23,7 @@ import numpy as np
 import torch
 
 from torchlower.core import progress
+from torchlower.core.staging import move, publish_mode
 from torchlower.errors import InvalidArgumentError
 from torchlower.nnef import dat, quant
 
@@ -138,23 +136,6 @@ def _pieces(data: bytes | memoryview) -> list[memoryview]:
     return [view[i : i + _PIECE] for i in range(0, len(view), _PIECE)] or [view]
 
 
-_UMASK_LOCK = threading.Lock()
-
-
-def current_umask() -> int:
-    """The process umask (read by setting and restoring it: there is no getter)."""
-    with _UMASK_LOCK:
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return mask
-
-
-def publish_mode(path: Path, directory: bool) -> None:
-    """Temporary files and folders are private (0600 / 0700) while written; the finished
-    artifact gets the permissions a plain ``open()`` / ``mkdir`` would have given it."""
-    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
-
-
 class _ChunkReader(io.RawIOBase):
     """A read-only file over chunks, handing out slices (views, not copies) to ``tarfile``."""
 
@@ -265,48 +246,7 @@ def _write_directory(
                     if done is not None:
                         done(memoryview(chunk))
         publish_mode(tmp, directory=True)
-        _move(tmp, target)
+        move(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _move(source: Path, target: Path) -> None:
-    """``source`` onto ``target``: one rename for a file; a directory goes aside first (POSIX
-    cannot swap directories atomically, see docs/reliability.md)."""
-    old = None
-    if target.is_dir():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-    os.replace(source, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-_STAGED = itertools.count()
-
-
-def target_of(path: Path) -> Path:
-    """The user's path behind a ``staged`` name (itself otherwise): what messages should name."""
-    stem, sep, name = path.name.partition("-checking-")
-    return path.with_name(name) if sep and stem.startswith(".") else path
-
-
-@contextlib.contextmanager
-def staged(target: Path) -> Iterator[Path]:
-    """A name beside ``target`` to write and check the artifact at, moved onto ``target`` when
-    the block succeeds and deleted when it raises.
-
-    Why: the check runs after writing, and an artifact that failed it must not be left where the
-    user asked for one (nor replace a previous good one). Same folder, so the move is a rename.
-    """
-    staging = target.with_name(f".{os.getpid()}-{next(_STAGED)}-checking-{target.name}")
-    try:
-        yield staging
-        _move(staging, target)
-    except BaseException:
-        if staging.is_dir():
-            shutil.rmtree(staging, ignore_errors=True)
-        else:
-            staging.unlink(missing_ok=True)
         raise

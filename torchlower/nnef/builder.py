@@ -71,12 +71,12 @@ Operand = Any  # Value | bool | int | float | str | list | tuple of those
 class NNEFBuilder:
     """Collects assignments into an NNEF graph for tract (``tract=True``) or plain Khronos."""
 
-    def __init__(self, *, tract: bool = True, precision: str = "f32") -> None:
-        from torchlower.rules import NNEF_RULES
-
+    def __init__(self, *, tract: bool = True, precision: str = "f32", rules: Any = None) -> None:
         if precision not in PRECISIONS:
             raise InvalidArgumentError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-        self.rules = NNEF_RULES
+        # the registry front ends look ops up in; None until a front end's entry point sets
+        # torchlower.rules.NNEF_RULES (the builder does not import the rules that call it)
+        self.rules = rules
         self.tract = tract
         self.precision = precision  # "f16": float weights and compute in f16, I/O stay f32
         self.inputs: list[Value] = []

@@ -58,10 +58,10 @@ from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.guards_matmul import (
-    _replacing,
     broadcast_after_matmul,
     broadcast_as_product,
     flat_matmul_after_reshape,
+    replacing,
 )
 
 Assignment = text.Assignment
@@ -96,7 +96,7 @@ def before_passes(b: NNEFBuilder) -> None:
 
 def wide_extrema(b: NNEFBuilder) -> bool:
     """A float ``max_reduce`` / ``min_reduce`` runs one type wider, so an all-``∓inf`` row stays infinite."""
-    return _replacing(b, lambda a: _widened(b, a))
+    return replacing(b, lambda a: _widened(b, a))
 
 
 def _widened(b: NNEFBuilder, a: Assignment) -> list[Assignment] | None:
@@ -164,7 +164,7 @@ _EMPTY_REDUCTION = {"sum_reduce": 0.0, "mean_reduce": float("nan")}
 
 def empty_reductions(b: NNEFBuilder) -> bool:
     """A sum / mean over a static zero-size axis becomes its value broadcast (0 or NaN)."""
-    return _replacing(b, lambda a: _empty_reduction(b, a))
+    return replacing(b, lambda a: _empty_reduction(b, a))
 
 
 def _empty_reduction(b: NNEFBuilder, a: Assignment) -> list[Assignment] | None:
@@ -195,7 +195,7 @@ def exact_quotients(b: NNEFBuilder) -> bool:
         and p.op == "div"
         and p.outputs[0].dtype == torch.float32
     }
-    return _replacing(b, lambda a: _in_float64(b, a) if id(a) in chosen else None)
+    return replacing(b, lambda a: _in_float64(b, a) if id(a) in chosen else None)
 
 
 def _in_float64(b: NNEFBuilder, a: Assignment) -> list[Assignment]:
@@ -224,7 +224,7 @@ def gather_strided_after_softmax(b: NNEFBuilder) -> bool:
             return _as_gathers(b, a)
         return None
 
-    return _replacing(b, replace)
+    return replacing(b, replace)
 
 
 def gather_strided_after_split(b: NNEFBuilder) -> bool:
@@ -236,7 +236,7 @@ def gather_strided_after_split(b: NNEFBuilder) -> bool:
             return _as_gathers(b, a)
         return None
 
-    return _replacing(b, replace)
+    return replacing(b, replace)
 
 
 def _splits_an_axis(a: Assignment) -> bool:

@@ -19,7 +19,7 @@ Assignment = text.Assignment
 def broadcast_after_matmul(b: NNEFBuilder) -> bool:
     """``matmul(broadcast(x), w)`` → ``broadcast(matmul(x, w))`` when only batch axes broadcast."""
     producers, uses = edit.producers(b), edit.uses(b)
-    return _replacing(b, lambda a: _matmul_then_broadcast(b, a, producers, uses))
+    return replacing(b, lambda a: _matmul_then_broadcast(b, a, producers, uses))
 
 
 def _matmul_then_broadcast(
@@ -60,7 +60,7 @@ def broadcast_as_product(b: NNEFBuilder) -> bool:
         concats = [r for r in readers.get(v.name, []) if r.op == "concat"]
         return any(m.op == "matmul" for c in concats for m in readers.get(c.outputs[0].name, []))
 
-    return _replacing(
+    return replacing(
         b,
         lambda a: (
             _as_product(b, a, producers)
@@ -96,7 +96,7 @@ def _as_product(b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment])
 def flat_matmul_after_reshape(b: NNEFBuilder) -> bool:
     """``matmul(reshape(..), C)`` with ``C`` a ``[1, …, 1, K, N]`` constant → 2-D matmul + reshapes."""
     producers = edit.producers(b)
-    return _replacing(b, lambda a: _flattened_matmul(b, a, producers))
+    return replacing(b, lambda a: _flattened_matmul(b, a, producers))
 
 
 def _flattened_matmul(
@@ -151,7 +151,7 @@ def _keeps_batch_axes(reshape: Assignment, x: Value) -> bool:
     )
 
 
-def _replacing(b: NNEFBuilder, replace: Callable[[Assignment], list[Assignment] | None]) -> bool:
+def replacing(b: NNEFBuilder, replace: Callable[[Assignment], list[Assignment] | None]) -> bool:
     """Each assignment replaced by ``replace(a)`` where that is not None (``graph_edit.rewrite``)."""
 
     def step(a: Assignment, out: list[Assignment]) -> bool:

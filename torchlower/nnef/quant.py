@@ -219,7 +219,7 @@ def compress_weights(
     variables = {a.outputs[0].name: a for a in live if a.op.startswith("variable")}
     uses: dict[str, list[_Use]] = {name: [] for name in variables}
     for a in live:
-        for slot, arg in enumerate(_flat(a.args) + _flat(list(a.attrs.values()))):
+        for slot, arg in enumerate(flat_items(a.args) + flat_items(list(a.attrs.values()))):
             if getattr(arg, "name", None) in uses and not a.op.startswith("variable"):
                 uses[arg.name].append(_Use(a, slot))
     dequantized: dict[str, torch.Tensor] = {}
@@ -229,7 +229,7 @@ def compress_weights(
         param = params.get(label)
         if param is None or weight is None or not weight.is_floating_point() or not uses[name]:
             continue
-        if weight.numel() != param.numel() or not _same(weight.reshape(param.shape), param.detach()):
+        if weight.numel() != param.numel() or not same_tensor(weight.reshape(param.shape), param.detach()):
             continue  # not the parameter as the model holds it (folded, sliced...)
         kinds = {_kind(u, weight) for u in uses[name]}
         if None in kinds or len(kinds) != 1 or ("transpose" in kinds and len(uses[name]) != 1):
@@ -262,7 +262,7 @@ def compress_weights(
     return dequantized
 
 
-def _same(weight: torch.Tensor, param: torch.Tensor) -> bool:
+def same_tensor(weight: torch.Tensor, param: torch.Tensor) -> bool:
     """The builder's weight is the parameter (often the very same memory: no need to read it)."""
     if (
         weight.dtype == param.dtype
@@ -294,8 +294,8 @@ def _kind(use: _Use, weight: torch.Tensor) -> str | None:
     return None
 
 
-def _flat(items: list[Any]) -> list[Any]:
+def flat_items(items: list[Any]) -> list[Any]:
     out: list[Any] = []
     for item in items:
-        out += _flat(list(item)) if isinstance(item, (list, tuple)) else [item]
+        out += flat_items(list(item)) if isinstance(item, (list, tuple)) else [item]
     return out

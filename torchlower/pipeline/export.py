@@ -16,7 +16,9 @@ from torch import nn
 
 from torchlower.core import dynamic, model_io, progress
 from torchlower.core import tolerance as tolerances
-from torchlower.core.values import Value
+from torchlower.core.comparison import OutputError, compare
+from torchlower.core.staging import staged
+from torchlower.core.values import MISSING, Value
 from torchlower.errors import (
     CheckError,
     DynamicAxisError,
@@ -27,12 +29,12 @@ from torchlower.errors import (
     UnsupportedOpsError,
     ValueDependentTraceError,
 )
-from torchlower.frontends.session import MISSING, Session
+from torchlower.frontends.session import Session
 from torchlower.nnef import archive, guards, passes
 from torchlower.nnef.builder import NNEFBuilder
-from torchlower.nnef.tract import OutputError, compare, run_in_tract
+from torchlower.nnef.tract import run_in_tract
 from torchlower.pipeline import validate, verification
-from torchlower.rules import coverage
+from torchlower.rules import NNEF_RULES, coverage
 
 log = logging.getLogger("torchlower")
 
@@ -204,7 +206,7 @@ def export(
     }
     # checked under a staging name beside the target, renamed after: a failed check leaves no file
     # (unchecked, the write itself is atomic: archive.write goes through a temporary sibling)
-    with archive.staged(target) if check else contextlib.nullcontext(target) as staging:
+    with staged(target) if check else contextlib.nullcontext(target) as staging:
         final = archive.write(staging, builder.graph_text(), weights, builder.quant_text())
         report = ExportReport(
             path=final,
@@ -341,7 +343,7 @@ def _build(
     allow_value_dependent: bool = False,
 ) -> NNEFBuilder:
     """A fresh builder holding ``module`` lowered by one front end, outputs set."""
-    builder = NNEFBuilder(precision=precision)
+    builder = NNEFBuilder(precision=precision, rules=NNEF_RULES)
     builder.reserve(list(names_in) + list(names_out))
     inputs = [
         builder.add_input(n, t.dtype, spec.input_shape(i, t) if spec else tuple(t.shape))

@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from torchlower.core.comparison import OutputError, compare
 from torchlower.errors import CheckError
-from torchlower.nnef.tract import OutputError, compare, run_points_in_tract
+from torchlower.nnef.tract import run_points_in_tract
 
 RANDOM_POINTS = 3  # fresh inputs checked besides the example
 _KEEP = 0.75  # share of integer elements kept from the example (ids and masks stay plausible)

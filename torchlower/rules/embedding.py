@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchlower.core.values import Value, constant
+from torchlower.core.values import MISSING, Value, constant
 from torchlower.errors import LoweringError
-from torchlower.frontends.session import MISSING
 from torchlower.rules import module_rule, rule
 from torchlower.rules.common import Builder, shape_of
 

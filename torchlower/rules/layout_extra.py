@@ -182,7 +182,7 @@ def diff(b: Builder, x: Value, n: int, dim: int, prepend: Value | None, append: 
     return x
 
 
-def _diagonal_index(rows: int, cols: int, offset: int) -> torch.Tensor:
+def diagonal_index(rows: int, cols: int, offset: int) -> torch.Tensor:
     """Flat (row-major) positions of the ``offset`` diagonal of a rows × cols matrix."""
     r0, c0 = max(-offset, 0), max(offset, 0)
     length = max(min(rows - r0, cols - c0), 0)
@@ -197,7 +197,7 @@ def diagonal(b: Builder, x: Value, offset: int, dim1: int, dim2: int) -> Value:
     rest = [i for i in range(x.rank) if i not in (d1, d2)]
     y = transpose(b, x, [*rest, d1, d2])
     shape = dims_of(y)
-    index = _diagonal_index(shape[-2], shape[-1], int(offset))
+    index = diagonal_index(shape[-2], shape[-1], int(offset))
     y = reshape(b, y, [*shape[:-2], shape[-2] * shape[-1]])
     return gather_axis(b, y, constant(index), len(shape) - 2)
 
@@ -210,7 +210,7 @@ def diag_embed(b: Builder, x: Value, offset: int, dim1: int, dim2: int) -> Value
     zero = filled(b, 0, [*lead, 1], x.dtype)
     padded = concat(b, [x, zero], len(lead))
     index = torch.full((size * size,), length, dtype=torch.int64)
-    index[_diagonal_index(size, size, int(offset))] = torch.arange(length)
+    index[diagonal_index(size, size, int(offset))] = torch.arange(length)
     y = gather_axis(b, padded, constant(index), len(lead))
     y = reshape(b, y, [*lead, size, size])
     rank = len(lead) + 2

@@ -361,7 +361,7 @@ def atan2(b: Builder, y: Value, x: Value) -> Value:
 # ---- cumulative -----------------------------------------------------------------------------
 
 
-def _scan(b: Builder, x: Value, dim: int, op: str, identity: float) -> Value:
+def emit_scan(b: Builder, x: Value, dim: int, op: str, identity: float) -> Value:
     """Inclusive scan in ceil(log2 n) shift-and-combine steps (Hillis–Steele)."""
     axis = normalize_dim(dim, x.rank)
     n = shape_of(x)[axis]
@@ -389,11 +389,11 @@ def _scan_input(b: Builder, x: Value, dtype: torch.dtype | None) -> Value:
 def cumsum(b: Builder, x: Value, dim: int, dtype: torch.dtype | None = None) -> Value:
     """cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"""
     x = _scan_input(b, x, dtype)
-    return _scan(b, x, dim, "add", 0.0 if x.dtype is None or x.dtype.is_floating_point else 0)
+    return emit_scan(b, x, dim, "add", 0.0 if x.dtype is None or x.dtype.is_floating_point else 0)
 
 
 @rule("aten::cumprod", "aten::cumprod_")
 def cumprod(b: Builder, x: Value, dim: int, dtype: torch.dtype | None = None) -> Value:
     """cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"""
     x = _scan_input(b, x, dtype)
-    return _scan(b, x, dim, "mul", 1.0 if x.dtype is None or x.dtype.is_floating_point else 1)
+    return emit_scan(b, x, dim, "mul", 1.0 if x.dtype is None or x.dtype.is_floating_point else 1)

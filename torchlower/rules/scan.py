@@ -13,7 +13,7 @@ from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder
 from torchlower.rules.layout import dims_of
-from torchlower.rules.math import _scan
+from torchlower.rules.math import emit_scan
 
 
 def _running(b: Builder, x: Value, dim: int, op: str) -> tuple[Value, Value]:
@@ -29,14 +29,14 @@ def _running(b: Builder, x: Value, dim: int, op: str) -> tuple[Value, Value]:
         raise LoweringError(f"cummax/cummin: floating-point input expected, got {x.dtype}")
     axis = normalize_dim(dim, x.rank)
     shape = dims_of(x)
-    values = _scan(b, x, axis, op, float("-inf") if op == "max" else float("inf"))
+    values = emit_scan(b, x, axis, op, float("-inf") if op == "max" else float("inf"))
     view = [1] * x.rank
     view[axis] = shape[axis]
     positions = constant(torch.arange(shape[axis]).reshape(view).expand(shape).contiguous())
     hit = b.call("eq", [x, values], dtype=torch.bool, shape=shape)
     zeros = constant(torch.zeros([1] * x.rank, dtype=torch.int64))
     marks = b.call("select", [hit, positions, zeros], dtype=torch.int64, shape=shape)
-    return values, _scan(b, marks, axis, "max", 0)
+    return values, emit_scan(b, marks, axis, "max", 0)
 
 
 @rule("aten::cummax")
@@ -64,5 +64,5 @@ def logcumsumexp(b: Builder, x: Value, dim: int) -> Value:
     keep = tuple(1 if i == axis else d for i, d in enumerate(dims_of(x)))
     m = b.call("max_reduce", [x], {"axes": [axis]}, dtype=x.dtype, shape=keep)
     e = b.call("exp", [b.call("sub", [x, m], dtype=x.dtype, shape=x.shape)], dtype=x.dtype, shape=x.shape)
-    s = _scan(b, e, axis, "add", 0.0)
+    s = emit_scan(b, e, axis, "add", 0.0)
     return b.call("add", [b.call("log", [s], dtype=x.dtype, shape=x.shape), m], dtype=x.dtype, shape=x.shape)

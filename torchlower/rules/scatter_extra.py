@@ -23,7 +23,7 @@ from torchlower.rules.layout import (
     slice_dim,
     transpose,
 )
-from torchlower.rules.layout_extra import _diagonal_index
+from torchlower.rules.layout_extra import diagonal_index
 
 
 def _along(b: Builder, index: Value, dim: int, shape: list[int]) -> Value:
@@ -117,7 +117,7 @@ def diagonal_scatter(b: Builder, x: Value, src: Value, offset: int, dim1: int, d
     y = transpose(b, x, perm)
     shape = list(dims_of(y))
     flat = reshape(b, y, [*shape[:-2], shape[-2] * shape[-1]])
-    diag = _diagonal_index(shape[-2], shape[-1], int(offset))
+    diag = diagonal_index(shape[-2], shape[-1], int(offset))
     idx = constant(diag.reshape([1] * (len(shape) - 2) + [-1]).expand(dims_of(src)).contiguous())
     flat = scatter_elements(b, flat, len(shape) - 2, idx, cast(b, src, x.dtype), "none")
     y = reshape(b, flat, shape)
