@@ -160,9 +160,9 @@ def test_last_layer_guard_dropped_with_the_same_numbers(
     gives the same logits and caches as the export that keeps it, prefill and decode."""
     import tract
 
-    from torchlower.llm import exporter
+    from torchlower.llm import stages  # the stage that drops the guard
 
-    monkeypatch.setattr(exporter, "drop_last_guard", lambda builder: False)
+    monkeypatch.setattr(stages, "drop_last_guard", lambda builder: False)
     kept = llm.export(folder[0], tmp_path / "kept.nnef.tgz", check=False).path
     assert (_guard_selects(exported.path), _guard_selects(kept)) == (exported.layers - 1, exported.layers)
     nnef = tract.nnef().with_tract_extra().with_tract_transformers()

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from torchlower.core.comparison import OutputError
+from torchlower.core.staging import move, publish_mode
 from torchlower.core.values import Value
 from torchlower.errors import ArtifactError, InvalidArgumentError, LoweringError, UnsupportedOpsError
 from torchlower.lattice import verify
@@ -219,7 +220,8 @@ def cross_check(text: str, weights: dict[str, torch.Tensor]) -> None:
 
 
 def write(folder: Path, text: str, weights: dict[str, torch.Tensor]) -> Path:
-    """Write into a temporary sibling folder, then swap it in (old artifact kept on failure)."""
+    """Write into a temporary sibling folder, then swap it in (old artifact kept on failure);
+    the staged writing both targets share (``core.staging``)."""
     from safetensors.torch import save_file
 
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -231,17 +233,8 @@ def write(folder: Path, text: str, weights: dict[str, torch.Tensor]) -> Path:
             str(tmp / WEIGHT_FILE),
             metadata={"format": "torch"},
         )
-        from torchlower.core.staging import publish_mode
-
         publish_mode(tmp, directory=True)  # mkdtemp made it 0700; the artifact honours the umask
-        old = None
-        if folder.exists():
-            old = folder.parent / f".{folder.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            folder.rename(old)
-        tmp.rename(folder)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        move(tmp, folder)  # the old folder goes aside, then this one takes its name
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,35 +20,21 @@ import torch
 from torch import nn
 
 from torchlower import __version__
-from torchlower.core import dynamic, progress
+from torchlower.core import progress
 from torchlower.core import tolerance as tolerances
 from torchlower.core.comparison import OutputError
-from torchlower.core.model_io import eval_view
-from torchlower.core.staging import staged as staged_beside
 from torchlower.core.staging import target_of
-from torchlower.errors import DynamicAxisError, InvalidArgumentError
-from torchlower.llm import bundle, checks
-from torchlower.llm.alibi import alibi_table
-from torchlower.llm.compress import share_tied_table
-from torchlower.llm.kv_pattern import unsplit_query_concats
-from torchlower.llm.last_row import drop_last_guard
-from torchlower.llm.moe import dense_experts
-from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, drop_cache_casts, keep_f32
-from torchlower.llm.rope import rotary_tables
-from torchlower.llm.source import SourceError, check_tokenizer, open_source
+from torchlower.errors import InvalidArgumentError
+from torchlower.llm import bundle, checks, stages
+from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype
+from torchlower.llm.source import SourceError
 from torchlower.llm.wrapper import (
-    CachedCausalLM,
     CacheLayout,
     attributes_kept,
-    dynamic_rope_limit,
-    layout_of,
-    plain_linears,
     rope_switch_length,
-    static_rope,
 )
-from torchlower.nnef import archive, guards, passes
-from torchlower.pipeline import validate
-from torchlower.pipeline.export import _build, _bytes_by_format
+from torchlower.nnef import archive
+from torchlower.pipeline import write
 
 log = logging.getLogger("torchlower")
 
@@ -60,8 +45,6 @@ LOGITS = ("last", "all")
 # torch itself running these models in f16 differs from f32 by up to ~3 % of the largest logit
 # (docs/llm.md); the f16 check allows that much, 3x the generic f16 tolerance
 F16_TOLERANCE = 3e-2
-UNBOUNDED_CONTEXT = 2048  # default P + S bound of a model without a position limit (ALiBi)
-TRACE_PAST, TRACE_SEQ = 5, 3  # distinct sizes so torch.export keeps P and S apart
 
 
 @dataclass
@@ -135,134 +118,92 @@ def export(
     parts = _f32_parts(precision, f32_parts)
     target = Path(path)
     archive.archive_kind(target)  # a bad suffix fails before the model loads
-    with progress.stage("loading model"):
-        src = open_source(source)
-    model = eval_view(src.model)
-    config = src.text_config
-    limit, why = _max_positions(config)
-    rope_limit = dynamic_rope_limit(model)
-    if rope_limit is not None and (limit is None or rope_limit < limit):
-        limit, why = rope_limit, "dynamic RoPE rescales beyond original_max_position_embeddings"
-    context = max_context or limit or UNBOUNDED_CONTEXT  # ALiBi models have no position table
-    if limit is not None and context > limit:
-        raise InvalidArgumentError(
-            f"max_context={max_context} exceeds the model's {limit} positions "
-            f"({_where(src.folder)}config.json: {why}); pass max_context <= {limit}"
+    loaded = stages.load(source, max_context)
+    captured = stages.capture(loaded, logits, precision)
+    keep = check or io_samples  # the dequantized weights are needed to check or to sample
+    dequantized, left_float = stages.store_tables(loaded, captured, compress, storage, precision, keep)
+    stages.optimize(loaded, captured, precision, logits, parts)
+    builder, weights = captured.builder, captured.builder.live_weights()
+    props = _properties(loaded, precision, compress, storage, logits, parts)
+    bounds = [f"tract_assert P + S <= {loaded.context}", "tract_assert S >= 1", "tract_assert P >= 0"]
+    graph = bundle.with_header(builder.graph_text(), bounds, bundle.properties_fragment(props))
+    files = dict(loaded.src.files)
+    if io_samples:
+        files |= checks.samples(
+            loaded.model, loaded.layout, loaded.vocab, logits, dequantized, cache_dtype(precision)
         )
-    vocab = int(config.vocab_size)
-    check_tokenizer(src.files, vocab, src.folder)
-    layout = layout_of(model)  # one 2-token forward: reads every weight once
-    if src.mapping is not None:
-        src.mapping.release_all()
-    wrapper = CachedCausalLM(model, layout, logits, cache_dtype(precision)).eval()
+    release = loaded.src.mapping.release if loaded.src.mapping is not None else None
+    with write.staging(target, check=True) as staging:  # renamed after the check: a failure writes nothing
+        staged = archive.write(
+            staging, graph, weights, builder.quant_text(), files, release, huffman_only=True
+        )
+        options = dict(precision=precision, compress=compress, logits=logits, **storage)
+        report = _report(staged, loaded, props, options, weights, files, left_float)
+        if check:
+            with progress.stage("checking in tract"), attributes_kept(loaded.model):
+                _check(report, loaded.model, loaded.layout, loaded.vocab, logits, precision, dequantized)
+    report.path = target
+    report.seconds = time.perf_counter() - started
+    return report
 
-    names_in, names_out = layout.input_names(), layout.output_names()
-    example = _trace_example(layout, vocab, cache_dtype(precision))
-    # bounded as the graph asserts: torch.export refuses a size its position tables cannot hold
-    axes = {"input_ids": {1: ("S", 1, int(context))}} | {n: {2: ("P", 1, int(context))} for n in names_in[1:]}
-    spec = dynamic.Spec.build(
-        validate.dynamic_axes(axes, names_in, [t.dim() for t in example]),
-        names_in,
-        example,
-        validate.dynamic_bounds(axes),
-    )
-    tracing = progress.stage("tracing (export)", unit="ops")
-    with (
-        tracing,
-        attributes_kept(model),
-        static_rope(model),
-        plain_linears(model),
-        rotary_tables(model, context),
-        alibi_table(model, context),
-        dense_experts(model),
-    ):
-        try:
-            builder = _build("export", wrapper, example, names_in, names_out, len(names_out), precision, spec)
-        except DynamicAxisError as exc:
-            raise _context_fix(exc, int(context)) from exc
-    tied = (
-        share_tied_table(builder, wrapper) if storage["embeddings"] == storage["lm_head"] != "q4_0" else None
-    )
-    dequantized, left_float = None, {}
-    if compress is not None or "q4_0" in storage.values():
-        from torchlower.llm.compress import compress_weights
 
-        release = src.mapping.release if src.mapping is not None else None
-        keep = check or io_samples
-        dequantized, left_float = compress_weights(builder, wrapper, compress, storage, keep, release)
-    halves = {role for role, kind in storage.items() if kind == "f16"}
-    if halves and precision == "f32":
-        from torchlower.llm.compress import store_f16
-
-        dequantized = (dequantized or {}) | store_f16(builder, wrapper, halves)
-        if tied is not None and tied[0] in dequantized:  # one f16 tensor serves both roles
-            dequantized[tied[1]] = dequantized[tied[0]]
-    if precision == "f16":
-        drop_cache_casts(builder)
-    guards.before_passes(builder)
-    passes.optimize(builder)
-    guards.apply(builder)
-    unsplit_query_concats(builder)
-    if logits == "last" and not wrapper.own_mask:  # the wrapper's mask has no empty row
-        drop_last_guard(builder)
-    keep_f32(builder, wrapper, parts)
-    if src.mapping is not None:
-        src.mapping.release_all()  # folds and passes may have read some weights
-    weights = builder.live_weights()
-    parameters = sum(p.numel() for p in model.parameters())
+def _properties(
+    loaded: stages.Loaded,
+    precision: str,
+    compress: str | None,
+    storage: dict[str, str],
+    logits: str,
+    parts: tuple[str, ...],
+) -> dict[str, str | int | float]:
+    """The provenance the archive carries (``torchlower.llm.*`` properties)."""
+    model = loaded.model
     props: dict[str, str | int | float] = {
         "torchlower.version": __version__,
-        "torchlower.llm.model_type": src.model_type,
+        "torchlower.llm.model_type": loaded.src.model_type,
         "torchlower.llm.architecture": type(model).__name__,
-        "torchlower.llm.parameters": parameters,
-        "torchlower.llm.layers": layout.layers,
-        "torchlower.llm.max_context": int(context),
+        "torchlower.llm.parameters": sum(p.numel() for p in model.parameters()),
+        "torchlower.llm.layers": loaded.layout.layers,
+        "torchlower.llm.max_context": loaded.context,
         "torchlower.llm.precision": precision,
         "torchlower.llm.compress": compress or "none",
         "torchlower.llm.embeddings": storage["embeddings"],
         "torchlower.llm.lm_head": storage["lm_head"],
         "torchlower.llm.logits": logits,
     }
-    switch = rope_switch_length(config, int(context))
+    switch = rope_switch_length(loaded.config, loaded.context)
     if switch is not None:
         props["torchlower.llm.recompute_cache_at"] = switch
     if precision == "f16":
         props["torchlower.llm.f32_parts"] = ",".join(parts) or "none"
-    bounds = [f"tract_assert P + S <= {context}", "tract_assert S >= 1", "tract_assert P >= 0"]
-    graph = bundle.with_header(builder.graph_text(), bounds, bundle.properties_fragment(props))
-    files = dict(src.files)
-    if io_samples:
-        files |= checks.samples(model, layout, vocab, logits, dequantized, cache_dtype(precision))
-    release = src.mapping.release if src.mapping is not None else None
-    with staged_beside(target) as staging:  # renamed after the check: a failure leaves no archive
-        staged = archive.write(
-            staging, graph, weights, builder.quant_text(), files, release, huffman_only=True
-        )
-        report = ExportReport(
-            path=staged,
-            model_type=src.model_type,
-            parameters=parameters,
-            layers=layout.layers,
-            max_context=int(context),
-            precision=precision,
-            compress=compress,
-            embeddings=storage["embeddings"],
-            lm_head=storage["lm_head"],
-            logits=logits,
-            weight_bytes=sum(archive.weight_bytes(t) for t in weights.values()),
-            weight_bytes_by_format=_bytes_by_format(weights),
-            archive_bytes=_size_on_disk(staged),
-            seconds=0.0,
-            bundled=sorted(files),
-            properties=props,
-            unquantized=left_float,
-        )
-        if check:
-            with progress.stage("checking in tract"), attributes_kept(model):
-                _check(report, model, layout, vocab, logits, precision, dequantized)
-    report.path = target
-    report.seconds = time.perf_counter() - started
-    return report
+    return props
+
+
+def _report(
+    staged: Path,
+    loaded: stages.Loaded,
+    props: dict[str, str | int | float],
+    options: dict[str, Any],
+    weights: dict[str, Any],
+    files: dict[str, bytes],
+    left_float: dict[str, str],
+) -> ExportReport:
+    """The report of the written archive; ``options`` are export's precision, compress, logits
+    and the two table storages."""
+    return ExportReport(
+        path=staged,
+        model_type=loaded.src.model_type,
+        parameters=int(props["torchlower.llm.parameters"]),
+        layers=loaded.layout.layers,
+        max_context=loaded.context,
+        **options,
+        weight_bytes=write.weight_bytes(weights),
+        weight_bytes_by_format=write.bytes_by_format(weights),
+        archive_bytes=_size_on_disk(staged),
+        seconds=0.0,
+        bundled=sorted(files),
+        properties=props,
+        unquantized=left_float,
+    )
 
 
 def _check(
@@ -314,17 +255,6 @@ def _check(
     for case, actual in zip(original, got[len(reference) :], strict=True):
         names = [f"{n} ({case.label})" for n in layout.output_names()]
         report.original_errors += compare(names, [t.numpy() for t in case.outputs], actual, float("inf"))
-
-
-def _context_fix(exc: DynamicAxisError, context: int) -> DynamicAxisError:
-    """torch.export's bounds on S and P, said as the ``max_context`` that satisfies them."""
-    limits = [int(n) for n in re.findall(r"<= [SP] <= (\d+)", str(exc))]
-    if not limits or min(limits) >= context:
-        return exc
-    return DynamicAxisError(
-        f"{exc}\ntorchlower.llm: the model traces for at most {min(limits)} positions per call, "
-        f"fewer than max_context={context}; export with max_context={min(limits)}"
-    )
 
 
 def _long_prefill(report: ExportReport) -> int | None:
@@ -381,35 +311,6 @@ def _f32_parts(precision: str, parts: tuple[str, ...] | None) -> tuple[str, ...]
     if parts and precision != "f16":
         raise InvalidArgumentError(f"f32_parts={parts!r} needs precision='f16' (an f32 export is all f32)")
     return tuple(p for p in F32_PARTS if p in parts)
-
-
-_POSITION_FIELDS = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_sequence_length",
-    "seq_length",
-    "max_seq_len",  # MPT: the rows of its ALiBi table
-)
-
-
-def _max_positions(config: Any) -> tuple[int | None, str]:
-    """The config's position limit and the field it came from (MPT: its ALiBi table's rows)."""
-    for attr in _POSITION_FIELDS:
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value, attr
-    return None, "no position limit"
-
-
-def _trace_example(layout: CacheLayout, vocab: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, TRACE_SEQ), generator=g)
-    past = [torch.randn(t.shape, generator=g).to(dtype) for t in layout.empty(TRACE_PAST)]
-    return (ids, *past)
-
-
-def _where(folder: Path | None) -> str:
-    return f"{folder}/" if folder is not None else "the model's "
 
 
 def _size_on_disk(path: Path) -> int:

@@ -1,0 +1,43 @@
+"""Stage 2, run the model: PyTorch on the example gives the outputs to check against, their
+names, and (under dynamic axes) which check sizes the model itself refuses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from torchlower.core import model_io
+from torchlower.errors import InvalidArgumentError, TorchlowerError
+from torchlower.pipeline.request import Request
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The model as it runs in PyTorch (an eval view: the user's model is never touched)."""
+
+    module: nn.Module
+    expected: list[torch.Tensor]
+    output_names: list[str]
+
+
+def run_reference(model: nn.Module, req: Request, output_names: Sequence[str] | None) -> Reference:
+    module = model_io.eval_view(model)
+    try:
+        with torch.no_grad():
+            returned = module(*req.example)
+        expected = model_io.flatten_outputs(returned)
+    except TorchlowerError:
+        raise
+    except Exception as exc:  # the model itself refuses the example: bad input, say so
+        raise InvalidArgumentError(
+            f"{type(model).__name__} fails on the example inputs"
+            f" ({', '.join(f'{list(t.shape)} {t.dtype}' for t in req.example)}):"
+            f" {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        ) from exc
+    names_out = model_io.output_names(expected, output_names, returned)
+    if req.spec is not None:  # check sizes the model itself refuses are skipped (and reported)
+        req.spec.probe(lambda inputs: module(*inputs), req.example)
+    return Reference(module, expected, names_out)
