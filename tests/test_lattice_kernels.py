@@ -21,7 +21,7 @@ import collections
 import contextlib
 import ctypes
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -364,7 +364,7 @@ def test_empty_inputs() -> None:
         kmap = kernels.transpose_map(x.coords, (2, 2, 2), y.coords, *geo)
         bias = torch.randn(3)
         out = kernels.apply_conv(x.feats, kmap, torch.randn(3, 2, 2, 2, 5), bias)
-        assert torch.equal(out, bias.expand(len(y.coords), 3))
+        assert torch.equal(out, bias.expand(len(y.coords), 3))  # 0 + b = b: exact
 
 
 def test_subm_map_in_lookup_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -531,7 +531,7 @@ def test_max_pool_slot_major_chunks(monkeypatch: pytest.MonkeyPatch, kernel: int
         torch.set_num_threads(before)
 
 
-def _mkl_threads() -> collections.abc.Callable[[], int] | None:
+def _mkl_threads() -> Callable[[], int] | None:
     """MKL's thread count for the calling thread (``mkl_get_max_threads``), None without MKL."""
     try:
         lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
