@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint setup clean ops-doc ops-doc-merge
+.PHONY: demo test lint setup machine clean ops-doc ops-doc-merge
 
 setup: $(STAMP)
 
@@ -26,7 +26,12 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check torchlower tests
 
-test: $(STAMP) lint
+# The CPU, its SIMD flags and torch's BLAS / capability: printed before the tests so a failure
+# report from another machine says what differed (never fails)
+machine: $(STAMP)
+	-@bash .ci/machine.sh $(BIN)/python
+
+test: $(STAMP) lint machine
 	TORCHLOWER_VERIFY_COVERAGE=1 $(BIN)/python -m pytest -n 2 --durations=25 tests
 
 # Re-record which test proves each rule in tract, then regenerate docs/operators.md from it.

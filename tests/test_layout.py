@@ -111,7 +111,7 @@ class SelfAttention(nn.Module):
 def test_attention_head_split_needs_fewer_transposes(monkeypatch, tmp_path):
     """batch_first MultiheadAttention: the batch swaps of a size-1 batch become reshapes and the
     5-axis transpose after the packed projection a 3-axis one (one MoveAxis in tract, not three);
-    tract gives bit-identical outputs with and without."""
+    tract gives the same outputs with and without, to float32 rounding."""
     model = SelfAttention().eval()
     for batch in (1, 2):
         x = torch.randn(batch, 10, 32)
@@ -124,6 +124,12 @@ def test_attention_head_split_needs_fewer_transposes(monkeypatch, tmp_path):
         fresh = torch.randn(batch, 10, 32, generator=torch.Generator().manual_seed(batch))
         a = run_in_tract(plain.path, [fresh.numpy()])[0]
         b = run_in_tract(canon.path, [fresh.numpy()])[0]
-        assert (a == b).all()
+        # Not bit for bit by construction: the two graphs differ in more than data movement for
+        # tract, which may fold the relayouts into its matmuls and block them differently (equal
+        # on the machine this was written on). Both to float32 rounding of torch: outputs are
+        # O(0.3), so 1e-5 is ~100 ulps for a chain of ~90 summed terms (in-projection 32 + bias,
+        # q·k 8, softmax over 10, ·v 10, out-projection 32 + bias), while a misplaced axis moves
+        # them by O(0.1).
         with torch.no_grad():
-            assert abs(b - model(fresh).numpy()).max() <= 1e-5
+            want = model(fresh).numpy()
+        assert abs(a - want).max() <= 1e-5 and abs(b - want).max() <= 1e-5

@@ -127,6 +127,10 @@ def test_rotary_tables_reproduce_the_module_and_are_removed(folder: tuple[Path, 
     want = rotary(torch.zeros(1, 1), positions)
     with rope.rotary_tables(folder[1], 128) as patched:
         got = rotary(torch.zeros(1, 1), positions)
+    # exact by construction: the tables are the module's own cos / sin of the same products
+    # (inv_freq × position: one multiply each, no sum, whatever the matmul's shape), and torch's
+    # elementwise cos / sin give a value the same result wherever it sits in a tensor (where
+    # they would not, rope.rotary_tables keeps no table: `patched == 1` fails, visibly)
     assert patched == 1 and all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
     assert "forward" not in vars(rotary) and not hasattr(rotary, "_torchlower_cos")
     with rope.rotary_tables(folder[1], 1 << 20) as patched:  # table beyond TABLE_LIMIT: computed

@@ -167,4 +167,4 @@ def test_a_value_read_only_when_not_tracing_needs_no_opt_in(tmp_path: Path) -> N
     mask = torch.tensor([[1.0, 1, 0, 0, 1], [0, 1, 1, 1, 1]])
     with torchlower.load(report.path) as art:
         got = art.run({"x": x.numpy(), "mask": mask.numpy()})["output"]
-    assert np.abs(got - (x * 2 * mask).numpy()).max() == 0.0
+    assert np.abs(got - (x * 2 * mask).numpy()).max() == 0.0  # ×2 and ×0/1: exact on any CPU

@@ -15,7 +15,9 @@ import torch.nn.functional as F
 from torchlower.lattice.maps import KernelMap
 
 IM2COL_FLOATS = 3 << 17  # im2col: gathered floats per chunk (1.5 MiB: chunk + weights stay in a 2 MiB L2)
-MIN_CHUNK_ROWS = 64  # single-threaded MKL rounds a row alike for any M ≥ 16 rows (N ≥ 3 columns)
+# a GEMM of few rows may take another kernel: single-threaded MKL rounded a row alike for any
+# M ≥ 16 rows (N ≥ 3 columns) on the machine this was written on — measured, not guaranteed
+MIN_CHUNK_ROWS = 64
 
 
 def chunks(rows: int, per_row: int, chunk: int | None) -> list[tuple[int, int]]:

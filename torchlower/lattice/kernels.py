@@ -1,19 +1,23 @@
 """The compute of sparse convolutions and pools over a kernel map (``maps.py`` builds them).
 
-Convolution, three ways; exact first (``choose``): an output that sums several pairs gets the
-original engine's float32 rounding only from im2col, so im2col runs down to ``EXACT_FILL``:
+Convolution, three ways; the original rounding first (``choose``): an output that sums several
+pairs can get the original engine's float32 rounding only from im2col (the same rows times the
+same ``[K·I, O]`` weight, in chunks), so im2col runs down to ``EXACT_FILL``:
 - **im2col** (sums at fill ≥ ``EXACT_FILL``; the fastest from ``IM2COL_FILL`` anyway): a few
   hundred output rows at a time (``IM2COL_FLOATS``: the chunk stays in L2), their ``K``
   neighbours' features gathered with ``index_select`` into one reused buffer (absent = the
   zero row appended to a copy of the features) — or, when there are few slots per input
   (strided convs), by one ``embedding_bag`` over a per-map plan (one bag per slot, empty when
   absent) that needs no copy — then one ``mm`` with the ``[K·I, O]`` weight into the output
-  slice. The arithmetic is the original engine's, bit for bit; only the ``1 − fill`` padding
-  is wasted;
+  slice. The gathered rows are the original engine's bit for bit (data movement) and the
+  product is the same; its rounding is the original's where the BLAS rounds a row alike
+  whatever the number of rows in the product (single-threaded MKL did for ≥ 16 rows on the
+  machine this was written on; a Zen 4's did not: issue 26); only the ``1 − fill`` padding is
+  wasted;
 - **inputs** (input fill ≥ ``INPUTS_FILL``: generative and kernel = stride transposed convs,
   where nearly every input feeds every offset): one GEMM ``[N, I] @ [I, K·O]`` gives every
   input × offset product, and each output sums its pairs' rows with ``embedding_bag`` (one
-  pair per output for kernel ≤ stride: a plain gather, bit for bit the original);
+  pair per output for kernel ≤ stride: a plain gather of the products);
 - **pairs** (LiDAR-like maps below ``EXACT_FILL``, or at most one pair per output): blocks of
   outputs; per block, one gather of its pairs' inputs, one ``mm`` per offset, and the products
   summed back per output by ``embedding_bag`` (``index_add_`` costs ~80 ns a row on CPU).
@@ -22,7 +26,16 @@ Buffers are one chunk (im2col) or one block (pairs), never ``M·K·C``; only ``i
 Pools are ``pools.py``; the row chunks, padded copies and bags both use are ``gather.py``.
 Without autograd every op writes into reused buffers (``out=``); with it, the same steps run
 as recorded ops so training works. Without autograd, chunks run in parallel over Python threads
-with every GEMM single-threaded (``threads.py``): the outputs do not depend on the thread count.
+with every GEMM single-threaded (``threads.py``).
+
+What is guaranteed: without autograd, on one machine (CPU, torch and BLAS build), the outputs
+are bit for bit the same at any thread count and on every call — the chunks depend only on the
+map and the channel counts and each one's GEMM has the same shapes, operands and alignment
+whichever thread runs it. Between methods, chunk sizes, CPUs or BLAS builds, and against the
+original engine, every output is the same sum of ``K·I`` products and the bias, evaluated in
+another order or blocking: equal within float32 rounding, ``|Δ| ≤ 2·γ(K·I + 1)·Σ|x·w|``
+(``γ(n) = n·u / (1 − n·u)``, ``u = 2⁻²⁴``), not bit for bit. With autograd the ops run at torch's
+thread count: float32 rounding across thread counts too.
 """
 
 from __future__ import annotations
@@ -39,7 +52,7 @@ from torchlower.lattice.maps import KernelMap, conv_map, generative_map, subm_ma
 from torchlower.lattice.pools import apply_pool
 
 IM2COL_FILL = 0.55  # measured: im2col 8 % faster at 0.65, equal at 0.60, pairs 20 % faster at 0.47
-EXACT_FILL = 0.25  # im2col (the original rounding) for sums down to this fill: ≤ 4× padded work
+EXACT_FILL = 0.25  # im2col (the original product) for sums down to this fill: ≤ 4× padded work
 BAGS_SLOTS = 4  # im2col gathers by bags when slots ≤ this × inputs (k2 s2: 1.6; subm k3: 20)
 CHUNK_FLOATS = 1 << 20  # pairs / inputs: gathered floats or products per block
 INPUTS_FILL = 0.5  # products used / computed for the inputs method
@@ -51,12 +64,14 @@ METHODS = ("auto", "im2col", "pairs", "inputs")
 
 
 def choose(kmap: KernelMap, in_rows: int, volume: int) -> str:
-    """Exact first: an output summing several pairs gets the original engine's rounding only
-    from im2col (the others add per-offset products in another order), so im2col is used down
-    to ``EXACT_FILL`` — below it (LiDAR-like sparsity, ≥ 4× padding) the per-offset methods,
-    within float32 rounding of it. Outputs with at most one pair (transposed and generative
-    convs with kernel ≤ stride) are exact by every method: ``inputs`` when most *input* slots
-    are used (every input feeds nearly every offset), else pairs."""
+    """The original product first: an output summing several pairs can get the original
+    engine's rounding only from im2col (the others add per-offset products in another order),
+    so im2col is used down to ``EXACT_FILL`` — below it (LiDAR-like sparsity, ≥ 4× padding) the
+    per-offset methods. Outputs with at most one pair (transposed and generative convs with
+    kernel ≤ stride) add nothing across offsets, so any method does: ``inputs`` when most
+    *input* slots are used (every input feeds nearly every offset), else pairs. Every method is
+    within float32 rounding of every other (the module docstring); which one matches the
+    original bit for bit depends on the BLAS."""
     fill = kmap.fill(volume)
     if fill >= IM2COL_FILL:
         return "im2col"
@@ -330,7 +345,7 @@ def _input_disjoint_chunks(
             end = min(clean[bisect.bisect_right(clean, start)], start + step)
         bounds.append((start, end))
         start = end
-    merged: list[tuple[int, int]] = []  # a GEMM of few rows rounds differently: merge short ones
+    merged: list[tuple[int, int]] = []  # a GEMM of few rows may round differently: merge short ones
     for start, end in bounds:
         if (
             merged

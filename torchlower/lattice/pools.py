@@ -1,7 +1,9 @@
 """Sparse pools over a kernel map: sum and mean are one ``embedding_bag`` in the original
-summation order, max a chunked slot-major gather + ``amax`` (bit for bit the original
-scatter-reduce in all three modes). Without autograd the max runs over chunks in parallel
-Python threads (``threads.py``): the outputs do not depend on the thread count.
+summation order, max a chunked slot-major gather + ``amax`` — bit for bit the original
+scatter-reduce in all three modes, on any CPU: a max returns one of its operands, and the sums
+are the same additions in the same order (no products, no BLAS). Without autograd the max runs
+over chunks in parallel Python threads (``threads.py``): the outputs do not depend on the
+thread count.
 """
 
 from __future__ import annotations

@@ -6,9 +6,16 @@ with ``K ≥ 432`` and ``M ≤ 256`` rows, or ``N ≥ 64`` columns at any ``M``,
 1 thread. A sparse conv whose GEMMs ran multi-threaded would therefore give different outputs at
 different thread counts (spconv's CPU build is worse: wrong rows). Here every GEMM of a sparse
 kernel runs single-threaded (``torch.set_num_threads(1)`` for the duration of the kernel, restored
-after) and the parallelism is over independent chunks of output rows instead, one Python thread
-per torch thread (torch ops release the GIL). A chunk's arithmetic does not depend on which thread
-runs it, so the outputs are the 1-thread outputs at any thread count.
+after, and in every worker thread before its work: a fresh thread's MKL otherwise starts at the
+machine's core count until torch first initializes it) and the parallelism is over independent
+chunks of output rows instead, one Python thread per torch thread (torch ops release the GIL).
+
+The guarantee, on one machine (one CPU, one torch / BLAS build): the chunk bounds depend only on
+the map and the channel counts, never on the thread count, and each chunk's GEMM gets the same
+shapes, operands and alignment whichever thread runs it, so the outputs are the 1-thread outputs
+at any thread count — bit for bit, by construction. It says nothing across machines or shapes: a
+product of other shapes (another chunking, the pre-rewrite engine, a dense conv), another CPU or
+BLAS build agrees to float32 rounding only (``docs/lattice.md``, *Speed*).
 """
 
 from __future__ import annotations
@@ -84,7 +91,8 @@ def groups(items: Sequence[T], count: int, weight: Callable[[T], int]) -> list[l
 
 
 def run(work: Callable[[list[T]], None], runs: list[list[T]]) -> None:
-    """``work(run)`` for every run: the first in the calling thread, the others in a pool."""
+    """``work(run)`` for every run: the first in the calling thread, the others in a pool (inside
+    ``serial``: every run is single-threaded)."""
     if len(runs) <= 1:
         for r in runs:
             work(r)
@@ -95,6 +103,9 @@ def run(work: Callable[[list[T]], None], runs: list[list[T]]) -> None:
     grad = torch.is_grad_enabled()  # thread-local: the workers take the caller's mode
 
     def job(r: list[T]) -> None:
+        # a pool thread's OpenMP / MKL thread counts are its own: set them before any GEMM (a
+        # fresh thread's first ``torch.mm`` would otherwise run on every core, rounded as such)
+        torch.set_num_threads(1)
         with torch.set_grad_enabled(grad):
             work(r)
 
