@@ -11,9 +11,10 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import warnings
-from types import ModuleType
+from types import CodeType, ModuleType
 
 MOVED = {
     "torchlower.api": "torchlower.pipeline.export",
@@ -58,6 +59,13 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         """Nothing to run: ``create_module`` returned the loaded module."""
+
+    def get_code(self, name: str) -> CodeType | None:
+        """The new module's code, so ``python -m torchlower.demo`` still runs it."""
+        new = MOVED.get(name) or PUBLIC[name]
+        spec = importlib.util.find_spec(new)
+        loader = spec.loader if spec is not None else None
+        return loader.get_code(new) if isinstance(loader, importlib.abc.InspectLoader) else None
 
 
 def install() -> None:
