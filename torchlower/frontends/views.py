@@ -15,6 +15,7 @@ from typing import Any
 
 from torchlower.core.values import MISSING, Missing, Value, normalize_dim
 from torchlower.errors import LoweringError
+from torchlower.frontends.aten_ops import overload
 from torchlower.frontends.session import Session
 
 # views whose write-back is defined below (ATen names without the overload)
@@ -67,8 +68,8 @@ def write_back(session: Session, where: str, base: Any, op: str, args: Sequence[
         dims = [normalize_dim(d, base.rank) for d in args[0]]
         return call("aten::permute", [view, [dims.index(i) for i in range(base.rank)]])
     if op in ("movedim", "moveaxis"):
-        overload = "int" if isinstance(args[0], int) else "intlist"
-        return call(f"aten::{op}.{overload}", [view, args[1], args[0]])
+        variant = "int" if isinstance(args[0], int) else "intlist"
+        return call(f"aten::{op}.{variant}", [view, args[1], args[0]])
     if op in ("alias", "detach") or op in ALIASING:
         return view
     if base.shape is None:
