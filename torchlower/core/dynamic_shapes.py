@@ -33,9 +33,11 @@ def _signature(module: Any) -> tuple[int, str | None]:
 
 def per_parameter(module: Any, flat: list[Any]) -> tuple[Any, ...]:
     """Flat per-input entries grouped as ``forward``'s parameters: ``(a, (b, c))`` for
-    ``forward(self, a, *rest)``, as ``torch.export`` binds ``dynamic_shapes``."""
+    ``forward(self, a, *rest)``, as ``torch.export`` binds ``dynamic_shapes``; no group when
+    no tensor goes to ``*rest`` (torch.export then sees no ``*args`` entry: ultralytics'
+    ``forward(self, x, *args, **kwargs)`` called with ``x`` alone)."""
     fixed, star = _signature(module)
-    if star is None or len(flat) < fixed:
+    if star is None or len(flat) <= fixed:
         return tuple(flat)
     return (*flat[:fixed], tuple(flat[fixed:]))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from torchlower.core.values import Shape, Value, constant
+from torchlower.core.values import Shape, SymDim, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import (
@@ -21,6 +21,7 @@ from torchlower.rules.common import (
     rank0,
     rank_of,
     shape_of,
+    size_tensor,
     tract_operands,
 )
 from torchlower.rules.division import rounded_quotient
@@ -42,6 +43,8 @@ def result_dtype(*xs: Operand | None) -> torch.dtype:
 
 
 def _proto(x: Operand) -> torch.Tensor | Scalar:
+    if isinstance(x, SymDim):  # a size promotes like the Python int it stands for
+        return 0
     if isinstance(x, Value):
         if x.dtype is None:
             raise ValueError(f"dtype of {x.name} is unknown")
@@ -78,6 +81,7 @@ def broadcast_shape(*xs: Operand) -> Shape | None:
 
 def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | None = None) -> Value:
     """Emit ``op(x, y)`` after promoting to ``dtype`` (torch's result type by default)."""
+    x, y = (size_tensor(b, v) if isinstance(v, SymDim) else v for v in (x, y))  # ``x * T``: a size
     dtype = dtype or result_dtype(x, y)
     rank = max(rank_of(x), rank_of(y))
     x, y = as_operand(b, x, dtype), as_operand(b, y, dtype)

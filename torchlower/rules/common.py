@@ -158,3 +158,13 @@ def rank0(b: Builder, y: Value, rank: int) -> Value:
     if rank == 0 and y.rank == 1:
         return b.call("squeeze", [y], {"axes": [0]}, dtype=y.dtype, shape=())
     return y
+
+
+def size_tensor(b: Builder, d: Dim, dtype: torch.dtype = torch.int64) -> Value:
+    """A rank-0 tensor holding the size ``d`` (a symbolic size read at run time: a one-element
+    ``tract_core_range`` over ``[d, d + 1)``), for a size used as a tensor operand (``x * T``)."""
+    if isinstance(d, int):
+        return constant(torch.tensor(d, dtype=dtype))
+    one = b.call("tract_core_range", [d, d + 1, 1], dtype=torch.int64, shape=(1,))
+    one = b.call("tract_core_cast", [one], {"to": "i64"}, dtype=torch.int64, shape=(1,))
+    return cast(b, b.call("squeeze", [one], {"axes": [0]}, dtype=torch.int64, shape=()), dtype)

@@ -89,6 +89,19 @@ def zeros(
     return filled(b, 0, list(size), dtype or torch.float32)
 
 
+@rule("aten::empty")
+def empty(
+    b: Builder, size: Sequence[Dim], dtype: torch.dtype | None, layout: object, device: object,
+    pin_memory: bool | None, memory_format: object,
+) -> Value:  # fmt: skip
+    """empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor
+
+    Reached only with a symbolic size (a buffer the model then fills): zeros, so the archive
+    holds no uninitialized memory and the same model always gives the same bytes.
+    """  # noqa: E501
+    return filled(b, 0, list(size), dtype or torch.get_default_dtype())
+
+
 @rule("aten::ones")
 def ones(
     b: Builder, size: Sequence[Dim], dtype: torch.dtype | None, layout: object, device: object,

@@ -13,7 +13,7 @@ import operator
 
 import torch
 
-from torchlower.core.values import Shape, Value, constant, normalize_dim
+from torchlower.core.values import Shape, SymDim, Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import (
@@ -23,6 +23,7 @@ from torchlower.rules.common import (
     rank0,
     rank_of,
     shape_of,
+    size_tensor,
     tract_operands,
 )
 
@@ -57,6 +58,8 @@ def floating(b: Builder, x: Value) -> Value:
 
 
 def _dummy(x: Operand) -> torch.Tensor | float | int | bool:
+    if isinstance(x, SymDim):  # a size promotes like the Python int it stands for
+        return 0
     if not isinstance(x, Value):
         return x
     if x.is_const and x.const.dim() == 0:
@@ -89,6 +92,7 @@ def promote(b: Builder, *xs: Operand, dtype: torch.dtype | None = None) -> list[
 
 def binary(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | None = None) -> Value:
     """``op(x, y)`` after promotion; the result has the promoted dtype unless ``op`` compares."""
+    x, y = (size_tensor(b, v) if isinstance(v, SymDim) else v for v in (x, y))  # ``x * T``: a size
     rank = max(rank_of(x), rank_of(y))
     px, py = promote(b, x, y, dtype=dtype)
     out = dtype or result_type(px, py)

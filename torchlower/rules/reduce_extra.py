@@ -1,7 +1,7 @@
 """Reductions beyond sum/mean/amax/amin: global min/max, prod, logsumexp, var/std, norms, aminmax.
 
 NNEF reductions keep the reduced axes, so every rule reduces with kept dims and squeezes at the
-end unless ``keepdim``. Statistics need element counts, so reduced dims must be static.
+end unless ``keepdim``. Statistics over a dynamic dim read its count at run time.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import torch
 
-from torchlower.core.values import Value, normalize_dim
+from torchlower.core.values import Dim, Value, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, shape_of
+from torchlower.rules.common import Builder, shape_of, size_tensor
 from torchlower.rules.math import binary, cast, floating, unary
 
 Dims = int | Sequence[int] | None
@@ -44,11 +44,12 @@ def finish(b: Builder, y: Value, axes: list[int], keepdim: bool) -> Value:
     return b.call("squeeze", [y], {"axes": axes}, dtype=y.dtype, shape=shape)
 
 
-def count(x: Value, axes: list[int]) -> int:
-    sizes = [shape_of(x)[a] for a in axes]
-    if any(not isinstance(s, int) for s in sizes):
-        raise LoweringError(f"reduced dims must have static sizes, got {sizes}")
-    return math.prod(int(s) for s in sizes)
+def size_product(x: Value, axes: list[int]) -> Dim:
+    """The element count of the reduced axes: an int, or a size expression when one is dynamic."""
+    n: Dim = 1
+    for a in axes:
+        n = n * shape_of(x)[a]
+    return n
 
 
 # ---- min / max ------------------------------------------------------------------------------
@@ -138,11 +139,16 @@ def _variance(b: Builder, x: Value, dim: Dims, correction: float, keepdim: bool)
     """(variance, mean) with torch's correction (1 = unbiased), reduced over ``dim``."""
     x = floating(b, x)
     axes = axes_of(x, dim)
-    n = count(x, axes)
-    mean = binary(b, "div", reduce(b, "sum_reduce", x, axes), float(n))
+    n = size_product(x, axes)
+    if isinstance(n, int):
+        mean = binary(b, "div", reduce(b, "sum_reduce", x, axes), float(n))
+        divisor: Value | float = float(max(n - correction, 0))
+    else:  # a dynamic dim is reduced: the count is read from the tensor at run time
+        mean = reduce(b, "mean_reduce", x, axes)
+        divisor = binary(b, "max", binary(b, "sub", size_tensor(b, n, x.dtype), float(correction)), 0.0)
     centered = binary(b, "sub", x, mean)
     squares = reduce(b, "sum_reduce", binary(b, "mul", centered, centered), axes)
-    var = binary(b, "div", squares, float(max(n - correction, 0)))
+    var = binary(b, "div", squares, divisor)
     return finish(b, var, axes, keepdim), finish(b, mean, axes, keepdim)
 
 

@@ -12,13 +12,14 @@ from collections.abc import Sequence
 
 import torch
 
-from torchlower.core.values import Value, constant
+from torchlower.core.values import Dim, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, reshape
+from torchlower.rules.common import Builder, cast, reshape, size_tensor
 from torchlower.rules.creation import filled
 from torchlower.rules.indexing import scatter_elements
 from torchlower.rules.layout import dims_of, gather_axis, slice_dim
+from torchlower.rules.math import binary
 
 _MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
 _PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}
@@ -116,3 +117,42 @@ def col2im(
     y = reshape(b, summed, [*lead, c, hp, wp])
     (ph, pw), (h, w) = (int(p) for p in padding), (int(s) for s in output_size)
     return slice_dim(b, slice_dim(b, y, y.rank - 2, ph, ph + h), y.rank - 1, pw, pw + w)
+
+
+@rule("aten::affine_grid_generator")
+def affine_grid_generator(b: Builder, theta: Value, size: Sequence[Dim], align_corners: bool) -> Value:
+    """affine_grid_generator(Tensor theta, SymInt[] size, bool align_corners) -> Tensor
+
+    2-D only (``size`` = N, C, H, W): ``grid[n, h, w] = theta[n] · (x_w, y_h, 1)`` with the
+    normalized pixel centres of ``F.affine_grid``, as broadcasts of three theta columns over the
+    x and y coordinate vectors (symbolic H and W stay symbolic). What ``jit`` records for
+    ``F.affine_grid``; ``fx`` and ``export`` see its decomposition.
+    """
+    if len(size) != 4:
+        raise LoweringError(f"affine_grid_generator: only 2-D grids (size N, C, H, W), got {len(size)}-D")
+    _, _, height, width = size
+    dtype = theta.dtype or torch.float32
+    xs = reshape(b, _normalized(b, width, align_corners, dtype), [1, 1, width, 1])
+    ys = reshape(b, _normalized(b, height, align_corners, dtype), [1, height, 1, 1])
+    n = dims_of(theta)[0]
+    columns = [reshape(b, slice_dim(b, theta, 2, k, k + 1), [n, 1, 1, 2]) for k in range(3)]
+    grid = binary(b, "add", binary(b, "mul", xs, columns[0]), binary(b, "mul", ys, columns[1]))
+    return binary(b, "add", grid, columns[2])
+
+
+def _normalized(b: Builder, length: Dim, align_corners: bool, dtype: torch.dtype) -> Value:
+    """Pixel positions in [-1, 1] along an axis of ``length``: ``(2i + 1) / L − 1`` (centres) or
+    ``2i / (L − 1) − 1`` (corners, ``align_corners``), as torch's ``linspace_from_neg_one``."""
+    if isinstance(length, int):
+        i = torch.arange(length, dtype=torch.float64)
+        if length <= 1:
+            return constant(torch.zeros(length, dtype=dtype))
+        pos = 2 * i / (length - 1) - 1 if align_corners else (2 * i + 1) / length - 1
+        return constant(pos.to(dtype))
+    index = b.call("tract_core_range", [0, length, 1], dtype=torch.int64, shape=(length,))
+    index = b.call("tract_core_cast", [index], {"to": "i64"}, dtype=torch.int64, shape=(length,))
+    twice = binary(b, "mul", cast(b, index, dtype), 2.0)
+    size = size_tensor(b, length, dtype)
+    if align_corners:
+        return binary(b, "sub", binary(b, "div", twice, binary(b, "sub", size, 1.0)), 1.0)
+    return binary(b, "sub", binary(b, "div", binary(b, "add", twice, 1.0), size), 1.0)

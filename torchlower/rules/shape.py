@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from torchlower.core.values import Dim, SymDim, Value, normalize_dim
+from torchlower.core.values import Dim, SymDim, Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, cast, shape_of
@@ -255,6 +255,17 @@ def numel(b: Builder, x: Value) -> Dim:
     for d in shape_of(x):
         count = count * d
     return count
+
+
+@rule("aten::_shape_as_tensor")
+def shape_as_tensor(b: Builder, x: Value) -> Value:
+    """_shape_as_tensor(Tensor self) -> Tensor: the sizes as an i64 vector (symbolic ones read
+    from the tensor at run time with ``tract_core_shape_of``)."""
+    shape = shape_of(x)
+    if all(isinstance(d, int) for d in shape):
+        return constant(torch.tensor([int(d) for d in shape], dtype=torch.int64))
+    sizes = b.call("tract_core_shape_of", [x], dtype=torch.int64, shape=(len(shape),))
+    return b.call("tract_core_cast", [sizes], {"to": "i64"}, dtype=torch.int64, shape=(len(shape),))
 
 
 def _dim(d: Any) -> Dim:

@@ -1,0 +1,93 @@
+"""Ops real models apply to dynamic sizes (issue 28, item 7): statistics over a dynamic dim, an
+``empty`` buffer of a symbolic size, the shape as a tensor, ``F.affine_grid`` under jit and a
+size used as a tensor operand (``x * (T % 4)``). Each is checked in tract at the example and at
+other sizes (the report's points), through every front end that can capture it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchlower
+
+
+class Stats(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x.std(dim=1, keepdim=True) + x.var(dim=1, unbiased=False, keepdim=True)
+        std, mean = torch.std_mean(x, dim=(1, 2))
+        return a.sum(-1) + (std + mean).unsqueeze(1) + torch.var(x, dim=1, correction=2).mean(-1, True)
+
+
+class EmptyBuffer(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.empty(x.shape, memory_format=torch.contiguous_format).fill_(1.5)
+
+
+class ShapeTensor(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch._shape_as_tensor(x)[1].float()
+
+
+class SizeOperand(nn.Module):
+    """A size and its quotient and remainder as tensor operands."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        n, r = t // 4, t % 4
+        return x[:, : n * 4].reshape(x.shape[0], n, 4).sum(-1) * (r + 1) + t
+
+
+class AffineGrid(nn.Module):
+    def __init__(self, align_corners: bool) -> None:
+        super().__init__()
+        self.align_corners = align_corners
+        self.theta = nn.Parameter(torch.tensor([[[0.9, 0.2, 0.1], [-0.15, 0.8, -0.05]]]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grid = F.affine_grid(self.theta.expand(x.shape[0], 2, 3), list(x.shape), self.align_corners)
+        return F.grid_sample(x, grid, align_corners=self.align_corners)
+
+
+def _export(model: nn.Module, x: torch.Tensor, axes: dict[int, str], frontend: str, tmp: Path):
+    report = torchlower.export(
+        model.eval(), x, tmp / "m.nnef.tgz", frontend=frontend, input_names=["x"], dynamic_axes={"x": axes}
+    )
+    sizes = [p for p in report.points if "=" in p.label]
+    assert len(sizes) >= 2 and all(p.ok and not p.skipped for p in report.points), report.points
+    return report
+
+
+@pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
+def test_statistics_over_a_dynamic_dim(frontend: str, tmp_path: Path) -> None:
+    report = _export(Stats(), torch.randn(2, 7, 5), {0: "B", 1: "T"}, frontend, tmp_path)
+    assert report.max_abs_error < 1e-5
+    assert report.op_histogram["mean_reduce"] > 0  # the count comes from the tensor, not the example
+
+
+@pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
+def test_empty_buffer_of_a_symbolic_size(frontend: str, tmp_path: Path) -> None:
+    assert _export(EmptyBuffer(), torch.randn(2, 7), {1: "T"}, frontend, tmp_path).max_abs_error == 0
+
+
+@pytest.mark.parametrize("frontend", ["jit", "fx"])
+def test_shape_as_tensor(frontend: str, tmp_path: Path) -> None:
+    report = _export(ShapeTensor(), torch.randn(2, 7), {1: "T"}, frontend, tmp_path)
+    assert report.max_abs_error == 0 and report.op_histogram["tract_core_shape_of"] == 1
+
+
+@pytest.mark.parametrize("frontend", ["jit", "fx"])
+def test_sizes_as_tensor_operands(frontend: str, tmp_path: Path) -> None:
+    assert _export(SizeOperand(), torch.randn(2, 13), {1: "T"}, frontend, tmp_path).max_abs_error == 0
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_affine_grid_under_jit(align_corners: bool, tmp_path: Path) -> None:
+    report = _export(
+        AffineGrid(align_corners), torch.randn(1, 2, 8, 9), {0: "B", 2: "H", 3: "W"}, "jit", tmp_path
+    )
+    assert report.max_abs_error < 1e-5 and "affine_grid_generator" not in str(report.notes)
