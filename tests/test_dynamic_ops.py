@@ -91,3 +91,15 @@ def test_affine_grid_under_jit(align_corners: bool, tmp_path: Path) -> None:
         AffineGrid(align_corners), torch.randn(1, 2, 8, 9), {0: "B", 2: "H", 3: "W"}, "jit", tmp_path
     )
     assert report.max_abs_error < 1e-5 and "affine_grid_generator" not in str(report.notes)
+
+
+class StarArgs(nn.Module):
+    """ultralytics' ``forward(self, x, *args, **kwargs)``, called with ``x`` alone."""
+
+    def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        return x.relu() * 2
+
+
+def test_star_args_forward_called_with_one_tensor(tmp_path: Path) -> None:
+    report = _export(StarArgs(), torch.randn(2, 7), {1: "T"}, "export", tmp_path)
+    assert report.frontend == "export" and report.max_abs_error == 0
