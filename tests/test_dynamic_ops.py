@@ -103,3 +103,28 @@ class StarArgs(nn.Module):
 def test_star_args_forward_called_with_one_tensor(tmp_path: Path) -> None:
     report = _export(StarArgs(), torch.randn(2, 7), {1: "T"}, "export", tmp_path)
     assert report.frontend == "export" and report.max_abs_error == 0
+
+
+class SizeAsFlag(nn.Module):
+    """``is_causal`` computed from a size: a tensor under jit, a SymBool under torch.export."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = x.unsqueeze(1)
+        return F.scaled_dot_product_attention(q, q, q, is_causal=x.shape[1] > 1)
+
+
+def test_no_raw_exception_from_any_front_end(tmp_path: Path) -> None:
+    """jit's TypeError becomes a TraceError naming the model's line; auto notes every front end."""
+    with pytest.raises(torchlower.errors.TraceError, match=r"test_dynamic_ops.py:\d+") as caught:
+        torchlower.export(
+            SizeAsFlag(), torch.randn(2, 6, 4), tmp_path / "m.nnef.tgz", frontend="jit",
+            dynamic_axes={"x": {1: "T"}},
+        )  # fmt: skip
+    assert "TypeError" in str(caught.value) and "is_causal" in str(caught.value)
+    with pytest.raises(torchlower.errors.TorchlowerError) as auto:
+        torchlower.export(
+            SizeAsFlag(), torch.randn(2, 6, 4), tmp_path / "a.nnef.tgz", dynamic_axes={"x": {1: "T"}}
+        )
+    notes = "\n".join(getattr(auto.value, "__notes__", []))
+    assert all(f"{fe} front end skipped" in notes for fe in ("jit", "fx")), notes
+    assert not (tmp_path / "a.nnef.tgz").exists()

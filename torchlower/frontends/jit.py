@@ -18,7 +18,13 @@ from torch import nn
 from torchlower.core import dynamic, dynamic_sizes, progress
 from torchlower.core.dynamic import Spec
 from torchlower.core.values import MISSING, SymDim, Value, constant
-from torchlower.errors import InvalidArgumentError, LoweringError, TraceError, ValueDependentTraceError
+from torchlower.errors import (
+    InvalidArgumentError,
+    LoweringError,
+    TorchlowerError,
+    TraceError,
+    ValueDependentTraceError,
+)
 from torchlower.frontends import jit_trace, provenance, views
 from torchlower.frontends.jit_trace import FastTrace, dynamic_overrides, maybe_quantize_args, trace
 from torchlower.frontends.session import Meta, Session
@@ -72,9 +78,13 @@ class ModuleTracer:
         if self._traced_module is None:
             try:
                 self._traced_module = trace(self.mod, self.fn_name, self.args, conversions=self.conversions)
-            except RuntimeError as exc:
+            except TorchlowerError:
+                raise
+            except Exception as exc:  # RuntimeError, and TypeError for a traced size used as a bool
+                line = provenance.raised_at(exc)
                 raise TraceError(
-                    f"torch.jit.trace failed on {type(self.mod).__qualname__}.{self.fn_name}: "
+                    f"torch.jit.trace failed on {type(self.mod).__qualname__}.{self.fn_name}"
+                    f"{f' at {line}' if line else ''}: {type(exc).__name__}: "
                     f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
                 ) from exc
             self.check_values()

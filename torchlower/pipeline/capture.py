@@ -21,6 +21,7 @@ from torchlower.errors import (
     UnsupportedOpsError,
     ValueDependentTraceError,
 )
+from torchlower.frontends.provenance import raised_at
 from torchlower.frontends.session import Session
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.pipeline.reference import Reference
@@ -89,7 +90,18 @@ def lower(
         for i, (n, t) in enumerate(zip(names_in, example, strict=True))
     ]
     session = Session(builder, frontend)
-    outputs = _run_frontend(frontend, builder, module, example, inputs, session, spec, allow_value_dependent)
+    try:
+        outputs = _run_frontend(
+            frontend, builder, module, example, inputs, session, spec, allow_value_dependent
+        )
+    except (TorchlowerError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # a front end never lets a raw exception out: auto tries the next
+        line = raised_at(exc)
+        raise TraceError(
+            f"the {frontend} front end failed on {type(module).__qualname__}"
+            f"{f' at {line}' if line else ''}: {type(exc).__name__}: {first_line_of(exc)}"
+        ) from exc
     session.finish()
     if len(outputs) != n_expected or any(o is MISSING for o in outputs):
         raise LoweringError(f"the graph has {len(outputs)} outputs, the model returns {n_expected}")
@@ -97,6 +109,11 @@ def lower(
     builder.rules_used = sorted(session.used)
     builder.assertions = spec.assertions() if spec is not None else []
     return builder
+
+
+def first_line_of(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else repr(exc)
 
 
 def first_line(exc: BaseException) -> str:
