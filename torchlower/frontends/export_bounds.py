@@ -84,10 +84,18 @@ def _model_bounds(
 _GUARD = re.compile(r"satisfy the generated guard (.+?)\.(?:\s|$)")
 
 
+_NOT_ONE = re.compile(r"^\(?1 % \(.+\)\)? != 0$")  # ``1 % n != 0``, torch's spelling of ``n != 1``
+
+
 def _only_size_one_guards(text: str) -> bool:
-    """torch.export's 0/1 specialization: every guard is ``expr != 1`` and nothing is suggested."""
-    guards = _GUARD.findall(text)
-    return bool(guards) and "Suggested fixes:" not in text and all(g.strip().endswith("!= 1") for g in guards)
+    """torch.export's 0/1 specialization: every guard says a size is not 1 (``expr != 1``, or
+    ``1 % expr != 0`` for a frame count) and nothing is suggested."""
+    guards = [g.strip() for g in _GUARD.findall(text)]
+    return (
+        bool(guards)
+        and "Suggested fixes:" not in text
+        and all(g.endswith("!= 1") or _NOT_ONE.match(g) for g in guards)
+    )
 
 
 def _export_size_oblivious(
@@ -135,6 +143,9 @@ def _export_within(
     try:
         return _export(builder, module, example, spec)
     except LoweringError as exc:
+        again = getattr(exc, "torch_message", "")
+        if _only_size_one_guards(again):  # within the bounds only "is a size 1?" is left (STFT frames)
+            return _export_size_oblivious(builder, module, example, spec, sorted(bounds), again)
         spec.bounds.clear()
         spec.bounds.update(before)
         del builder.notes[notes:]
