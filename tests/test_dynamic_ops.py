@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchlower
+import torchlower.artifact.io
 
 
 class Stats(nn.Module):
@@ -149,3 +150,22 @@ def test_stft_bound_adopted_under_export(tmp_path: Path) -> None:
     report = _export(LogMel(), torch.randn(1, 16000), {1: "T"}, "export", tmp_path)
     assert report.frontend == "export" and report.max_abs_error < 1e-4
     assert any("201 <= T" in n for n in report.notes) and "T=201" in {p.label for p in report.points}
+
+
+class PositionTable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(64, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.pos[: x.shape[1]]
+
+
+@pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
+def test_table_sliced_to_a_size_bounds_it(frontend: str, tmp_path: Path) -> None:
+    """A 64-row table sliced to T holds for T <= 64 only (PyTorch fails beyond): the bound is
+    adopted with a note and asserted in the archive, not left for tract to fail on."""
+    report = _export(PositionTable(), torch.randn(2, 6, 4), {1: "T"}, frontend, tmp_path)
+    assert any("T <= 64" in n for n in report.notes), report.notes  # ours, or torch.export's bound
+    text = torchlower.artifact.io.graph_text(report.path)
+    assert "extension tract_assert T <= 64;" in text

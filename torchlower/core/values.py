@@ -83,6 +83,11 @@ class SymDim:
         return tdim_text(self.expr)
 
     @property
+    def symbol(self) -> str | None:
+        """The symbol's name when the expression is a bare symbol (``T``), else None."""
+        return str(self.expr) if self.expr.is_Symbol else None
+
+    @property
     def symbols(self) -> list[str]:
         return sorted(str(s) for s in self.expr.free_symbols)
 

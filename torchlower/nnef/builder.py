@@ -88,6 +88,9 @@ class NNEFBuilder:
         self.rules_used: list[str] = []  # set by the front end once lowering is done
         self.notes: list[str] = []  # what a front end wants the export report to say
         self.assertions: list[str] = []  # tract_assert extensions: bounds of dynamic symbols
+        # upper bounds a rule's lowering assumes of a symbol (a table of n rows sliced to T: T <= n),
+        # with why; the pipeline adopts them into the dynamic axes (``capture.lower``)
+        self.implied_bounds: dict[str, tuple[int, str]] = {}
         self.hint = "v"  # set by front ends per node, gives readable names
         self.scope = ""  # module path of the node being lowered (a comment in graph.nnef)
         self.example_sizes: dict[str, int] = {}  # symbol sizes of the example inputs (a comment)
@@ -109,6 +112,11 @@ class NNEFBuilder:
             name = f"{base}_{n}"
         self._taken.add(name)
         return name
+
+    def assume_at_most(self, symbol: str, bound: int, why: str) -> None:
+        """Record that the graph is only valid for ``symbol <= bound`` (the tightest one wins)."""
+        if symbol not in self.implied_bounds or bound < self.implied_bounds[symbol][0]:
+            self.implied_bounds[symbol] = (bound, why)
 
     def reserve(self, names: Sequence[str]) -> None:
         """Keep user-facing input/output names free for the inputs and outputs themselves."""

@@ -107,8 +107,27 @@ def lower(
         raise LoweringError(f"the graph has {len(outputs)} outputs, the model returns {n_expected}")
     builder.set_outputs(names_out, [_as_value(o) for o in outputs])
     builder.rules_used = sorted(session.used)
+    if spec is not None:
+        adopt_implied_bounds(builder, spec)
     builder.assertions = spec.assertions() if spec is not None else []
     return builder
+
+
+def adopt_implied_bounds(builder: NNEFBuilder, spec: dynamic.Spec) -> None:
+    """Upper bounds the lowered graph assumes (a table of 64 rows sliced to T) become the
+    symbols' declared bounds, asserted in the archive and said in the report; PyTorch cannot run
+    beyond them either (the table has no more rows), so nothing the model could do is refused."""
+    for symbol, (bound, why) in sorted(builder.implied_bounds.items()):
+        lo, hi = spec.bounds.get(symbol, (1, None))
+        if symbol not in spec.base or (hi is not None and hi <= bound):
+            continue
+        if spec.base[symbol] > bound:
+            raise DynamicAxisError(
+                f"{spec.where([symbol])}: {why}, so the graph holds for {symbol} <= {bound} only, but"
+                f" the example has {symbol} = {spec.base[symbol]}"
+            )
+        spec.bounds[symbol] = (lo, bound)
+        builder.notes.append(f"dynamic axis {spec.where([symbol])}: {symbol} <= {bound} adopted ({why})")
 
 
 def first_line_of(exc: BaseException) -> str:

@@ -141,6 +141,9 @@ def slice_(b: Builder, x: Value, dim: int, start: int | None, end: int | None, s
     dim = normalize_dim(dim, x.rank)
     n = dims_of(x)[dim]
     lo, hi = clamp_index(start, n, 0), clamp_index(end, n, n)
+    if isinstance(n, int) and isinstance(hi, SymDim) and hi.symbol is not None:
+        # a dim of n sliced to a size (a position table to T): the graph holds for T <= n only
+        b.assume_at_most(hi.symbol, n, f"a dim of {n} is sliced to {hi.symbol}")
     if step > 1 and isinstance(lo, int) and isinstance(hi, int) and hi - lo <= step:
         # one element at most: a unit step reads the same, and tract's declutter fails on a strided
         # slice of a length-1 axis added by unsqueeze ("Invalid axis")
