@@ -23,15 +23,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---- the catalogue: name → (family, build) with build() -> (model, example, dynamic_axes) --------
-def _hf(config: str, model: str, example: Callable[[], Any], axes: dict[int, str], **fields: Any) -> Callable:
+def _hf(
+    config: str, model: str, example: Callable[[], Any], axes: dict[int, str], part: str = "", **fields: Any
+) -> Callable:
     def build() -> tuple[Any, Any, dict]:
         import torch
         import transformers
 
         torch.manual_seed(0)
         cfg = getattr(transformers, config)(**fields)
-        m = getattr(transformers, model)(cfg).eval()
-        return m, example(), {"x": axes}
+        m = getattr(transformers, model)(cfg)
+        return (getattr(m, part) if part else m).eval(), example(), {"x": axes}
 
     return build
 
@@ -53,8 +55,8 @@ SPEECH: dict[str, Callable] = {
     "hubert": _hf("HubertConfig", "HubertModel", _wave(), {1: "T"}, **W2V),
     "wavlm": _hf("WavLMConfig", "WavLMModel", _wave(), {1: "T"}, **W2V),
     "data2vec_audio": _hf("Data2VecAudioConfig", "Data2VecAudioModel", _wave(), {1: "T"}, **W2V),
-    "sew": _hf("SEWConfig", "SEWModel", _wave(), {1: "T"}, **W2V),
-    "sew_d": _hf("SEWDConfig", "SEWDModel", _wave(), {1: "T"}, **W2V),
+    "sew": _hf("SEWConfig", "SEWModel", _wave(), {1: "T"}, **{**W2V, "conv_dim": (32,) * 13}),
+    "sew_d": _hf("SEWDConfig", "SEWDModel", _wave(), {1: "T"}, **{**W2V, "conv_dim": (32,) * 13}),
     "unispeech": _hf("UniSpeechConfig", "UniSpeechModel", _wave(), {1: "T"}, **W2V),
     "unispeech_sat": _hf("UniSpeechSatConfig", "UniSpeechSatModel", _wave(), {1: "T"}, **W2V),
     "wav2vec2_conformer": _hf("Wav2Vec2ConformerConfig", "Wav2Vec2ConformerModel", _wave(), {1: "T"}, **W2V),

@@ -169,3 +169,20 @@ def test_table_sliced_to_a_size_bounds_it(frontend: str, tmp_path: Path) -> None
     assert any("T <= 64" in n for n in report.notes), report.notes  # ours, or torch.export's bound
     text = torchlower.artifact.io.graph_text(report.path)
     assert "extension tract_assert T <= 64;" in text
+
+
+class RelativeEinsum(nn.Module):
+    """Wav2Vec2-BERT's relative-position attention term: an einsum broadcasting over T."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.distance = nn.Parameter(torch.randn(1, 1, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = x.unsqueeze(1)  # [B, 1, T, 4]
+        return torch.einsum("bhld,lrd->bhlr", q, q[0].transpose(0, 1) * self.distance)
+
+
+@pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
+def test_einsum_broadcast_over_a_dynamic_dim(frontend: str, tmp_path: Path) -> None:
+    assert _export(RelativeEinsum(), torch.randn(2, 6, 4), {1: "T"}, frontend, tmp_path).max_abs_error < 1e-5

@@ -13,7 +13,7 @@ import torch
 from torchlower.core.values import Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, Operand, Scalar, align_ranks, cast, shape_of
+from torchlower.rules.common import Builder, Operand, Scalar, align_ranks, broadcast_shapes, cast, shape_of
 from torchlower.rules.layout import dims_of, gather_axis, transpose, unsqueeze
 from torchlower.rules.layout_extra import diagonal
 from torchlower.rules.linear import matmul
@@ -21,7 +21,7 @@ from torchlower.rules.linear import matmul
 
 def _bin(b: Builder, op: str, x: Operand, y: Operand, dtype: torch.dtype | None = None) -> Value:
     x, y = align_ranks(b, x, y)
-    shape = tuple(torch.broadcast_shapes(shape_of(x), shape_of(y)))
+    shape = broadcast_shapes(shape_of(x), shape_of(y))  # keeps symbolic dims
     ref = x if isinstance(x, Value) else y
     return b.call(op, [x, y], dtype=dtype or ref.dtype, shape=shape)
 
@@ -180,7 +180,7 @@ def cross(b: Builder, x: Value, y: Value, dim: int | None) -> Value:
     """
     x, y = align_ranks(b, x, y)
     if dim is None:
-        shape = torch.broadcast_shapes(shape_of(x), shape_of(y))
+        shape = broadcast_shapes(shape_of(x), shape_of(y))
         dim = next((k for k, n in enumerate(shape) if n == 3), None)
         if dim is None:
             raise LoweringError("cross: no dimension of size 3")
