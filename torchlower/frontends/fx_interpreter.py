@@ -234,8 +234,6 @@ class Interpreter(fx.Interpreter):
         return node_metas(self._node, self.symbols) if self._node is not None else None
 
 
-
-
 def _dim(d: Any, symbols: dict[str, str]) -> Any:
     """An int, or a torch SymInt as a SymDim over the user's symbol names."""
     if isinstance(d, int):
