@@ -376,3 +376,23 @@ def test_export_reads_back_sizes_only(tmp_path: Path) -> None:
         torchlower.export(
             CountSized(), torch.rand(2, 5), tmp_path / "m.nnef.tgz", frontend="export", dynamic_axes=_x(1)
         )
+
+
+class PositionsAsTensors(nn.Module):
+    """Elements of an arange over sizes used as tensors again (copied, cast, shifted)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = torch.arange(3, 3 + x.shape[1])[0].clone()
+        last = torch.arange(x.shape[1])[-1].detach()
+        return x * first.float() + last.to(torch.float32) + (last + 1).float()
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_sizes_read_from_an_arange_stay_tensors_where_used_as_tensors(frontend: str, tmp_path: Path) -> None:
+    report = torchlower.export(
+        PositionsAsTensors(), torch.rand(2, 5), tmp_path / "m.nnef.tgz", frontend=frontend, dynamic_axes=_x(1)
+    )
+    assert [p.label for p in report.points if "=" in p.label and p.ok] == ["S=2", "S=9"]
+    x = torch.rand(2, 13)
+    got = run_in_tract(report.path, [x.numpy()])[0]
+    assert np.allclose(got, PositionsAsTensors()(x).numpy(), atol=1e-5)  # last = 12 there, not 4

@@ -179,6 +179,10 @@ class Interpreter(fx.Interpreter):
 
     def call_method(self, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self_arg = args[0]
+        if isinstance(self_arg, SymDim) and hasattr(torch.Tensor, target):
+            # a tensor that holds a size (``(arange(P, P + S)[0] + 1).float()``) is one again
+            self_arg = size_tensor(self.builder, self_arg)
+            args = (self_arg, *args[1:])
         if not isinstance(self_arg, (Value, Missing)):
             return getattr(self_arg, target)(*args[1:], **kwargs)
         if target in _SHAPE_METHODS:
