@@ -50,6 +50,9 @@ _SCALAR_OPS = {
 }
 
 
+_IDENTITY = {"Int", "ScalarImplicit", "sym_int", "clone", "detach"}
+
+
 def _exact_div(a: Any, b: Any) -> Any:
     if isinstance(b, SymDim) or (isinstance(b, int) and b != 0):
         q = a // b
@@ -62,8 +65,10 @@ def scalar_op(name: str, args: Sequence[Any]) -> Any:
     """Sizes combined by integer ops stay symbolic: ``S * 2``, ``B * S``, ``S // 2``.
 
     Returns ``NotImplemented`` unless a SymDim takes part and every argument is a size
-    (int, SymDim or a rank-0 integer constant).
+    (int, SymDim, a rank-0 integer constant, or a tensor known to hold a size: ``size_value``).
     """
+    if name not in _IDENTITY:  # a copy of a tensor holding a size stays that tensor
+        args = [a.size_value if isinstance(a, Value) and a.size_value is not None else a for a in args]
     fn = _SCALAR_OPS.get(name)
     if fn is None or not any(isinstance(a, SymDim) for a in args):
         return NotImplemented

@@ -131,6 +131,11 @@ class Value:
     shape: Shape | None = None
     const: torch.Tensor | None = field(default=None, repr=False)
     label: str | None = None  # weight path for constants that came from the model
+    # an integer tensor of rank 0 or 1 whose elements are sizes known at export time:
+    # ``(start, step)``, element i is ``start + i * step`` (an ``arange`` over sizes, or one of
+    # its elements), so an element taken back into a size (``arange(P, P + S)[0] + S``) stays
+    # the expression ``P + S`` instead of a run-time tensor tract cannot size a tensor with
+    series: tuple[Dim, Dim] | None = None
 
     @property
     def rank(self) -> int:
@@ -152,6 +157,11 @@ class Value:
         if self.shape is None or self.is_symbolic:
             raise ValueError(f"value {self.name} has a non-static shape {self.shape}")
         return tuple(int(d) for d in self.shape)  # type: ignore[arg-type]
+
+    @property
+    def size_value(self) -> Dim | None:
+        """The size a rank-0 integer tensor is known to hold (see ``series``), else None."""
+        return self.series[0] if self.series is not None and self.shape == () else None
 
     def with_meta(self, dtype: torch.dtype | None, shape: Shape | None) -> Value:
         """Same value, with dtype/shape known from the front end (trace or export meta)."""

@@ -39,8 +39,12 @@ def interpret_program(
     module: nn.Module | None = None,
     symbols: dict[str, str] | None = None,
     mutations: dict[int, Any] | None = None,
+    reads_error: Exception | None = None,
 ) -> list[Any]:
     """Run the program's graph on symbolic ``inputs`` (flat user inputs); flat user outputs.
+
+    ``reads_error``: raised at an ``aten.item`` whose tensor is not a known size (see
+    ``Interpreter.read_size``).
 
     Parameters and buffers are read from ``module`` when given (the program may be shared).
     ``mutations``, when given, receives {user input position: its new value} for the inputs the
@@ -68,6 +72,7 @@ def interpret_program(
             values.append(None)  # tokens / custom objects: no data flows through them
     interpreter = Interpreter(program.graph_module, builder, session, prefix=prefix, escape=ESCAPE)
     interpreter.symbols = symbols or {}
+    interpreter.reads_error = reads_error
     outputs = interpreter.run(*values)
     specs = program.graph_signature.output_specs
     if mutations is not None:  # new values of user inputs the program writes in place
@@ -95,14 +100,17 @@ def lower_export(
             raise
         program = export_bounds.export_again(builder, module, example, spec, exc)
     reads = value_reads(program)
-    if reads:
-        raise ValueDependentTraceError(
-            f"torch.export of {type(module).__qualname__}: the model takes a Python value from a tensor"
-            f" (.item(), float(t), int(t)) at {'; '.join(reads)}; the artifact cannot compute it. {REWRITES}"
-        )
+    refused = ValueDependentTraceError(
+        f"torch.export of {type(module).__qualname__}: the model takes a Python value from a tensor"
+        f" (.item(), float(t), int(t)) at {'; '.join(reads)}; the artifact cannot compute it. {REWRITES}"
+    )
+    if reads and spec is None:  # only a size read back from a tensor has a value the artifact knows
+        raise refused
     progress.retotal(sum(n.op.startswith("call_") for n in program.graph_module.graph.nodes), "lowering")
     symbols = _symbols_of(program, inputs) if spec is not None else None
-    return interpret_program(program, builder, session, inputs, module=module, symbols=symbols)
+    return interpret_program(
+        program, builder, session, inputs, module=module, symbols=symbols, reads_error=refused
+    )
 
 
 def lower_submodule(

@@ -28,6 +28,7 @@ from torchlower.frontends.fx_index import fold as _fold
 from torchlower.frontends.fx_index import lower_getitem, lower_setitem, static
 from torchlower.frontends.fx_trace import EXAMPLE
 from torchlower.frontends.session import Meta, Session, stamp
+from torchlower.rules.common import size_tensor
 from torchlower.rules.registry import describe
 
 _SHAPE_METHODS = {"size", "dim", "ndimension", "numel", "nelement"}
@@ -80,6 +81,7 @@ class Interpreter(fx.Interpreter):
         self._inplace = False
         self.inplace_nodes: set[fx.Node] = set()
         self.symbols: dict[str, str] = {}  # torch.export's symbol names → the user's (dynamic axes)
+        self.reads_error: Exception | None = None  # raised where ``aten.item`` reads no known size
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         """Interpret; when this interpreter owns the session, raise every missing op at once."""
@@ -155,6 +157,8 @@ class Interpreter(fx.Interpreter):
             if target._schema.name in ("aten::sym_size", "aten::sym_numel") and isinstance(args[0], Value):
                 shape = _dims(args[0])
                 return shape[args[1]] if len(args) > 1 else math.prod(shape)
+            if target._schema.name in ("aten::item", "aten::_local_scalar_dense") and self.reads_error:
+                return self.read_size(args[0])
         rule = self.builder.rules.lookup_function(target)
         if rule is not None and rule.key is target:  # a user rule keyed by the Python callable
             inputs = _bind_signature(target, args, kwargs)
@@ -169,12 +173,16 @@ class Interpreter(fx.Interpreter):
         if call.bound is None and any(isinstance(a, SymDim) for a in args):
             # torch.export writes `arange(S) + P` as add.Tensor(tensor, SymInt): a size in a
             # tensor slot becomes a rank-0 i64 tensor holding it
-            args = tuple(_size_tensor(self.builder, a) if isinstance(a, SymDim) else a for a in args)
+            args = tuple(size_tensor(self.builder, a) if isinstance(a, SymDim) else a for a in args)
             call = pycalls.resolve_function(target, args, kwargs)
         return self._apply(call, target, args, kwargs)
 
     def call_method(self, target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self_arg = args[0]
+        if isinstance(self_arg, SymDim) and hasattr(torch.Tensor, target):
+            # a tensor that holds a size (``(arange(P, P + S)[0] + 1).float()``) is one again
+            self_arg = size_tensor(self.builder, self_arg)
+            args = (self_arg, *args[1:])
         if not isinstance(self_arg, (Value, Missing)):
             return getattr(self_arg, target)(*args[1:], **kwargs)
         if target in _SHAPE_METHODS:
@@ -189,6 +197,15 @@ class Interpreter(fx.Interpreter):
         fold = _fold(method, args, kwargs) if method is not None else None
         call = pycalls.resolve_method(target, args, kwargs)
         return self._apply(call, f"Tensor.{target}", args, kwargs, fold)
+
+    def read_size(self, x: Any) -> Any:
+        """``aten.item`` of a tensor that holds a size (``arange(P, P + S)[0] + S``): the size
+        expression, so what torch.export sized with it (its unbacked ``u0``) is sized by it too.
+        Any other value read from a tensor is data the artifact cannot know: ``reads_error``."""
+        size = x if isinstance(x, (int, SymDim)) else x.size_value if isinstance(x, Value) else None
+        if size is None:
+            raise self.reads_error  # type: ignore[misc]
+        return size
 
     # ---- helpers ------------------------------------------------------------------------
     def _inline(self, graph: fx.GraphModule, inputs: tuple[Any, ...]) -> Any:
@@ -219,13 +236,6 @@ class Interpreter(fx.Interpreter):
 
     def _metas(self) -> list[Meta] | None:
         return node_metas(self._node, self.symbols) if self._node is not None else None
-
-
-def _size_tensor(b: Any, d: SymDim) -> Value:
-    """A rank-0 i64 tensor holding the size ``d`` (tract_core_range over [d, d + 1))."""
-    one = b.call("tract_core_range", [d, d + 1, 1], dtype=torch.int64, shape=(1,))
-    one = b.call("tract_core_cast", [one], {"to": "i64"}, dtype=torch.int64, shape=(1,))
-    return b.call("squeeze", [one], {"axes": [0]}, dtype=torch.int64, shape=())
 
 
 def _dim(d: Any, symbols: dict[str, str]) -> Any:

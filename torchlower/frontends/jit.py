@@ -189,6 +189,7 @@ def lower_jit(
 
 
 _UNPACK = ("prim::ListUnpack", "prim::TupleUnpack")
+_SIZE_READS = ("aten::Int", "aten::ScalarImplicit")
 
 
 def _lower_node(
@@ -218,6 +219,8 @@ def _lower_node(
         x = args[0]
         if isinstance(x, Value) and x.is_const:
             return x.const.item()
+        if isinstance(x, Value) and x.size_value is not None and kind in _SIZE_READS:
+            return x.size_value  # a size that went through a tensor (an element of an arange)
         return x
     if kind.startswith("prim::") and kind not in ("prim::device", "prim::dtype"):
         session.record_missing(kind, where)

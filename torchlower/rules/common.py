@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -167,4 +168,5 @@ def size_tensor(b: Builder, d: Dim, dtype: torch.dtype = torch.int64) -> Value:
         return constant(torch.tensor(d, dtype=dtype))
     one = b.call("tract_core_range", [d, d + 1, 1], dtype=torch.int64, shape=(1,))
     one = b.call("tract_core_cast", [one], {"to": "i64"}, dtype=torch.int64, shape=(1,))
-    return cast(b, b.call("squeeze", [one], {"axes": [0]}, dtype=torch.int64, shape=()), dtype)
+    out = cast(b, b.call("squeeze", [one], {"axes": [0]}, dtype=torch.int64, shape=()), dtype)
+    return replace(out, series=(d, 0)) if out.dtype == torch.int64 else out

@@ -249,9 +249,7 @@ def _pad(b: Builder, x: Value, pairs: Pairs, mode: str, value: float) -> Value:
         pairs = [(max(lo, 0), max(hi, 0)) for lo, hi in pairs]
     if not any(p for pair in pairs for p in pair):
         return x
-    shape = tuple(
-        d + lo + hi if isinstance(d, int) else d for d, (lo, hi) in zip(shape_of(x), pairs, strict=True)
-    )
+    shape = tuple(d + lo + hi for d, (lo, hi) in zip(shape_of(x), pairs, strict=True))
     attrs = {"padding": pairs, "border": _BORDER[mode], "value": float(value)}
     return b.call("pad", [x], attrs, dtype=x.dtype, shape=shape)
 
@@ -271,10 +269,10 @@ def _static(x: Value, axis: int, what: str) -> int:
 
 
 def _crop(b: Builder, x: Value, crop: Pairs) -> Value:
+    """Negative padding: a slice, whose end is a size expression on a dynamic dim (``S - 2``)."""
     for axis, (lo, hi) in enumerate(crop):
         if lo or hi:
-            size = _static(x, axis, "negative padding")
-            x = _slice(b, x, axis, lo, size - hi)
+            x = _slice(b, x, axis, lo, shape_of(x)[axis] - hi)
     return x
 
 

@@ -9,6 +9,7 @@ never as a full-size weight.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -152,7 +153,7 @@ def _arange(b: Builder, start: Dim, end: Dim, step: Dim, dtype: torch.dtype | No
         size = (end - start) // step
         out = b.call("tract_core_range", [start, end, step], dtype=torch.int64, shape=(size,))
         out = b.call("tract_core_cast", [out], {"to": "i64"}, dtype=torch.int64, shape=out.shape)
-        return cast(b, out, dtype or torch.int64)
+        return _series(cast(b, out, dtype or torch.int64), start, step)
     # tract sizes range(a, b, s) as (b - a + s - 1) / s, which it cannot simplify ((2S + 1) / 2 is
     # not S): a range of the simplified length, scaled and shifted, has the size torch gives
     length = (end - start + step - 1) // step
@@ -161,7 +162,14 @@ def _arange(b: Builder, start: Dim, end: Dim, step: Dim, dtype: torch.dtype | No
     out = b.call("add", [b.call("mul", [out, constant(torch.tensor([int(step)]))], dtype=torch.int64,
                                 shape=out.shape), constant(torch.tensor([int(start)]))],
                  dtype=torch.int64, shape=out.shape)  # fmt: skip
-    return cast(b, out, dtype or torch.int64)
+    return _series(cast(b, out, dtype or torch.int64), start, step)
+
+
+def _series(out: Value, start: Dim, step: Dim) -> Value:
+    """An integer range keeps its elements as sizes (``arange(P, P + S)[0]`` is ``P``)."""
+    if out.dtype is None or out.dtype.is_floating_point or out.dtype == torch.bool:
+        return out
+    return replace(out, series=(start, step))
 
 
 @rule("aten::arange")

@@ -8,6 +8,7 @@ only sees in-range, non-negative bounds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -158,11 +159,14 @@ def select(b: Builder, x: Value, dim: int, index: int) -> Value:
     n = dims_of(x)[dim]
     if isinstance(n, SymDim) or isinstance(index, SymDim):
         index = n + index if isinstance(index, int) and index < 0 else index
-        return squeeze(b, slice_dim(b, x, dim, index, index + 1), [dim])
-    if not -n <= index < n:
+    elif not -n <= index < n:
         raise LoweringError(f"select index {index} out of range for dim {dim} of size {n}")
-    index %= n
-    return squeeze(b, slice_dim(b, x, dim, index, index + 1), [dim])
+    else:
+        index %= n
+    out = squeeze(b, slice_dim(b, x, dim, index, index + 1), [dim])
+    if x.series is not None and x.rank == 1:  # an element of a range over sizes is a size
+        out = replace(out, series=(x.series[0] + index * x.series[1], 0))
+    return out
 
 
 @rule("aten::narrow")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from torchlower.core.values import Value, constant, normalize_dim
+from torchlower.core.values import SymDim, Value, constant, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, Scalar, cast, reshape
@@ -21,6 +21,7 @@ from torchlower.rules.layout import (
     gather_axis,
     scalar_of,
     slice_dim,
+    stack,
     transpose,
 )
 from torchlower.rules.layout_extra import diagonal_index
@@ -130,11 +131,16 @@ def unfold(b: Builder, x: Value, dimension: int, size: int, step: int) -> Value:
     """unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)
 
     Windows of ``size`` every ``step`` on ``dimension`` become a new last dim: one gather with a
-    constant (windows, size) index, then the window axis moves last.
+    constant (windows, size) index, then the window axis moves last. Along a dynamic dim the
+    window count is a size expression, so the windows are ``size`` strided slices stacked last.
     """
     dim = normalize_dim(dimension, max(x.rank, 1))
     n = dims_of(x)[dim] if x.rank else 1
     windows = (n - int(size)) // int(step) + 1
+    if isinstance(windows, SymDim):
+        span = (windows - 1) * int(step) + 1  # positions the first tap of every window covers
+        taps = [slice_dim(b, x, dim, k, k + span, int(step)) for k in range(int(size))]
+        return stack(b, taps, x.rank)
     if windows <= 0:
         raise LoweringError(f"unfold: size {size} exceeds dim {dim} of size {n}")
     index = torch.arange(windows)[:, None] * int(step) + torch.arange(int(size))[None, :]
