@@ -25,9 +25,10 @@ class UNet(nn.Module):
     """``depth`` stride-2 convs down, nearest ×2 up with skip concatenations: total stride
     ``2**depth``; PyTorch fails at any other size (the concatenation's sizes differ)."""
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, to_size: bool = False) -> None:
         super().__init__()
         torch.manual_seed(depth)
+        self.to_size = to_size  # interpolate to the skip's size (segmentation_models_pytorch)
         self.stem = nn.Conv2d(3, 4, 3, 1, 1)
         self.downs = nn.ModuleList(nn.Conv2d(4, 4, 3, 2, 1) for _ in range(depth))
         self.ups = nn.ModuleList(nn.Conv2d(8, 4, 3, 1, 1) for _ in range(depth))
@@ -39,7 +40,10 @@ class UNet(nn.Module):
             skips.append(x)
             x = torch.relu(down(x))
         for up, skip in zip(self.ups, reversed(skips), strict=True):
-            x = nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+            if self.to_size:
+                x = nn.functional.interpolate(x, size=skip.shape[2:], mode="bilinear")
+            else:
+                x = nn.functional.interpolate(x, scale_factor=2, mode="nearest")
             x = torch.relu(up(torch.cat([x, skip], 1)))
         return self.head(x)
 
@@ -270,3 +274,14 @@ def test_guard_windows_read_no_unused_padding(frontend: str, tmp_path: Path) -> 
                       dynamic_axes={"x": {2: "8*h + 1", 3: "8*w + 1"}})  # fmt: skip
     assert "end = [(8 * h), (8 * w)]" in _graph(path) or "end = [8 * h, 8 * w]" in _graph(path)
     run_at(path, model, [(9, 9), (33, 17), (41, 57)])
+
+
+@pytest.mark.parametrize("frontend", ["export", "jit"])
+def test_decoder_interpolating_to_the_skip_size(frontend: str, tmp_path: Path) -> None:
+    """``interpolate(x, size=skip.shape[2:])`` on ``4*h`` to ``8*h`` is a whole factor of 2
+    (segmentation_models_pytorch's U-Net decoder). Not under fx: FX hands ``F.interpolate`` to
+    torch.export with the example's sizes as constants, so the size is no longer ``8*h``."""
+    model, path = UNet(3, to_size=True).eval(), tmp_path / "m.nnef.tgz"
+    torchlower.export(model, torch.randn(1, 3, 16, 24), path, frontend=frontend,
+                      dynamic_axes={"x": {2: "8*h", 3: "8*w"}})  # fmt: skip
+    run_at(path, model, [(8, 8), (32, 48), (56, 24)])
