@@ -18,8 +18,9 @@ from torchlower.core import dynamic_forms
 from torchlower.core.dynamic_forms import Form
 from torchlower.errors import DynamicAxisError
 
-# multiples tried, smallest first; the multiple found is then reduced to its smallest divisor that
-# runs (96 → 24, 112 → 14), so one run per candidate finds strides 2…128 and 14, 24, 48
+# multiples tried, smallest first and at most the example's size (an example of 32*h is >= 32); the
+# multiple found is then reduced to its smallest divisor that runs (96 → 24, 112 → 14), so one run
+# per candidate finds strides 2…128 and 14, 24, 48
 CANDIDATES = (2, 4, 8, 16, 32, 64, 96, 112, 128)
 
 
@@ -74,7 +75,7 @@ def needed_multiples(spec: Any, run: Any, example: Sequence[torch.Tensor]) -> di
         if runs(v + 1) is not False:
             continue
         failed = {1}
-        for k in CANDIDATES:
+        for k in (k for k in CANDIDATES if k <= max(v, 2)):  # an example of 32*h has v >= 32
             found = runs(v + k)
             if found is None:
                 break
