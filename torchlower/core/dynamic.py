@@ -71,6 +71,7 @@ class Spec:
         bounds: Mapping[str, Bounds] | None = None,
     ) -> Spec | None:
         """A spec from validated ``{input: {axis: symbol}}``; None when nothing is dynamic.
+        A symbol may be a multiple, ``"32*h"`` (``dynamic_forms``): ``h`` is then the symbol.
 
         ``bounds``: ``{symbol: (min, max)}`` (max None: unbounded); every size the capture and
         the check use stays inside them.
