@@ -86,7 +86,7 @@ class Artifact:
         from torchlower.artifact import runner
 
         arrays = runner.as_list(inputs, self.graph.inputs)
-        runner.bind(self.graph.inputs, arrays, self.graph.symbols)
+        runner.bind(self.graph.inputs, arrays, self.graph.symbols, self.graph.extensions)
         session = self._session
         if session is None or (session.threads, session.isolated) != (threads, isolated):
             self.close()

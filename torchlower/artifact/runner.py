@@ -3,7 +3,9 @@
 ``torchlower.load(path).run(inputs)`` lands here. Inputs come by name (a mapping) or by
 position (a sequence, or one array for a one-input graph); each is checked against the
 ``external`` declaration of ``graph.nnef`` before tract sees it: dtype exactly, rank, fixed
-sizes, and every symbol (``B``) bound to one size across all inputs. A violation is an
+sizes, every symbol (``B``) bound to one size across all inputs, sizes declared as multiples
+(``32 * h``: tract itself would round 33 down to h = 1) and the ``tract_assert`` bounds. A
+violation is an
 ``InvalidArgumentError`` naming the input, the axis and what the graph declares, so a user
 learns about a wrong batch size from us, not from a tract shape error deep in the graph.
 """
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from torchlower.core import dtypes
+from torchlower.core.dynamic_forms import Form
 from torchlower.errors import InvalidArgumentError
 from torchlower.nnef.graph_model import Expr, Ident, Input
 
@@ -55,9 +58,16 @@ def _to_numpy(value: Any, name: str) -> np.ndarray:
     return array
 
 
-def bind(decls: Sequence[Input], arrays: Sequence[np.ndarray], symbols: Sequence[str]) -> dict[str, int]:
-    """Check every array against its declaration; returns the size each symbol took."""
+def bind(
+    decls: Sequence[Input],
+    arrays: Sequence[np.ndarray],
+    symbols: Sequence[str],
+    extensions: Sequence[str] = (),
+) -> dict[str, int]:
+    """Check every array against its declaration (and the ``tract_assert`` bounds among
+    ``extensions``); returns the size each symbol took."""
     env: dict[str, int] = {}
+    where: dict[str, tuple[str, int, int]] = {}  # symbol -> (input, axis, size) it was bound at
     pending: list[tuple[Input, int, Any, int]] = []
     for decl, array in zip(decls, arrays, strict=True):
         want = dtypes.numpy_of(decl.dtype)
@@ -84,8 +94,11 @@ def bind(decls: Sequence[Input], arrays: Sequence[np.ndarray], symbols: Sequence
                         f" {env[dim]} from an earlier input (shape {shape_text(decl.shape)})"
                     )
                 env[dim] = size
+                where.setdefault(dim, (decl.name, axis, size))
             elif isinstance(dim, Expr):
                 pending.append((decl, axis, dim, size))
+    for decl, axis, dim, size in pending:  # 32 * h: the symbol from the size, if it is a multiple
+        _solve(decl, axis, dim, size, env, where)
     for decl, axis, dim, size in pending:  # expressions such as B * 2, once every symbol is bound
         value = evaluate(dim, env)
         if value is not None and value != size:
@@ -95,7 +108,66 @@ def bind(decls: Sequence[Input], arrays: Sequence[np.ndarray], symbols: Sequence
     unknown = [s for s in env if s not in symbols]
     if unknown:
         raise InvalidArgumentError(f"symbol {unknown[0]!r} is not declared with extension tract_symbol")
+    _check_bounds(env, where, extensions)
     return env
+
+
+def _names(dim: Any) -> set[str]:
+    if isinstance(dim, (str, Ident)):
+        return {str(dim)}
+    return {n for a in dim.args for n in _names(a)} if isinstance(dim, Expr) else set()
+
+
+def _solve(
+    decl: Input, axis: int, dim: Expr, size: int, env: dict[str, int], where: dict[str, tuple[str, int, int]]
+) -> None:
+    """Bind the one unbound symbol of a size ``k * h + c`` from ``size`` (tract would round a
+    size that is not of that form down to one that is and compute at the wrong size)."""
+    free = sorted(n for n in _names(dim) if n not in env)
+    if len(free) != 1:
+        return
+    (symbol,) = free
+    values = [evaluate(dim, {**env, symbol: t}) for t in (0, 1, 2, 7)]
+    if any(v is None for v in values):
+        return
+    c, k = values[0], values[1] - values[0]  # type: ignore[operator]
+    if k < 1 or values != [c, k + c, 2 * k + c, 7 * k + c]:
+        return
+    value, rest = divmod(size - c, k)
+    if rest or value < 1:
+        why = (
+            f"{size} is not {Form(symbol, k, c).rule()}"
+            if rest
+            else f"{size} is below the smallest size {k + c} ({symbol} >= 1)"
+        )
+        raise InvalidArgumentError(
+            f"input {decl.name!r} axis {axis} has size {size}, the graph declares {dim}: {why}"
+            f" (shape {shape_text(decl.shape)})"
+        )
+    env[symbol] = value
+    where.setdefault(symbol, (decl.name, axis, size))
+
+
+_BOUND = re.compile(r"tract_assert\s+([A-Za-z_]\w*)\s*(>=|<=)\s*(\d+)\Z")
+
+
+def _check_bounds(
+    env: Mapping[str, int], where: Mapping[str, tuple[str, int, int]], extensions: Sequence[str]
+) -> None:
+    """The archive's ``tract_assert S >= 2`` / ``S <= 128`` bounds, naming the input and axis."""
+    for ext in extensions:
+        m = _BOUND.match(ext.strip())
+        if m is None or m.group(1) not in env:
+            continue
+        symbol, op, bound = m.group(1), m.group(2), int(m.group(3))
+        value = env[symbol]
+        if (value < bound) if op == ">=" else (value > bound):
+            name, axis, size = where.get(symbol, ("?", -1, value))
+            at = f" (size {size})" if size != value else ""
+            raise InvalidArgumentError(
+                f"input {name!r} axis {axis}: {symbol} = {value}{at} is outside the archive's bound"
+                f" {symbol} {op} {bound}"
+            )
 
 
 def evaluate(dim: Any, env: Mapping[str, int]) -> int | None:

@@ -63,7 +63,8 @@ def example_tensors(specs: list[InputSpec], seed: int) -> list[Any]:
     return out
 
 
-_DYNAMIC = re.compile(r"([A-Za-z_]\w*):(-?\d+)=([A-Za-z_]\w*)(?:\[(\d*)\.\.(\d*)\])?")
+_FORM = r"(?:\d+\*)?[A-Za-z_]\w*(?:\*\d+)?(?:[+-]\d+)?"  # B, or a multiple: 32*h, 32*h+1
+_DYNAMIC = re.compile(rf"([A-Za-z_]\w*):(-?\d+)=({_FORM})(?:\[(\d*)\.\.(\d*)\])?")
 
 
 def dynamic_axes(
@@ -71,10 +72,12 @@ def dynamic_axes(
 ) -> dict[str, dict[int, str | tuple[str, int, int | None]]]:
     """``x:0=B`` → ``{"x": {0: "B"}}`` (the torch.onnx convention ``export`` takes);
     ``x:1=S[2..128]`` → ``{"x": {1: ("S", 2, 128)}}`` (bounds; ``S[2..]`` has no max, ``S[..64]``
-    min 1), the spelling ``dynamic_axes`` takes for ``Dim("S", min=2, max=128)``."""
+    min 1), the spelling ``dynamic_axes`` takes for ``Dim("S", min=2, max=128)``; ``x:2=32*h``
+    → ``{"x": {2: "32*h"}}`` (sizes that are multiples of 32; bounds then bound ``h``)."""
     axes: dict[str, dict[int, str | tuple[str, int, int | None]]] = {}
     example = (
-        "e.g. --dynamic x:0=B, or with bounds --dynamic x:1=S[2..128] (min..max, either may be left out)."
+        "e.g. --dynamic x:0=B, with bounds --dynamic x:1=S[2..128] (min..max, either may be left out),"
+        " or multiples --dynamic x:2=32*h."
     )
     for text in items:
         m = _DYNAMIC.fullmatch(text)

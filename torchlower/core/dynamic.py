@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchlower.core import dynamic_probe
+from torchlower.core.dynamic_forms import Form, parse_form
 from torchlower.core.dynamic_shapes import (
     Bounds,
     axes_from_dynamic_shapes,
@@ -52,6 +54,8 @@ class Spec:
     bounds: dict[str, Bounds] = field(default_factory=dict)  # symbol -> (min, max or None)
     skipped: list[tuple[dict[str, int], str]] = field(default_factory=list)  # check sizes PyTorch refuses
     extra_checks: list[dict[str, int]] = field(default_factory=list)  # sizes a front end wants checked
+    forms: dict[int, dict[int, Form]] = field(default_factory=dict)  # input -> axis -> k*symbol + c
+    notes: list[str] = field(default_factory=list)  # what the probe adopted, for the report
 
     def drop_far(self) -> None:
         """Forget the far point (e.g. a sequence longer than the model's context)."""
@@ -67,22 +71,35 @@ class Spec:
         bounds: Mapping[str, Bounds] | None = None,
     ) -> Spec | None:
         """A spec from validated ``{input: {axis: symbol}}``; None when nothing is dynamic.
+        A symbol may be a multiple, ``"32*h"`` (``dynamic_forms``): ``h`` is then the symbol.
 
         ``bounds``: ``{symbol: (min, max)}`` (max None: unbounded); every size the capture and
         the check use stays inside them.
         """
         axes: dict[int, dict[int, str]] = {}
+        forms: dict[int, dict[int, Form]] = {}
         base: dict[str, int] = {}
         for name, by_axis in dynamic.items():
             i = list(names).index(name)
-            for axis, symbol in by_axis.items():
+            for axis, text in by_axis.items():
+                form = parse_form(text)
+                if form is None:
+                    raise InvalidArgumentError(f"dynamic axis {name!r} {axis}: {text!r} is not a size form")
                 size = int(example[i].shape[axis])
-                if base.setdefault(symbol, size) != size:
+                value = form.value(size)
+                if value is None:
                     raise InvalidArgumentError(
-                        f"dynamic symbol {symbol!r} has size {base[symbol]} on one axis and {size} on"
+                        f"input {name!r} axis {axis} is {size} in the example inputs, not {form.text()}:"
+                        f" {size} is not {form.rule()}"
+                    )
+                symbol = form.symbol
+                if base.setdefault(symbol, value) != value:
+                    raise InvalidArgumentError(
+                        f"dynamic symbol {symbol!r} has size {base[symbol]} on one axis and {value} on"
                         f" {name!r} axis {axis} in the example inputs; one symbol must have one size"
                     )
                 axes.setdefault(i, {})[axis] = symbol
+                forms.setdefault(i, {})[axis] = form
         if not axes:
             return None
         limits = {s: (bounds or {}).get(s, (1, None)) for s in base}
@@ -92,21 +109,27 @@ class Spec:
                     f"dynamic symbol {s!r} is {base[s]} in the example inputs, outside its bounds"
                     f" {lo}..{hi if hi is not None else 'inf'}"
                 )
-        spec = Spec(axes, list(names), base, bounds=limits)
-        spec.points = [dict(base)]
+        spec = Spec(axes, list(names), base, bounds=limits, forms=forms)
+        spec.sample()
+        return spec
+
+    def sample(self) -> None:
+        """The capture points: the example, each symbol moved alone twice, all moved together,
+        the check's own sizes and one far point."""
+        base = self.base
+        self.points, self.far = [dict(base)], None
         for s in base:
-            first = spec._move(s, _MOVES[0], ())
-            spec.points += [{**base, s: first}, {**base, s: spec._move(s, _MOVES[1], (first,))}]
+            first = self._move(s, _MOVES[0], ())
+            self.points += [{**base, s: first}, {**base, s: self._move(s, _MOVES[1], (first,))}]
         if len(base) > 1:
-            spec.points.append({s: spec._clamp(s, v + _JOINT) for s, v in base.items()})
+            self.points.append({s: self._clamp(s, v + _JOINT) for s, v in base.items()})
         # the check's own sizes too (a branch on the size between them is seen while capturing),
         # and one far point, so that a floor expression fitted to a branch's few sizes fails
-        far = {s: spec._clamp(s, 2 * v + _FAR) for s, v in base.items()}
-        spec.points += [p for p in spec.check_points() if p not in spec.points]
-        if far not in spec.points:
-            spec.points.append(far)
-            spec.far = len(spec.points) - 1
-        return spec
+        far = self.far_point
+        self.points += [p for p in self.check_points() if p not in self.points]
+        if far not in self.points:
+            self.points.append(far)
+            self.far = len(self.points) - 1
 
     def _clamp(self, s: str, v: int) -> int:
         lo, hi = self.bounds.get(s, (1, None))
@@ -130,31 +153,42 @@ class Spec:
         bounds, minus those where PyTorch itself fails (``probe``)."""
         small = {s: self._clamp(s, max(1, v // 2)) for s, v in self.base.items()}
         large = {s: self._clamp(s, v + 4) for s, v in self.base.items()}
+        # a symbol whose axes are multiples (``32*h``) is checked at the next multiple too
+        steps = [{**self.base, s: self._clamp(s, v + 1)} for s, v in self.base.items() if self.stepped(s)]
         refused = [p for p, _ in self.skipped]
         out: list[dict[str, int]] = []
-        for p in (small, large, *self.extra_checks):
+        for p in (small, large, *steps, *self.extra_checks):
             if p != self.base and p not in out and p not in refused:
                 out.append(p)
         return out
 
     def probe(self, run: Any, example: Sequence[torch.Tensor]) -> None:
-        """Run the model eagerly at the check sizes (and the far capture point); a size where
-        PyTorch itself fails (a kernel larger than the input) is dropped and remembered in
-        ``skipped`` — the report says so — instead of failing the export."""
-        for point in self.check_points():
-            try:
-                with torch.no_grad():
-                    run(self.example_at(example, point))
-            except Exception as exc:
-                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else repr(exc)
-                self.skipped.append((point, f"PyTorch fails there ({type(exc).__name__}: {first})"))
-                self.points.remove(point)
-                if self.far is not None and self.far > 0:
-                    self.far = self.points.index(self._far_point) if self._far_point in self.points else None
+        """Adopt the multiples the model needs, then drop the check sizes PyTorch refuses
+        (``dynamic_probe.probe``)."""
+        dynamic_probe.probe(self, run, example)
 
     @property
-    def _far_point(self) -> dict[str, int]:
+    def far_point(self) -> dict[str, int]:
+        """The capture's far point (``2 * size + 7``, inside the bounds)."""
         return {s: self._clamp(s, 2 * v + _FAR) for s, v in self.base.items()}
+
+    def stepped(self, s: str) -> bool:
+        """Some axis of ``s`` is a multiple (``32*h``) rather than the symbol itself."""
+        return any(not f.plain for by_axis in self.forms.values() for f in by_axis.values() if f.symbol == s)
+
+    def capture_point(self) -> dict[str, int]:
+        """The example's sizes with symbols at 0 or 1 moved to the next size inside their bounds:
+        torch.export specializes sizes 0 and 1 of its example (a batch-1 example pins B)."""
+        out = dict(self.base)
+        for s, v in self.base.items():
+            lo, hi = self.bounds.get(s, (1, None))
+            if v <= 1 and (hi is None or hi >= 2):
+                out[s] = max(2, lo)
+        return out
+
+    def form(self, i: int, axis: int, symbol: str | None = None) -> Form:
+        """The size form of input ``i``'s dynamic ``axis`` (a plain symbol unless declared)."""
+        return self.forms.get(i, {}).get(axis) or Form(symbol or self.axes[i][axis])
 
     def assertions(self) -> list[str]:
         """tract assertions of the bounds (``S >= 2``, ``S <= 128``), for the graph's extensions."""
@@ -171,8 +205,13 @@ class Spec:
         the structure of ``module.forward``'s signature (``*args`` is one nested tuple)."""
         dims = {s: torch.export.Dim(s, min=lo, max=hi) if hi is not None else torch.export.Dim(s, min=lo)
                 for s, (lo, hi) in self.bounds.items()}  # fmt: skip
+
+        def dim(i: int, axis: int, s: str) -> Any:
+            form = self.form(i, axis, s)
+            return dims[s] if form.plain else form.k * dims[s] + form.c  # a derived Dim
+
         flat = [
-            {a: dims[s] for a, s in self.axes[i].items()} if i in self.axes else None
+            {a: dim(i, a, s) for a, s in self.axes[i].items()} if i in self.axes else None
             for i in range(len(example))
         ]
         return per_parameter(module, flat)
@@ -180,7 +219,9 @@ class Spec:
     # ---- inputs ---------------------------------------------------------------------------
     def input_shape(self, index: int, tensor: torch.Tensor) -> Shape:
         by_axis = self.axes.get(index, {})
-        return tuple(SymDim(by_axis[a]) if a in by_axis else int(d) for a, d in enumerate(tensor.shape))
+        return tuple(
+            self.form(index, a).dim() if a in by_axis else int(d) for a, d in enumerate(tensor.shape)
+        )
 
     def example_at(
         self, example: Sequence[torch.Tensor], point: Mapping[str, int]
@@ -189,7 +230,7 @@ class Spec:
         out = []
         for i, t in enumerate(example):
             for axis, symbol in self.axes.get(i, {}).items():
-                t = resize(t, axis, point[symbol])
+                t = resize(t, axis, self.form(i, axis, symbol).size(point[symbol]))
             out.append(t)
         return tuple(out)
 
@@ -200,7 +241,11 @@ class Spec:
             for i, by_axis in sorted(self.axes.items()):
                 axis = next((a for a, sym in by_axis.items() if sym == s), None)
                 if axis is not None:
-                    parts.append(f"input {self.names[i]!r} axis {axis} ({s})")
+                    form = self.form(i, axis, s)
+                    shown = (
+                        s if form.plain else f"{form.label} = {form.text()}" if form.label else form.text()
+                    )
+                    parts.append(f"input {self.names[i]!r} axis {axis} ({shown})")
                     break
         return ", ".join(parts)
 

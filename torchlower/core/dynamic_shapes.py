@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from torchlower.core.dynamic_forms import derived
 from torchlower.errors import InvalidArgumentError
 
 Bounds = tuple[int, "int | None"]
@@ -46,6 +47,7 @@ def bounds_from_dynamic_shapes(shapes: Any) -> dict[str, Bounds]:
     """``{symbol: (min, max)}`` of the named ``torch.export.Dim``s in ``dynamic_shapes``."""
     out: dict[str, Bounds] = {}
     for dim in torch.utils._pytree.tree_leaves(shapes):
+        dim = getattr(dim, "root", dim) if derived(dim) is not None else dim  # 32*Dim("h"): h's bounds
         name = getattr(dim, "__name__", None)
         if isinstance(name, str) and name.isidentifier() and hasattr(dim, "min"):
             lo = max(1, int(getattr(dim, "min", 1) or 1))
@@ -99,7 +101,8 @@ def axes_from_dynamic_shapes(
     shapes: Any, names: Sequence[str], example: Sequence[torch.Tensor], module: Any = None
 ) -> dict[str, dict[int, str]]:
     """``torch.export``'s ``dynamic_shapes`` (any spelling above, values ``{axis: Dim}`` or a
-    tuple of Dims by axis) as ``dynamic_axes``; a Dim's name becomes the symbol."""
+    tuple of Dims by axis) as ``dynamic_axes``; a Dim's name becomes the symbol, a derived Dim
+    (``32*Dim("h")``) its form (``"32*h"``)."""
     if len(names) != len(example):
         raise InvalidArgumentError(f"{len(names)} input names for {len(example)} inputs")
     out: dict[str, dict[int, str]] = {}
@@ -112,8 +115,9 @@ def axes_from_dynamic_shapes(
             raise InvalidArgumentError(f"dynamic_shapes[{name!r}] must be {{axis: Dim}}, got {by_axis!r}")
         out[name] = {}
         for axis, dim in by_axis.items():
-            symbol = getattr(dim, "__name__", None)
-            if not isinstance(symbol, str) or not symbol.isidentifier():
+            form = derived(dim)  # torch.export's 32*Dim("h") + 1: the axis takes only such sizes
+            symbol = form.text() if form is not None else getattr(dim, "__name__", None)
+            if form is None and (not isinstance(symbol, str) or not symbol.isidentifier()):
                 symbol = f"{name}_{axis}"  # Dim.AUTO / Dim.DYNAMIC carry no name
             out[name][axis] = symbol
     return out

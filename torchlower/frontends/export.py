@@ -20,6 +20,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from torchlower.core import progress
+from torchlower.core.dynamic_forms import linear
 from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError, ValueDependentTraceError
 from torchlower.frontends import export_bounds
@@ -93,6 +94,8 @@ def lower_export(
 ) -> list[Any]:
     """The ``export`` front end: flat outputs of ``module`` called on ``inputs``."""
     dims = spec.export_dims(example, module) if spec is not None else None
+    if spec is not None:  # torch.export pins sizes 0 and 1 of its example: capture at 2
+        example = _capture_example(builder, spec, example)
     try:
         program = export_program(module, example, None, builder.rules, dynamic_shapes=dims)
     except LoweringError as exc:  # a dynamic axis torch.export pinned: bounds, or a clear error
@@ -111,6 +114,22 @@ def lower_export(
     return interpret_program(
         program, builder, session, inputs, module=module, symbols=symbols, reads_error=refused
     )
+
+
+def _capture_example(builder: Any, spec: Any, example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The example torch.export traces: a dynamic symbol at 0 or 1 (a batch-1 example) moved to
+    2, which torch.export does not specialize; the check still runs at the example's size."""
+    point = spec.capture_point()
+    moved = [s for s in spec.base if point[s] != spec.base[s]]
+    if not moved:
+        return tuple(example)
+    at = ", ".join(f"{s}={point[s]}" for s in moved)
+    was = ", ".join(f"{s}={spec.base[s]}" for s in moved)
+    builder.notes.append(
+        f"dynamic axes {spec.where(moved)}: torch.export captured at {at} (it specializes sizes 0 and 1"
+        f" of its example); checked at the example's {was} as well"
+    )
+    return spec.example_at(example, point)
 
 
 def lower_submodule(
@@ -197,7 +216,8 @@ def _dynamic_values(leaves: Sequence[Any]) -> bool:
 
 
 def _export_dims(values: Sequence[Value], where: str, what: str) -> tuple[Any, ...]:
-    """``dynamic_shapes`` for ``_Call.forward(*values)``: one ``Dim`` per symbol name."""
+    """``dynamic_shapes`` for ``_Call.forward(*values)``: one ``Dim`` per symbol name, and
+    derived Dims for sizes such as ``16*h`` (a U-Net's feature maps when ``H = 32*h``)."""
     dims: dict[str, Any] = {}
     out: list[Any] = []
     for k, v in enumerate(values):
@@ -205,13 +225,14 @@ def _export_dims(values: Sequence[Value], where: str, what: str) -> tuple[Any, .
         for axis, d in enumerate(v.shape or ()):
             if isinstance(d, int):
                 continue
-            name = str(d)
-            if not name.isidentifier():
+            form = linear(d)
+            if form is None:
                 raise LoweringError(
-                    f"{where}: {what} is lowered through torch.export, which takes plain symbols as"
-                    f" sizes; tensor argument {k} has size {name} on axis {axis}"
+                    f"{where}: {what} is lowered through torch.export, which takes symbols and their"
+                    f" multiples (k*h + c) as sizes; tensor argument {k} has size {d} on axis {axis}"
                 )
-            by_axis[axis] = dims.setdefault(name, torch.export.Dim(name, min=1))
+            root = dims.setdefault(form.symbol, torch.export.Dim(form.symbol, min=1))
+            by_axis[axis] = root if form.plain else form.k * root + form.c
         out.append(by_axis or None)
     return (tuple(out),)  # ``*tensors`` is one argument to torch.export
 
@@ -224,7 +245,10 @@ def _symbols_of(program: ExportedProgram, values: Sequence[Value]) -> dict[str, 
     for name, v in zip(names, values, strict=True):
         for dim, ours in zip(nodes[name].meta["val"].shape, v.shape or (), strict=False):
             if isinstance(dim, torch.SymInt) and not isinstance(ours, int):
-                out[str(dim.node.expr)] = str(ours)
+                theirs = sorted(map(str, dim.node.expr.free_symbols))
+                mine = ours.symbols if hasattr(ours, "symbols") else [str(ours)]
+                if len(theirs) == 1 and len(mine) == 1:  # 32*s39 is 32*h: s39 is h
+                    out[theirs[0]] = mine[0]
     return out
 
 

@@ -3,9 +3,11 @@ size-oblivious, or raise one paragraph that names the axis, the line and the fix
 
 torch.export refuses a dynamic axis with "Constraints violated (S)" and suggested fixes. When
 PyTorch itself fails just outside a suggested bound (reflect padding needs ``T > pad``), the
-bound is the model's and is adopted (noted, asserted in the artifact); when the only guards
-ask whether a derived size is 1 (a ResNet stem), the program is exported size-oblivious and
-checked at the symbols' lower bounds too.
+bound is the model's and is adopted (noted, asserted in the artifact); a suggested multiple
+(``H = 32*_H``, a U-Net) where PyTorch fails at ``H + 1`` and runs at ``H + 32`` is adopted the
+same way (the archive declares ``32 * _H``); when the only guards ask whether a derived size is
+1 (a ResNet stem), the program is exported size-oblivious and checked at the symbols' lower
+bounds too.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from torch import nn
 from torch.export import ExportedProgram
 
 from torchlower.core.dynamic import not_dynamic
+from torchlower.core.dynamic_forms import Form
+from torchlower.core.dynamic_probe import adopt_multiple, probe_checks
 from torchlower.errors import LoweringError
 from torchlower.frontends.export_program import export_program
 from torchlower.frontends.provenance import raised_at
@@ -27,13 +31,17 @@ _CONSTRAINTS = re.compile(r"Constraints violated \(([\w, ]+)\)")
 
 
 def export_again(
-    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, exc: LoweringError
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, exc: LoweringError, rounds: int = 2
 ) -> ExportedProgram:
-    """The program after ``exc`` (torch.export's refusal), or the error that explains it."""
+    """The program after ``exc`` (torch.export's refusal), or the error that explains it.
+    ``rounds``: how many more times a multiple may be adopted (each export can suggest more)."""
     text = getattr(exc, "torch_message", "")
     pinned = sorted({s for g in _CONSTRAINTS.findall(text) for s in g.split(", ")})
     if not pinned:
         raise exc
+    multiples = _multiples(text, pinned)
+    if multiples and rounds > 0:
+        return _export_multiples(builder, module, example, spec, multiples, text, rounds)
     tightened = _model_bounds(spec, pinned, text, module, example)
     if tightened is not None:
         return _export_within(builder, module, example, spec, tightened, text)
@@ -48,7 +56,54 @@ def _export(builder: Any, module: nn.Module, example: Sequence[Any], spec: Any) 
     )
 
 
-_FIX = re.compile(r"(\w+) = (?:Dim\('\w+'(?:, min=(\d+))?(?:, max=(\d+))?\)|(\d+))")
+_FIX = re.compile(r"(\w+) = (?:Dim\('\w+'(?:, min=(\d+))?(?:, max=(\d+))?\)|(\d+)(?![\d*]))")
+_MULTIPLE = re.compile(r"(\w+) = (\d+)\*\w+(?: ([+-]) (\d+))?\s*$", re.M)
+
+
+def _multiples(text: str, symbols: list[str]) -> dict[str, tuple[int, int]]:
+    """torch.export's suggested ``H = 32*_H`` / ``W = 4*_W - 1`` as ``{symbol: (k, c)}``."""
+    found = {}
+    for sym, k, op, c in _MULTIPLE.findall(text.split("Suggested fixes:")[-1]):
+        if sym in symbols and int(k) > 1:
+            found[sym] = (int(k), int(c or 0) * (-1 if op == "-" else 1))
+    return found
+
+
+def _runs(module: nn.Module, spec: Any, example: Sequence[Any], sym: str, value: int) -> bool:
+    try:
+        with torch.no_grad():
+            module(*spec.example_at(example, {**spec.base, sym: value}))
+    except Exception:
+        return False
+    return True
+
+
+def _export_multiples(
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any,
+    multiples: dict[str, tuple[int, int]], text: str, rounds: int,
+) -> ExportedProgram:  # fmt: skip
+    """Adopt torch.export's multiples where they are the model's (PyTorch fails one size up and
+    runs a multiple up), export again; otherwise the error naming the multiple and its spelling."""
+    for sym, (k, c) in multiples.items():
+        v = spec.base[sym]
+        if (
+            (v - c) % k
+            or _runs(module, spec, example, sym, v + 1)
+            or not _runs(module, spec, example, sym, v + k)
+        ):
+            raise _pinned(spec, sorted(multiples), text, module, example)
+    for sym, (k, _) in sorted(multiples.items()):
+        where, form = spec.where([sym]), adopt_multiple(spec, sym, k)
+        builder.notes.append(
+            f"dynamic axis {where}: {sym} = {form.text()} (torch.export's multiple: {sym} must be"
+            f" {form.rule()}; PyTorch fails off it); the archive declares it and refuses other sizes"
+        )
+    probe_checks(spec, lambda inputs: module(*inputs), example)
+    example = spec.example_at(example, spec.capture_point())
+    try:
+        return _export(builder, module, example, spec)
+    except LoweringError as exc:
+        return export_again(builder, module, example, spec, exc, rounds - 1)
 
 
 def _model_bounds(
@@ -159,18 +214,29 @@ def _pinned(spec: Any, symbols: list[str], text: str, module: nn.Module, example
     the model is run at a size just outside that, so the line that refuses it can be named.
     """
     needs, fixes, lines = [], [], []
+    for sym, (k, c) in sorted(_multiples(text, symbols).items()):
+        rule, (name, axis) = Form("h", k, c), _axis_of(spec, sym)
+        needs.append(f"torch.export needs {sym} to be {rule.rule()} ({sym} = {Form('_' + sym, k, c).text()})")
+        runs = [
+            s for s in (spec.base[sym] + 1, spec.base[sym] + k // 2) if _runs(module, spec, example, sym, s)
+        ]
+        if runs:
+            lines.append(f"PyTorch runs at {sym}={runs[0]} (the model does not need it; torch.export does)")
+        derived = f"{k}*Dim('h')" + (f" {'+' if c > 0 else '-'} {abs(c)}" if c else "")
+        fixes.append(
+            f"declare the multiple: dynamic_axes={{{name!r}: {{{axis}: {rule.text()!r}}}}} or {derived} in"
+            " dynamic_shapes (the archive then takes only such sizes)"
+        )
     for sym, lo, hi, const in _FIX.findall(text.split("Suggested fixes:")[-1]):
         if sym not in symbols:
             continue
-        where = spec.where([sym])
         if const:
             needs.append(f"torch.export found that the model fixes {sym} to {const}")
             outside = int(const) + 1
         else:
             span = f"{lo or 1} <= {sym}" + (f" <= {hi}" if hi else "")
             needs.append(f"torch.export can only export the model for {span}")
-            axis = where.split(" axis ")[1].split()[0] if " axis " in where else "?"
-            name = where.split("'")[1] if "'" in where else "x"
+            name, axis = _axis_of(spec, sym)
             bound = f"({sym!r}, {lo or 1}, {hi or None})"
             fixes.append(
                 f"declare the bound: Dim({sym!r}, min={lo or 1}{f', max={hi}' if hi else ''}) in"
@@ -194,3 +260,10 @@ def _pinned(spec: Any, symbols: list[str], text: str, module: nn.Module, example
     what += "".join(f"; {line}" for line in lines if line)
     advice = "; or ".join([*fixes, "make the axis static (drop it from the dynamic axes)"])
     return not_dynamic(spec, symbols, f"{what}. To export: {advice}", advice=False)
+
+
+def _axis_of(spec: Any, sym: str) -> tuple[str, int | str]:
+    """The input name and axis of ``sym``'s first axis, for the spellings in messages."""
+    where = spec.where([sym])
+    axis = where.split(" axis ")[1].split()[0] if " axis " in where else "?"
+    return (where.split("'")[1] if "'" in where else "x"), int(axis) if axis.isdigit() else axis

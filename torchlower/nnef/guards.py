@@ -41,6 +41,9 @@ the three around matmuls live in ``nnef/guards_matmul.py``:
   one float type wider and is cast back: the wide type's start value overflows to ``∓inf``
   in the cast, every other result is exact. Measured single-threaded against the f32 reduce:
   [1, 512, 7, 7] over H, W 326 → 138 µs, [4, 64, 32] last axis as pool 21.6 → 23.2 µs.
+- ``exact_windows`` (``nnef/guards_windows.py``): a strided conv or pool on a size ``8 * h``
+  reads no trailing padding past its last window, so tract's ``(in + pad - k) / s`` is exact
+  (it cannot simplify ``(7 + 8*h) / 8`` to ``h``, and a U-Net's decoder then fails to load).
 - ``empty_reductions``: tract's ``sum_reduce`` / ``mean_reduce`` over an axis of size 0 panics
   ("attempt to divide by zero" in its sum kernel) and aborts the process. Such a reduction is
   torch's empty sum (0) or empty mean (NaN) broadcast to the result's shape.
@@ -63,6 +66,7 @@ from torchlower.nnef.guards_matmul import (
     flat_matmul_after_reshape,
     replacing,
 )
+from torchlower.nnef.guards_windows import exact_windows
 
 Assignment = text.Assignment
 _SOURCES = ("external", "tract_core_external", "variable")  # distinct even when spelled alike
@@ -74,6 +78,7 @@ _WIDER = {torch.float32: (torch.float64, "f64", "f32"), torch.float16: (torch.fl
 
 def apply(b: NNEFBuilder) -> None:
     """Every guard, in order; the builder's assignments are replaced."""
+    exact_windows(b)  # names no new value in quantized graphs (their graph.quant names values)
     if b.quantization:
         return
     merge_duplicates(b)

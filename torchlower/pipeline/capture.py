@@ -61,7 +61,8 @@ def capture(req: Request, ref: Reference) -> Captured:
             failures.append(exc)
             notes.append(f"{candidate} front end skipped: {first_line(exc)}")
             continue
-        return Captured(builder, candidate, notes + builder.notes)
+        adopted = req.spec.notes if req.spec is not None else []  # multiples the probe adopted
+        return Captured(builder, candidate, notes + adopted + builder.notes)
     # the most useful diagnosis first: a dynamic axis fixed by an argument (bounds), then a
     # value-dependent trace (it names the line to rewrite), then the first front end's
     preferred = (DynamicAxisError, ValueDependentTraceError)

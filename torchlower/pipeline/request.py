@@ -44,12 +44,9 @@ class Request:
 
     @property
     def example_sizes(self) -> dict[str, int]:
-        """Each dynamic symbol's size in the example (``check`` without sizes runs there)."""
-        return {
-            sym: int(self.example[self.input_names.index(name)].shape[axis])
-            for name, dims in self.axes.items()
-            for axis, sym in dims.items()
-        }
+        """Each dynamic symbol's value in the example (``check`` without sizes runs there): ``h``
+        of an axis ``32*h``, and the symbols of multiples adopted since (``_H`` of ``H = 32*_H``)."""
+        return dict(self.spec.base) if self.spec is not None else {}
 
 
 def request(

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from torchlower.core.dynamic_forms import SPELLING, parse_form
 from torchlower.errors import InvalidArgumentError
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -175,7 +176,10 @@ def tolerance_argument(tolerance: Any) -> None:
 
 
 def dynamic_axes(dynamic: Any, input_names: Sequence[str], ranks: Sequence[int]) -> dict[str, dict[int, str]]:
-    """Check ``{input: {axis: symbol}}``; negative axes are normalized. For front ends to call."""
+    """Check ``{input: {axis: symbol}}``; negative axes are normalized. For front ends to call.
+
+    A symbol may be a size form, ``"32*h"`` or ``"32*h + 1"`` (the axis takes only such sizes;
+    ``h`` is the symbol): it comes back normalized (``"32*h + 1"``)."""
     if dynamic is None:
         return {}
     if not isinstance(dynamic, Mapping):
@@ -196,12 +200,13 @@ def dynamic_axes(dynamic: Any, input_names: Sequence[str], ranks: Sequence[int])
             if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
                 raise InvalidArgumentError(f"input {name!r} has rank {rank}; axis {axis!r} does not exist")
             symbol = _symbol_name(symbol)
-            if not isinstance(symbol, str) or not _IDENT.match(symbol):
+            form = parse_form(symbol)
+            if form is None:
                 raise InvalidArgumentError(
-                    f"dynamic axis symbol {symbol!r} must be an identifier such as 'B',"
+                    f"dynamic axis symbol {symbol!r} of input {name!r} axis {axis} must be {SPELLING},"
                     " or a tuple ('S', min, max) with integer bounds (max may be None)"
                 )
-            out[name][axis % rank] = symbol
+            out[name][axis % rank] = form.text()
     return out
 
 
@@ -210,7 +215,8 @@ def _symbol_name(symbol: Any) -> Any:
 
 
 def dynamic_bounds(dynamic: Any) -> dict[str, tuple[int, int | None]]:
-    """``{symbol: (min, max)}`` from ``dynamic_axes`` entries spelled ``("S", 2, 128)``.
+    """``{symbol: (min, max)}`` from ``dynamic_axes`` entries spelled ``("S", 2, 128)``
+    (``("32*h", 1, 8)`` bounds ``h``).
 
     Call after ``dynamic_axes`` validated the mapping; a symbol given bounds twice must be
     given the same ones.
@@ -227,6 +233,8 @@ def dynamic_bounds(dynamic: Any) -> dict[str, tuple[int, int | None]]:
                 raise InvalidArgumentError(
                     f"dynamic axis bounds {symbol!r}: min must be an int >= 1 and max None or an int >= min"
                 )
+            form = parse_form(name)
+            name = form.symbol if form is not None else name  # bounds of "32*h" are h's
             if out.setdefault(name, (lo, hi)) != (lo, hi):
                 raise InvalidArgumentError(f"dynamic symbol {name!r} is given two different bounds")
     return out

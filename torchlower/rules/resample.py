@@ -10,6 +10,7 @@ the others a ``matmul`` with a constant (n_in × n_out) interpolation matrix.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -140,6 +141,22 @@ def symbolic_resample(
     return x
 
 
+def size_factors(x: Value, size: Sequence[Any] | None) -> list[float] | None:
+    """An output ``size`` on dynamic H/W as whole factors of the input's (a U-Net decoder's
+    ``interpolate(x, size=skip.shape[2:])`` with ``16*h`` from ``8*h`` is a factor of 2), else None."""
+    import sympy
+
+    if size is None or len(size) != x.rank - 2:
+        return None
+    factors = []
+    for o, d in zip(size, shape_of(x)[2:], strict=True):
+        ratio = sympy.simplify(sympy.sympify(getattr(o, "expr", o)) / sympy.sympify(getattr(d, "expr", d)))
+        if not ratio.is_Integer or ratio < 1:
+            return None
+        factors.append(float(ratio))
+    return factors
+
+
 def _vec_size(
     name: str, x: Value, size: Sequence[int] | None, align: bool | None, factors: Sequence[float] | None
 ) -> list[int]:
@@ -180,8 +197,9 @@ def _nearest_rules(name: str, kind: str) -> None:
     def vec(
         b: Builder, x: Value, output_size: Sequence[int] | None, scale_factors: Sequence[float] | None
     ) -> Value:
-        if _symbolic(x) and output_size is None:
-            return symbolic_resample(b, x, kind, scale_factors, None)
+        if _symbolic(x):
+            factors = scale_factors if output_size is None else size_factors(x, output_size)
+            return symbolic_resample(b, x, kind, factors, None)
         size = _vec_size(name, x, output_size, None, scale_factors)
         return resample(b, x, kind, size, _scales(scale_factors, len(size)), False)
 
@@ -204,8 +222,9 @@ def _interpolating_rules(name: str, kind: str) -> None:
         align_corners: bool,
         scale_factors: Sequence[float] | None,
     ) -> Value:
-        if _symbolic(x) and output_size is None:
-            return symbolic_resample(b, x, kind, scale_factors, align_corners)
+        if _symbolic(x):
+            factors = scale_factors if output_size is None else size_factors(x, output_size)
+            return symbolic_resample(b, x, kind, factors, align_corners)
         size = _vec_size(name, x, output_size, align_corners, scale_factors)
         return resample(b, x, kind, size, _scales(scale_factors, len(size)), align_corners)
 
