@@ -20,13 +20,14 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from torchlower.core import progress
+from torchlower.core.dynamic import not_dynamic
 from torchlower.core.dynamic_forms import linear
 from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError, ValueDependentTraceError
 from torchlower.frontends import export_bounds
 from torchlower.frontends.export_program import export_program, value_reads
 from torchlower.frontends.fx_interpreter import Interpreter
-from torchlower.frontends.provenance import REWRITES
+from torchlower.frontends.provenance import REWRITES, raised_at
 from torchlower.frontends.session import Session
 from torchlower.rules.registry import describe
 
@@ -95,7 +96,7 @@ def lower_export(
     """The ``export`` front end: flat outputs of ``module`` called on ``inputs``."""
     dims = spec.export_dims(example, module) if spec is not None else None
     if spec is not None:  # torch.export pins sizes 0 and 1 of its example: capture at 2
-        example = _capture_example(builder, spec, example)
+        example = _capture_example(builder, spec, example, module)
     try:
         program = export_program(module, example, None, builder.rules, dynamic_shapes=dims)
     except LoweringError as exc:  # a dynamic axis torch.export pinned: bounds, or a clear error
@@ -116,20 +117,33 @@ def lower_export(
     )
 
 
-def _capture_example(builder: Any, spec: Any, example: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def _capture_example(
+    builder: Any, spec: Any, example: Sequence[torch.Tensor], module: nn.Module
+) -> tuple[torch.Tensor, ...]:
     """The example torch.export traces: a dynamic symbol at 0 or 1 (a batch-1 example) moved to
-    2, which torch.export does not specialize; the check still runs at the example's size."""
+    2, which torch.export does not specialize; the check still runs at the example's size. A
+    model PyTorch cannot run there is not dynamic in that axis (``x.expand(2, 2 * S)``)."""
     point = spec.capture_point()
     moved = [s for s in spec.base if point[s] != spec.base[s]]
     if not moved:
         return tuple(example)
     at = ", ".join(f"{s}={point[s]}" for s in moved)
+    moved_example = spec.example_at(example, point)
+    try:
+        with torch.no_grad():
+            module(*moved_example)
+    except Exception as exc:  # PyTorch itself refuses the other size: say where
+        line = raised_at(exc)
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise not_dynamic(
+            spec, moved, f"PyTorch fails at {at}{f' at {line}' if line else ''} ({first})", advice=True
+        ) from exc
     was = ", ".join(f"{s}={spec.base[s]}" for s in moved)
     builder.notes.append(
         f"dynamic axes {spec.where(moved)}: torch.export captured at {at} (it specializes sizes 0 and 1"
         f" of its example); checked at the example's {was} as well"
     )
-    return spec.example_at(example, point)
+    return moved_example
 
 
 def lower_submodule(
