@@ -127,7 +127,9 @@ def _tv(name: str, axes: dict[int, str], size: int = 224, **kw: Any) -> Callable
         import torchvision
 
         torch.manual_seed(0)
-        m = getattr(torchvision.models, name, None) or getattr(torchvision.models.segmentation, name)
+        m = getattr(torchvision.models, name, None)
+        if m is None:  # segmentation models also fetch a backbone unless told not to
+            m, kw = getattr(torchvision.models.segmentation, name), {**kw, "weights_backbone": None}
         return m(weights=None, **kw).eval(), torch.randn(1, 3, size, size), {"x": axes}
 
     return build
@@ -163,9 +165,9 @@ VISION: dict[str, Callable] = {
     "resnet18": _tv("resnet18", BHW),
     "mobilenet_v3_small": _tv("mobilenet_v3_small", BHW),
     "efficientnet_b0": _tv("efficientnet_b0", BHW),
-    "fcn_resnet50": _tv("fcn_resnet50", BHW, size=160, num_classes=3, aux_loss=False),
-    "lraspp_mobilenet_v3": _tv("lraspp_mobilenet_v3_large", BHW, num_classes=3),
-    "deeplabv3_mobilenet": _tv("deeplabv3_mobilenet_v3_large", BHW, size=160, num_classes=3),
+    "fcn_resnet50": _tv("fcn_resnet50", B32HW, size=160, num_classes=3, aux_loss=False),
+    "lraspp_mobilenet_v3": _tv("lraspp_mobilenet_v3_large", B32HW, num_classes=3),
+    "deeplabv3_mobilenet": _tv("deeplabv3_mobilenet_v3_large", B32HW, size=160, num_classes=3),
     "smp_unet_resnet18": _smp("Unet", "resnet18", B32HW),
     "smp_fpn_resnet18": _smp("FPN", "resnet18", B32HW),
     "smp_deeplabv3plus": _smp("DeepLabV3Plus", "resnet18", B32HW),
