@@ -169,7 +169,8 @@ def floor_forms(u: np.ndarray, m: np.ndarray) -> tuple[list[Form], int]:
     """Every ``(a, c, r, d)`` with ``floor((a·u + r) / c) + d == m`` at each observation, in the
     class ``a·u + d`` (c = 1) or ``floor((u + r) / c) + d`` with ``2 <= c <= MAX_DIVISOR`` and
     ``0 <= r < c`` (strides, windows, ceil divisions; no op a rule lowers scales by a fraction),
-    where distinct forms are distinct functions of u. Simplest first, with the work done."""
+    where distinct forms are distinct functions of u. A floor must take three values or more
+    over the observations. Simplest first, with the work done."""
     forms: list[Form] = []
     i, j = int(np.argmin(u)), int(np.argmax(u))
     du, dm = int(u[j] - u[i]), int(m[j] - m[i])
@@ -182,10 +183,10 @@ def floor_forms(u: np.ndarray, m: np.ndarray) -> tuple[list[Form], int]:
     order = np.argsort(u, kind="stable")
     us, ms = u[order], m[order]
     steps_u, steps_m = np.diff(us), np.diff(ms)
-    if dm <= 0 or (steps_m < 0).any() or (steps_m[steps_u == 0] != 0).any():
-        return forms, len(u)  # a floor never decreases
+    if dm <= 1 or (steps_m < 0).any() or (steps_m[steps_u == 0] != 0).any():
+        return forms, len(u)  # a floor never decreases; two values are a step (a clamp), not a division
     # the extreme pair bounds the divisor: dm - 1 <= du / c < dm + 1
-    lo, hi = max(2, du // (dm + 1) + 1), MAX_DIVISOR if dm <= 1 else min(MAX_DIVISOR, du // (dm - 1))
+    lo, hi = max(2, du // (dm + 1) + 1), min(MAX_DIVISOR, du // (dm - 1))
     if lo > hi:
         return forms, len(u)
     cs = np.arange(lo, hi + 1, dtype=np.int64)
