@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from torchlower.core import size_forms as forms
+from torchlower.core import size_probes as probes
 from torchlower.core.dynamic import UNFIT, Spec, not_dynamic, same_value
 from torchlower.core.size_forms import Size
 from torchlower.core.values import Dim, SymDim
@@ -61,7 +62,7 @@ class SizeFitter:
         self.failed: list[dict[str, int]] = []
         self.extra = 0
         self.work = 0
-        self.probes, self.cost = _probes(spec)
+        self.probes, self.cost = probes.grid(spec, PROBE_REACH)
         self.begin()
 
     def begin(self) -> None:
@@ -140,56 +141,12 @@ class SizeFitter:
         if not self.pending or room <= 0:
             return []
         taken = {tuple(sorted(p.items())) for p in self.points + self.failed}
-        names = list(self.probes)
-        free = np.array(
-            [tuple(sorted(zip(names, ks, strict=True))) not in taken for ks in self._probe_keys()]
-        )
-        labels = [np.zeros(len(p.rows), dtype=np.int64) for p in self.pending]
-        chosen: list[int] = []
-        for _ in range(room):
-            now = sum(int(np.bincount(lab).max()) for lab in labels)
-            left = np.zeros(len(free), dtype=np.int64)  # candidates left in the worst case
-            for p, lab in zip(self.pending, labels, strict=True):
-                left += _largest(lab[:, None] * 1_000_003 + p.rows)
-                self._spend(p.rows.size)
-            left[~free] = now
-            best = int(np.lexsort((self.cost, left))[0])
-            if left[best] >= now:
-                break
-            chosen.append(best)
-            free[best] = False
-            for k, p in enumerate(self.pending):
-                pairs = np.stack([labels[k], p.rows[:, best]], 1)
-                labels[k] = np.unique(pairs, axis=0, return_inverse=True)[1].ravel()
-        points = [{s: int(self.probes[s][k]) for s in names} for k in chosen]
-        return points + self._mirrored(points, taken, room - len(points))
-
-    def _mirrored(self, points: list[dict[str, int]], taken: set[Any], room: int) -> list[dict[str, int]]:
-        """Where two symbols' sizes were seen equal (``H / 4`` and ``W / 4`` deep in a CNN),
-        the other symbols' sizes are undecided the same way, though not yet seen: the same move
-        of each other symbol, in the same round."""
-        if not any(set(_names(p.candidates[0])) != set(_names(p.candidates[1])) for p in self.pending):
-            return []
-        base = self.spec.base
-        out: list[dict[str, int]] = []
-        for point in points:
-            moved = [s for s in base if point[s] != base[s]]
-            if len(moved) != 1:
-                continue
-            for t in base:
-                other = {**base, t: base[t] + point[moved[0]] - base[moved[0]]}
-                lo, hi = self.spec.bounds.get(t, (1, None))
-                key = tuple(sorted(other.items()))
-                if (
-                    t != moved[0]
-                    and len(out) < room
-                    and other[t] >= lo
-                    and (hi is None or other[t] <= hi)
-                    and key not in taken
-                ):
-                    out.append(other)
-                    taken.add(key)
-        return out
+        rows = [p.rows for p in self.pending]
+        self._spend(room * sum(r.size for r in rows))
+        points = probes.choose(self.probes, self.cost, rows, taken, room)
+        if any(set(_names(p.candidates[0])) != set(_names(p.candidates[1])) for p in self.pending):
+            points += probes.mirrored(self.spec, points, taken, room - len(points))
+        return points
 
     def add(self, point: Mapping[str, int], captured: bool) -> None:
         """Record an extra capture (or that the model could not be captured there)."""
@@ -384,42 +341,6 @@ class SizeFitter:
                 " handles; use frontend='export' or make some axes static"
             )
 
-    def _probe_keys(self) -> list[tuple[int, ...]]:
-        return list(zip(*(self.probes[s].tolist() for s in self.probes), strict=True))
-
-
-def _probes(spec: Spec) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Each symbol moved alone over its window, then all together; and each probe's distance
-    from the example (a nearer capture is cheaper)."""
-    base = spec.base
-    window = {}
-    for s, v in base.items():
-        lo, hi = spec.bounds.get(s, (1, None))
-        seen_lo = min(p[s] for p in spec.points)
-        top = v + PROBE_REACH if hi is None else min(hi, v + PROBE_REACH)
-        window[s] = (max(lo, seen_lo, v - PROBE_REACH), top)
-    lines: list[dict[str, np.ndarray]] = []
-    for s, (lo, hi) in window.items():
-        vals = np.arange(lo, hi + 1, dtype=np.int64)
-        lines.append({t: vals if t == s else np.full(len(vals), base[t], dtype=np.int64) for t in base})
-    if len(base) > 1:
-        lo = max(window[s][0] - v for s, v in base.items())
-        hi = min(window[s][1] - v for s, v in base.items())
-        deltas = np.arange(lo, hi + 1, dtype=np.int64)
-        lines.append({s: v + deltas for s, v in base.items()})
-    probes = {s: np.concatenate([line[s] for line in lines]) for s in base}
-    cost = sum(np.abs(probes[s] - v) for s, v in base.items())
-    return probes, np.asarray(cost, dtype=np.int64)
-
 
 def _names(size: Size) -> list[str]:
     return size.expr.symbols if isinstance(size.expr, SymDim) else []
-
-
-def _largest(keys: np.ndarray) -> np.ndarray:
-    """The largest group of equal values per column."""
-    ordered = np.sort(keys, axis=0)
-    same = ordered[1:] == ordered[:-1]
-    count = np.cumsum(same, axis=0)
-    run = count - np.maximum.accumulate(np.where(same, 0, count), axis=0)
-    return 1 + (run.max(axis=0) if len(run) else 0)
