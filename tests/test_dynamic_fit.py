@@ -105,14 +105,37 @@ def test_floor_sizes_hold_far_from_the_captures(
         assert worst_error(report.path, m, torch.randn(*shape[:-1], t)) < 1e-4, f"T={t}"
 
 
-def test_strided_sizes_through_fx(tmp_path: Path) -> None:
+class FramingPositions(nn.Module):
+    """The framing of ``Framing`` through ``F.conv1d``, the frame count used as positions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("window", torch.randn(3, 1, 400) / 20)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        frames = F.conv1d(x.unsqueeze(1), self.window, stride=160)
+        return frames + torch.arange(frames.shape[-1], dtype=frames.dtype) / 10
+
+
+@pytest.mark.parametrize(
+    ("model", "shape"),
+    [
+        (
+            lambda: nn.Sequential(*[nn.Conv1d(4, 4, 3, 2, 1) for _ in range(4)], nn.Conv1d(4, 2, 10, 5)),
+            (1, 4, 1000),
+        ),
+        (FramingPositions, (1, 4000)),
+    ],
+    ids=["modules", "functional"],
+)
+def test_strided_sizes_through_fx(tmp_path: Path, model: type, shape: tuple) -> None:
     """FX fits the same way (its runs take the place of the traces)."""
     torch.manual_seed(0)
-    m = nn.Sequential(*[nn.Conv1d(4, 4, 3, 2, 1) for _ in range(4)], nn.Conv1d(4, 2, 10, 5)).eval()
-    report = export_t(m, torch.randn(1, 4, 1000), tmp_path, "fx")
-    assert report.frontend == "fx" and report.outputs[0].shape[-1] != 1000
+    m = model().eval()
+    report = export_t(m, torch.randn(*shape), tmp_path, "fx")
+    assert report.frontend == "fx"
     for t in FAR:
-        assert worst_error(report.path, m, torch.randn(1, 4, t)) < 1e-4, f"T={t}"
+        assert worst_error(report.path, m, torch.randn(*shape[:-1], t)) < 1e-4, f"T={t}"
 
 
 class Transposed(nn.Module):
