@@ -50,6 +50,10 @@ class Size:
             self._memo = (id(probes), np.broadcast_to(np.asarray(self.fn(probes), dtype=np.int64), (n,)))
         return self._memo[1]
 
+    def of(self, p: Mapping[str, Any]) -> Any:
+        """``fn(p)``, from the memo when ``p`` is the probe set (a chain is evaluated once)."""
+        return self._memo[1] if self._memo is not None and self._memo[0] == id(p) else self.fn(p)
+
 
 def _sym(s: str) -> Any:
     import sympy
@@ -106,24 +110,20 @@ def floor_of(u: Size, form: Form) -> Size:
             return quasi_size(normal((s, a * a1, c, a * d1 + r, d)))
         if a == 1:
             return quasi_size(normal((s, a1, c1 * c, r1 + (d1 + r) * c1, d)))
-    fn = u.fn
-
     def build() -> Dim:
         import sympy
 
         e = u.expr.expr if isinstance(u.expr, SymDim) else u.expr
         return SymDim.wrap(sympy.floor((a * e + r) / c) + d if c > 1 else a * e + d)
 
-    return Size(lambda p: (a * fn(p) + r) // c + d, build)
+    return Size(lambda p: (a * u.of(p) + r) // c + d, build)
 
 
 def product(sizes: Sequence[Size]) -> Size:
-    fns = [s.fn for s in sizes]
-
     def fn(p: Mapping[str, Any]) -> Any:
         out = 1
-        for f in fns:
-            out = out * f(p)
+        for s in sizes:
+            out = out * s.of(p)
         return out
 
     def build() -> Dim:
@@ -154,7 +154,7 @@ def combination(columns: Sequence[Size], coefs: Sequence[int]) -> Size:
     terms = [(int(k), col) for k, col in zip(coefs, columns, strict=True) if k]
 
     def fn(p: Mapping[str, Any]) -> Any:
-        return sum(k * col.fn(p) for k, col in terms)
+        return sum(k * col.of(p) for k, col in terms)
 
     def build() -> Dim:
         out: Any = 0
