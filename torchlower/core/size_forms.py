@@ -110,6 +110,7 @@ def floor_of(u: Size, form: Form) -> Size:
             return quasi_size(normal((s, a * a1, c, a * d1 + r, d)))
         if a == 1:
             return quasi_size(normal((s, a1, c1 * c, r1 + (d1 + r) * c1, d)))
+
     def build() -> Dim:
         import sympy
 
