@@ -2,21 +2,18 @@
 
 Front ends whose graphs carry concrete sizes (jit traces, FX shape propagation) capture the
 model at several size assignments — the example, each symbol moved alone twice, all symbols
-moved together — and ``Spec.fit`` turns the sizes observed at those points into one integer
-expression over the symbols (``B``, ``B*S``, ``S + 1``, ``(S - 1)//2 + 1``…). A size that no
-simple expression explains, or a graph whose structure changes with the sizes, is a dimension
-that cannot be dynamic: the error names the input, the axis and the op.
+moved together — and ``core/size_fit.py`` turns the sizes observed at those points into
+integer expressions over the symbols (``B``, ``B*S``, ``S + 1``, ``(S - 1)//2 + 1``…) that hold
+at every size. A size that no such expression explains, or a graph whose structure changes with
+the sizes, is a dimension that cannot be dynamic: the error names the input, the axis and the op.
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from torchlower.core import dynamic_probe
@@ -28,7 +25,7 @@ from torchlower.core.dynamic_shapes import (
     per_parameter,
 )
 from torchlower.core.dynamic_sizes import scalar_op
-from torchlower.core.values import Dim, Shape, SymDim, Value
+from torchlower.core.values import Shape, SymDim, Value
 from torchlower.errors import DynamicAxisError, InvalidArgumentError
 
 __all__ = [  # the spellings and size arithmetic live in their own modules; importable from here too
@@ -36,7 +33,7 @@ __all__ = [  # the spellings and size arithmetic live in their own modules; impo
     "not_dynamic", "resize", "scalar_op",
 ]  # fmt: skip
 
-UNFIT = object()  # fit_value's "no expression" (None is a legitimate constant)
+UNFIT = object()  # a fitted constant's "no expression" (None is a legitimate constant)
 _MOVES = (1, 3)  # each symbol alone at base + 1 and base + 3; the joint point at base + 2
 _JOINT = 2
 _FAR = 7
@@ -259,59 +256,17 @@ class Spec:
                 deps.append(s)
         return deps
 
-    def fit(self, values: Sequence[int]) -> Dim | None:
-        """The simplest integer expression in the symbols taking ``values`` at the points."""
-        if all(v == values[0] for v in values):
-            return int(values[0])
-        deps = self.depends(values) or list(self.base)
-        for features in _feature_sets(tuple(deps), tuple(_divisors(deps, self.points, values))):
-            expr = _solve(features, self.points, values)
-            if expr is not None:
-                return SymDim.wrap(expr)
-        return None
-
-    def fit_shape(self, shapes: Sequence[Sequence[int]]) -> Shape | None:
-        """A shape from its observations at every point (None when a dim has no expression)."""
-        if any(len(s) != len(shapes[0]) for s in shapes):
-            return None
-        dims = [self.fit([int(s[i]) for s in shapes]) for i in range(len(shapes[0]))]
-        return None if any(d is None for d in dims) else tuple(dims)  # type: ignore[misc]
-
-    def fit_shape_of(self, shapes: Sequence[Sequence[int]], what: str) -> Shape:
-        """``fit_shape``, or the "cannot be dynamic" error naming ``what`` produced the shapes."""
-        shape = self.fit_shape(shapes)
-        if shape is None:
-            seen = [list(s) for s in shapes]
-            raise not_dynamic(
-                self,
-                list(self.base),
-                f"the size of {what} is not an integer expression of the symbols (seen {seen})",
-            )
-        return shape
-
-    def fit_value(self, values: Sequence[Any]) -> Any:
-        """A constant captured at every point: equal → itself; ints / int lists → fitted."""
-        first = values[0]
-        if all(_same(v, first) for v in values):
-            return first
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            fitted = self.fit(values)
-            return UNFIT if fitted is None else fitted
-        if all(isinstance(v, (list, tuple)) and len(v) == len(first) for v in values):
-            items = [self.fit_value([v[i] for v in values]) for i in range(len(first))]
-            return UNFIT if any(x is UNFIT for x in items) else type(first)(items)
-        return UNFIT
-
     def changed(self, values: Sequence[Any]) -> list[str]:
         """Symbols whose moves change a value (for messages about values that cannot be fitted)."""
         out = []
         for k, s in enumerate(self.base):
-            if any(not _same(values[1 + 2 * k + j], values[0]) for j in range(2)):
+            if any(not same_value(values[1 + 2 * k + j], values[0]) for j in range(2)):
                 out.append(s)
         return out or list(self.base)
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
+    """Equal constants (tensors: same shape, dtype and values)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (
             isinstance(a, torch.Tensor)
@@ -324,64 +279,6 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:
         return False
-
-
-def _divisors(deps: list[str], points: Sequence[dict[str, int]], values: Sequence[int]) -> list[int]:
-    """Divisors above 8 that the sizes themselves suggest (an STFT's hop of 160 frames a signal
-    of T samples into T // 160 + 1): the symbol's range over the value's range, and neighbours."""
-    if len(deps) != 1 or len(points) < 2:
-        return []
-    xs = [p[deps[0]] for p in points]
-    spread = max(values) - min(values)
-    if spread <= 0 or len(set(values)) < 3:  # two values are a branch on the size, not a division
-        return []
-    k = round((max(xs) - min(xs)) / spread)
-    return [d for d in (k - 1, k, k + 1) if d > 8]
-
-
-@functools.lru_cache(maxsize=64)
-def _feature_sets(deps: tuple[str, ...], divisors: tuple[int, ...] = ()) -> tuple[tuple[Any, ...], ...]:
-    """Candidate bases, simplest first: linear, product, bilinear, floor division by small ints
-    (then by the suggested ``divisors``). Cached: building sympy's Min/Max takes milliseconds
-    each, and a jit capture fits hundreds of dims over the same symbols (a tiny GPT-2 with
-    dynamic B and S spent 200 s here)."""
-    import sympy
-
-    sym = {s: sympy.Symbol(s, integer=True, positive=True) for s in deps}
-    one = sympy.Integer(1)
-    lin = [one, *sym.values()]
-    sets = [lin]
-    if len(deps) > 1:
-        prod = sympy.Mul(*sym.values())
-        sets += [[one, prod], [*lin, prod]]
-        sets.append(lin + [sym[a] * sym[b] for a, b in itertools.combinations(deps, 2)])
-    for s in deps:  # non-affine sizes tract's TDim expresses: x[:, -3:] is min(S, 3), S·S
-        sets.append([one, sym[s], sym[s] * sym[s]])
-        sets += [[sympy.Min(sym[s], c)] for c in range(1, 65)]
-        sets += [[sympy.Max(sym[s] - c, 1)] for c in range(1, 65)]
-    for s in deps:
-        others = [sym[t] for t in deps if t != s]
-        for k in range(2, 9):
-            for c in range(-2 * k, 2 * k):
-                f = sympy.floor((sym[s] + c) / k)
-                sets.append([one, f, *others, *[f * o for o in others]])
-    for k in divisors:  # one symbol: the constant term absorbs whole multiples of k in c
-        sets += [[one, sympy.floor((sym[deps[0]] + c) / k)] for c in range(k)]
-    return tuple(tuple(f) for f in sets)
-
-
-def _solve(features: Sequence[Any], points: list[dict[str, int]], values: Sequence[int]) -> Any:
-    """Integer coefficients for ``features`` reproducing ``values`` exactly, or None."""
-    import sympy
-
-    subs = [{sympy.Symbol(k, integer=True, positive=True): v for k, v in p.items()} for p in points]
-    rows = np.array([[float(sympy.sympify(f).subs(p)) for f in features] for p in subs])
-    target = np.array(values, dtype=float)
-    coef, *_ = np.linalg.lstsq(rows, target, rcond=None)
-    ints = np.round(coef)
-    if not np.allclose(coef, ints, atol=1e-6) or not np.array_equal(rows @ ints, target):
-        return None
-    return sum(int(c) * f for c, f in zip(ints, features, strict=True) if c)
 
 
 def resize(t: torch.Tensor, axis: int, n: int) -> torch.Tensor:

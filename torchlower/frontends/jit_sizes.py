@@ -1,9 +1,10 @@
 """jit under dynamic axes: the graphs traced at every size point, compared node by node.
 
 ``torch.jit.trace`` records concrete sizes; tracing at several size assignments and fitting
-each node's sizes (and each constant the tracer baked) to an expression in the symbols is how a
-trace becomes symbolic (``torchlower/dynamic.py: Spec.fit``). A node that differs between the
-traces is a branch on the size: that axis cannot be dynamic.
+each node's sizes (and each constant the tracer baked) to an expression is how a trace becomes
+symbolic (``core/size_fit.py``: a node's sizes are fitted as functions of its inputs' sizes,
+proven over the captures, with more captures where they do not decide). A node that differs
+between the traces is a branch on the size: that axis cannot be dynamic.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from torchlower.core.dynamic import UNFIT, Spec, not_dynamic
+from torchlower.core.size_fit import PENDING, SizeFitter
 from torchlower.core.values import Shape, SymDim
+from torchlower.frontends.jit_size_rules import window_hints
 
 
 @dataclass
@@ -26,14 +30,18 @@ class JitOverrides:
     constants: dict[int, Any] = field(default_factory=dict)
 
 
-def jit_overrides(spec: Spec, graphs: Sequence[Any]) -> JitOverrides:
-    """Compare the inlined graphs traced at every point; sizes become expressions."""
+def jit_overrides(
+    spec: Spec, graphs: Sequence[Any], fitter: SizeFitter, module: nn.Module | None = None
+) -> JitOverrides:
+    """Compare the inlined graphs traced at every point of ``fitter`` (one pass); sizes become
+    expressions. Incomplete while ``fitter.complete()`` is False (more captures are wanted)."""
+    fitter.begin()
     nodes = [list(g.nodes()) for g in graphs]
     out = JitOverrides()
     for i, node in enumerate(nodes[0]):
         kinds = [ns[i].kind() if i < len(ns) else None for ns in nodes]
         if any(k != node.kind() for k in kinds):
-            moved = [p for p, k in zip(spec.points, kinds, strict=True) if k != node.kind()]
+            moved = [p for p, k in zip(fitter.points, kinds, strict=True) if k != node.kind()]
             symbols = [s for s in spec.base if any(p[s] != spec.base[s] for p in moved)]
             raise not_dynamic(
                 spec,
@@ -43,27 +51,63 @@ def jit_overrides(spec: Spec, graphs: Sequence[Any]) -> JitOverrides:
             )
         if node.kind() == "prim::Constant":
             values = [ns[i].output().toIValue() for ns in nodes]
-            fitted = spec.fit_value(values)
+            users = sorted({u.user.kind() for u in node.output().uses()})
+            what = f"of a constant used by {', '.join(users)} at {_scope(node)}"
+            fitted = fitter.value(values, what)
             if fitted is UNFIT:
-                users = sorted({u.user.kind() for u in node.output().uses()})
                 raise not_dynamic(
                     spec,
                     spec.changed(values),
                     f"a constant used by {', '.join(users)} at {_scope(node)}"
                     " was computed in Python from the size",
                 )
-            if fitted is not values[0]:
+            if fitted is not PENDING and fitted is not values[0]:
                 out.constants[i] = fitted
             continue
+        copies = [ns[i] for ns in nodes]
+        inputs = _input_sizes(copies)
+        hints = _hints(copies, module)
         shapes: list[Shape | None] = []
         for j in range(len(list(node.outputs()))):
             seen = [_sizes(ns[i].outputsAt(j)) for ns in nodes]
-            if seen[0] is None or any(s is None for s in seen):
+            if any(s is None for s in seen):
                 shapes.append(None)
                 continue
-            shapes.append(spec.fit_shape_of(seen, f"the result of {node.kind()} at {_scope(node)}"))
+            what = f"of the result of {node.kind()} at {_scope(node)}"
+            shape = fitter.shape(seen, inputs, what, hints if j == 0 else None)
+            shapes.append(None if any(d is None for d in shape) else shape)  # type: ignore[arg-type]
         if any(s is not None and any(isinstance(d, SymDim) for d in s) for s in shapes):
             out.shapes[i] = shapes
+    return out
+
+
+def _hints(copies: Sequence[Any], module: nn.Module | None) -> dict[int, Any]:
+    """The op's own size rule per output dim, on its first input's sizes (``jit_size_rules``)."""
+    rules = window_hints(copies, module)
+    if not rules:
+        return {}
+    first = [_sizes(c.inputsAt(0)) for c in copies]
+    if any(f is None for f in first):
+        return {}
+    return {d: (tuple(f[k] for f in first), form) for d, (k, form) in rules.items()}  # type: ignore[index]
+
+
+def _input_sizes(copies: Sequence[Any]) -> list[tuple[int, ...]]:
+    """Each dim of each tensor input of one node, as seen in every graph (a list built by
+    ``prim::ListConstruct`` gives its tensors: ``cat``)."""
+    per_graph = []
+    for node in copies:
+        sizes = []
+        for v in node.inputs():
+            items = list(v.node().inputs()) if v.node().kind() == "prim::ListConstruct" else [v]
+            sizes += [_sizes(x) for x in items]
+        per_graph.append(sizes)
+    out: list[tuple[int, ...]] = []
+    for k, first in enumerate(per_graph[0]):
+        column = [g[k] if k < len(g) else None for g in per_graph]
+        if first is None or any(c is None or len(c) != len(first) for c in column):
+            continue
+        out += [tuple(c[d] for c in column) for d in range(len(first))]  # type: ignore[index]
     return out
 
 

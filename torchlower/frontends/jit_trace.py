@@ -13,7 +13,8 @@ from torch import nn
 
 from torchlower.core import dynamic
 from torchlower.core.dynamic import Spec
-from torchlower.errors import LoweringError
+from torchlower.core.size_fit import SizeFitter
+from torchlower.errors import DynamicAxisError, LoweringError
 from torchlower.frontends import jit_sizes
 from torchlower.frontends.provenance import raised_at
 
@@ -154,13 +155,13 @@ def _tensor_tree(item: Any) -> bool:
 def dynamic_overrides(
     module: nn.Module, fn_name: str, args: tuple[Any, ...], graph: torch.Graph, spec: Spec
 ) -> jit_sizes.JitOverrides:
-    """Trace at every other point of ``spec``; the graphs' differences become symbols."""
+    """Trace at every other point of ``spec``; the graphs' differences become symbols. Where
+    the traces do not decide a size, the fitter names more sizes to trace at."""
     graphs = [graph]
     python_values: set[str] = set()
     for k, point in enumerate(list(spec.points[1:]), start=1):
-        moved = maybe_quantize_args(module, spec.example_at(args, point))
         try:
-            traced = trace(module, fn_name, moved, python_values)
+            graphs.append(_traced_graph(module, fn_name, args, spec, point, python_values))
         except Exception as exc:  # the model may not run at a size (index out of range, …)
             if k == spec.far:
                 spec.drop_far()  # an extra witness only: the check never runs there
@@ -173,16 +174,41 @@ def dynamic_overrides(
                 f"{f' at {line}' if line else ''}"
                 f" ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})",
             ) from exc
-        fn = traced if fn_name == "forward" else getattr(traced, fn_name)
-        other = fn.graph.copy()
-        torch._C._jit_pass_inline(other)
-        graphs.append(other)
+    fitter = SizeFitter(spec, "jit")
     try:
-        return jit_sizes.jit_overrides(spec, graphs)
+        while True:
+            out = jit_sizes.jit_overrides(spec, graphs, fitter, module)
+            if fitter.complete():
+                return out
+            extra = fitter.wanted()
+            if not extra:
+                raise fitter.unresolved()
+            for point in extra:
+                try:
+                    graphs.append(_traced_graph(module, fn_name, args, spec, point, python_values))
+                except Exception:  # a size the model refuses tells nothing: try others
+                    fitter.add(point, captured=False)
+                else:
+                    fitter.add(point, captured=True)
     except LoweringError as exc:
         if not python_values:
             raise
         where = ", ".join(sorted(python_values))
-        raise LoweringError(
-            f"{exc}. The model turned a tensor or size into a Python value at {where}"
-        ) from exc
+        kind = DynamicAxisError if isinstance(exc, DynamicAxisError) else LoweringError
+        raise kind(f"{exc}. The model turned a tensor or size into a Python value at {where}") from exc
+
+
+def _traced_graph(
+    module: nn.Module,
+    fn_name: str,
+    args: tuple[Any, ...],
+    spec: Spec,
+    point: dict[str, int],
+    python_values: set[str],
+) -> torch.Graph:
+    moved = maybe_quantize_args(module, spec.example_at(args, point))
+    traced = trace(module, fn_name, moved, python_values)
+    fn = traced if fn_name == "forward" else getattr(traced, fn_name)
+    other = fn.graph.copy()
+    torch._C._jit_pass_inline(other)
+    return other
