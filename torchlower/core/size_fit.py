@@ -73,6 +73,12 @@ class SizeFitter:
         self.blocked: list[tuple[tuple[int, ...], str]] = []
         for s in self.spec.base:
             self.known[tuple(p[s] for p in self.points)] = forms.symbol(s)
+        for by_axis in self.spec.forms.values():  # inputs declared as multiples: 32*h + c
+            for f in by_axis.values():
+                if not f.plain:
+                    seen = tuple(f.size(p[f.symbol]) for p in self.points)
+                    term = forms.combination([forms.constant(1), forms.symbol(f.symbol)], [f.c, f.k])
+                    self.known.setdefault(seen, term)
         self.columns = {s: np.array([p[s] for p in self.points], dtype=np.int64) for s in self.spec.base}
 
     # ---- what front ends call -----------------------------------------------------------
