@@ -40,7 +40,7 @@ class SizeOperand(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
         n, r = t // 4, t % 4
-        return x[:, : n * 4].reshape(x.shape[0], n, 4).sum(-1) * (r + 1) + t
+        return x * (r + 1) + n - t
 
 
 class AffineGrid(nn.Module):
@@ -186,3 +186,25 @@ class RelativeEinsum(nn.Module):
 @pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
 def test_einsum_broadcast_over_a_dynamic_dim(frontend: str, tmp_path: Path) -> None:
     assert _export(RelativeEinsum(), torch.randn(2, 6, 4), {1: "T"}, frontend, tmp_path).max_abs_error < 1e-5
+
+
+class ShapeCache(nn.Module):
+    """ultralytics' Detect head: a table rebuilt when the input shape differs from the last one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shape: torch.Size | None = None
+        self.table: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.shape != x.shape:
+            self.table, self.shape = torch.arange(x.shape[1], dtype=x.dtype).expand(x.shape[0], -1), x.shape
+        return x * self.table
+
+
+def test_caches_left_by_eager_runs_do_not_pin_an_axis(tmp_path: Path) -> None:
+    """The eager runs before tracing (example, check sizes, probes) leave the model as given,
+    so torch.export traces the rebuild, not a comparison with the last probed shape."""
+    model = ShapeCache()
+    report = _export(model, torch.randn(1, 6), {0: "B", 1: "T"}, "export", tmp_path)
+    assert report.frontend == "export" and report.max_abs_error == 0

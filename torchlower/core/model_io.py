@@ -4,11 +4,12 @@ outputs as a flat list of tensors (with the way out when they are not)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -106,3 +107,33 @@ def flatten_outputs(out: Any) -> list[torch.Tensor]:
             )
         raise InvalidArgumentError(f"model outputs must be tensors; found {', '.join(found)}: {fix}")
     return leaves
+
+
+_REGISTRIES = {"_parameters", "_buffers", "_modules"}
+
+
+@contextlib.contextmanager
+def state_kept(model: nn.Module) -> Iterator[None]:
+    """Run ``model`` without leaving what its forward caches on itself (ultralytics' Detect keeps
+    the last input shape and its anchors, rotary layers the last table): every plain attribute
+    of every submodule is put back, and new ones removed, when the block ends.
+
+    Why: the eager runs before tracing (the example, the check sizes, the probes) would
+    otherwise leave a cache sized by the last of them, and the trace would compare a symbolic
+    size with it (torch.export then pins the batch to that size). Parameters, buffers and
+    submodules are not touched, nor modules whose class changed (a lazy module materialized).
+    """
+    saved = [
+        (m, type(m), {k: v for k, v in vars(m).items() if k not in _REGISTRIES}) for m in model.modules()
+    ]
+    try:
+        yield
+    finally:
+        for m, cls, attrs in saved:
+            if type(m) is not cls:
+                continue
+            for key in [k for k in vars(m) if k not in _REGISTRIES and k not in attrs]:
+                delattr(m, key)
+            for key, value in attrs.items():
+                if vars(m).get(key) is not value:
+                    object.__setattr__(m, key, value)

@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 from torchlower.core import progress
 from torchlower.core.dynamic import not_dynamic
 from torchlower.core.dynamic_forms import linear
+from torchlower.core.model_io import state_kept
 from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError, ValueDependentTraceError
 from torchlower.frontends import export_bounds
@@ -130,7 +131,7 @@ def _capture_example(
     at = ", ".join(f"{s}={point[s]}" for s in moved)
     moved_example = spec.example_at(example, point)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), state_kept(module):
             module(*moved_example)
     except Exception as exc:  # PyTorch itself refuses the other size: say where
         line = raised_at(exc)

@@ -23,6 +23,7 @@ from torch.export import ExportedProgram
 from torchlower.core.dynamic import not_dynamic
 from torchlower.core.dynamic_forms import Form
 from torchlower.core.dynamic_probe import adopt_multiple, probe_checks
+from torchlower.core.model_io import state_kept
 from torchlower.errors import LoweringError
 from torchlower.frontends.export_program import export_program
 from torchlower.frontends.provenance import raised_at
@@ -71,7 +72,7 @@ def _multiples(text: str, symbols: list[str]) -> dict[str, tuple[int, int]]:
 
 def _runs(module: nn.Module, spec: Any, example: Sequence[Any], sym: str, value: int) -> bool:
     try:
-        with torch.no_grad():
+        with torch.no_grad(), state_kept(module):
             module(*spec.example_at(example, {**spec.base, sym: value}))
     except Exception:
         return False
@@ -128,7 +129,7 @@ def _model_bounds(
     for sym, (lo, hi) in found.items():
         for outside in [lo - 1] * (lo > 1) + ([hi + 1] if hi is not None else []):
             try:
-                with torch.no_grad():
+                with torch.no_grad(), state_kept(module):
                     module(*spec.example_at(example, {**spec.base, sym: outside}))
             except Exception:
                 continue
@@ -167,7 +168,7 @@ def _export_size_oblivious(
 
     floor = {**spec.base, **{s: spec.bounds.get(s, (1, None))[0] for s in symbols}}
     try:
-        with torch.no_grad():
+        with torch.no_grad(), state_kept(module):
             module(*spec.example_at(example, floor))
         spec.extra_checks.append(floor)
     except Exception as exc:  # PyTorch itself refuses that size: nothing to compare there
@@ -245,7 +246,7 @@ def _pinned(spec: Any, symbols: list[str], text: str, module: nn.Module, example
             outside = int(lo) - 1 if lo and int(lo) > 1 else (int(hi) + 1 if hi else 0)
         if outside >= 1:
             try:
-                with torch.no_grad():
+                with torch.no_grad(), state_kept(module):
                     module(*spec.example_at(example, {**spec.base, sym: outside}))
             except Exception as exc:
                 found = raised_at(exc)

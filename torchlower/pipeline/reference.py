@@ -26,7 +26,7 @@ class Reference:
 def run_reference(model: nn.Module, req: Request, output_names: Sequence[str] | None) -> Reference:
     module = model_io.eval_view(model)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), model_io.state_kept(module):  # the trace sees the model as given
             returned = module(*req.example)
         expected = model_io.flatten_outputs(returned)
     except TorchlowerError:
@@ -39,5 +39,6 @@ def run_reference(model: nn.Module, req: Request, output_names: Sequence[str] | 
         ) from exc
     names_out = model_io.output_names(expected, output_names, returned)
     if req.spec is not None:  # check sizes the model itself refuses are skipped (and reported)
-        req.spec.probe(lambda inputs: module(*inputs), req.example)
+        with model_io.state_kept(module):
+            req.spec.probe(lambda inputs: module(*inputs), req.example)
     return Reference(module, expected, names_out)
