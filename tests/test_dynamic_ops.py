@@ -208,3 +208,16 @@ def test_caches_left_by_eager_runs_do_not_pin_an_axis(tmp_path: Path) -> None:
     model = ShapeCache()
     report = _export(model, torch.randn(1, 6), {0: "B", 1: "T"}, "export", tmp_path)
     assert report.frontend == "export" and report.max_abs_error == 0
+
+
+class UpAligned(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
+
+
+@pytest.mark.parametrize("frontend", ["jit", "export"])
+def test_aligned_bilinear_upsampling_over_dynamic_sizes(frontend: str, tmp_path: Path) -> None:
+    """align_corners=True weights depend on the size (j·(n−1)/(2n−1)): computed in the graph
+    (smp's FPN and Segformer heads)."""
+    report = _export(UpAligned(), torch.randn(2, 2, 5, 7), {0: "B", 2: "H", 3: "W"}, frontend, tmp_path)
+    assert report.max_abs_error < 1e-5

@@ -96,13 +96,37 @@ def _integer_factors(x: Value, factors: Sequence[float] | None, kind: str, align
     """Scale factors of a resampling over dynamic H/W, which must be whole numbers (the weights
     then repeat with period ``s`` whatever the size); the weights of other factors depend on it."""
     fs = [float(f) for f in factors or ()]
-    if not fs or any(f != int(f) or f < 1 for f in fs) or align or kind not in ("nearest", "linear"):
+    if not fs or any(f != int(f) or f < 1 for f in fs) or kind not in ("nearest", "linear"):
         raise LoweringError(
             f"interpolate over dynamic spatial dims {shape_of(x)[2:]} needs whole scale factors with "
-            f"mode nearest or (bi/tri)linear and align_corners=False (got scale_factor={factors}, "
-            f"mode {kind}, align_corners={align}); give static sizes for the others"
+            f"mode nearest or (bi/tri)linear (got scale_factor={factors}, mode {kind}, "
+            f"align_corners={align}); give static sizes for the others"
         )
     return [int(f) for f in fs]
+
+
+def _aligned(b: Builder, x: Value, axis: int, s: int) -> Value:
+    """Linear resampling of ``axis`` by the whole factor ``s`` with ``align_corners=True`` on a
+    dynamic size ``n``: output ``j`` reads ``j · (n − 1) / (s·n − 1)``, so the weights depend on
+    ``n`` and are computed in the graph (two gathers blended by the fraction), as torch does."""
+    from torchlower.rules.common import cast, reshape, size_tensor
+    from torchlower.rules.layout import dims_of, gather_axis
+    from torchlower.rules.math import binary
+
+    n = dims_of(x)[axis]
+    m = n * s
+    j = b.call("tract_core_range", [0, m, 1], dtype=torch.int64, shape=(m,))
+    j = cast(b, b.call("tract_core_cast", [j], {"to": "i64"}, dtype=torch.int64, shape=(m,)), torch.float32)
+    last = binary(b, "sub", size_tensor(b, n, torch.float32), 1.0)
+    src = binary(b, "mul", j, binary(b, "div", last, binary(b, "sub", size_tensor(b, m, torch.float32), 1.0)))
+    low = b.call("floor", [src], dtype=torch.float32, shape=(m,))
+    i0 = cast(b, binary(b, "min", low, last), torch.int64)
+    i1 = cast(b, binary(b, "min", binary(b, "add", low, 1.0), last), torch.int64)
+    shape: list = [1] * x.rank
+    shape[axis] = m
+    w = reshape(b, cast(b, binary(b, "sub", src, low), x.dtype or torch.float32), shape)
+    lo, hi = gather_axis(b, x, i0, axis), gather_axis(b, x, i1, axis)
+    return binary(b, "add", lo, binary(b, "mul", binary(b, "sub", hi, lo), w))
 
 
 def _phases(b: Builder, x: Value, axis: int, kind: str, s: int) -> Value:
@@ -137,7 +161,8 @@ def symbolic_resample(
     """Resampling by whole factors on dynamic H/W (see ``_phases``)."""
     for i, s in enumerate(_integer_factors(x, factors, kind, align)):
         if s > 1:
-            x = _phases(b, x, 2 + i, kind, s)
+            aligned = align and kind == "linear"
+            x = _aligned(b, x, 2 + i, s) if aligned else _phases(b, x, 2 + i, kind, s)
     return x
 
 
