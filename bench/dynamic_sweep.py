@@ -127,10 +127,10 @@ def _tv(name: str, axes: dict[int, str], size: int = 224, **kw: Any) -> Callable
         import torchvision
 
         torch.manual_seed(0)
-        m = getattr(torchvision.models, name, None)
+        m, extra = getattr(torchvision.models, name, None), dict(kw)
         if m is None:  # segmentation models also fetch a backbone unless told not to
-            m, kw = getattr(torchvision.models.segmentation, name), {**kw, "weights_backbone": None}
-        return m(weights=None, **kw).eval(), torch.randn(1, 3, size, size), {"x": axes}
+            m, extra = getattr(torchvision.models.segmentation, name), {**kw, "weights_backbone": None}
+        return m(weights=None, **extra).eval(), torch.randn(1, 3, size, size), {"x": axes}
 
     return build
 

@@ -221,3 +221,17 @@ def test_aligned_bilinear_upsampling_over_dynamic_sizes(frontend: str, tmp_path:
     (smp's FPN and Segformer heads)."""
     report = _export(UpAligned(), torch.randn(2, 2, 5, 7), {0: "B", 2: "H", 3: "W"}, frontend, tmp_path)
     assert report.max_abs_error < 1e-5
+
+
+class PooledBranch(nn.Module):
+    """DeepLabV3+'s ASPP image pooling: a 1×1 map resized back to the input's dynamic size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = F.adaptive_avg_pool2d(x, 1)
+        return x + F.interpolate(pooled, size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+
+@pytest.mark.parametrize("frontend", ["jit", "export"])
+def test_one_pixel_map_resized_to_a_dynamic_size(frontend: str, tmp_path: Path) -> None:
+    report = _export(PooledBranch(), torch.randn(2, 3, 5, 6), {0: "B", 2: "H", 3: "W"}, frontend, tmp_path)
+    assert report.max_abs_error < 1e-5

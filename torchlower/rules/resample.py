@@ -18,6 +18,7 @@ from torchlower.core.values import Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of
+from torchlower.rules.layout import broadcast_to
 
 aten = torch.ops.aten
 Scale = float | None
@@ -238,6 +239,11 @@ def _nearest_rules(name: str, kind: str) -> None:
     default.__doc__ = f"{name}(Tensor self, SymInt[] output_size, float? scales...) -> Tensor"
 
 
+def _from_one_pixel(x: Value, size: Sequence[Any]) -> bool:
+    """A 1×1 map (an ASPP image-pooling branch) resized to a dynamic size: a broadcast."""
+    return all(d == 1 for d in shape_of(x)[2:]) and any(not isinstance(d, int) for d in size)
+
+
 def _interpolating_rules(name: str, kind: str) -> None:
     @rule(f"aten::{name}.vec")
     def vec(
@@ -247,6 +253,8 @@ def _interpolating_rules(name: str, kind: str) -> None:
         align_corners: bool,
         scale_factors: Sequence[float] | None,
     ) -> Value:
+        if output_size is not None and _from_one_pixel(x, output_size):
+            return broadcast_to(b, x, [*shape_of(x)[:2], *output_size], x.dtype)  # every output reads it
         if _symbolic(x):
             factors = scale_factors if output_size is None else size_factors(x, output_size)
             return symbolic_resample(b, x, kind, factors, align_corners)
