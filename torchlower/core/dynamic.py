@@ -148,7 +148,9 @@ class Spec:
     def check_points(self) -> list[dict[str, int]]:
         """Sizes the export's own check runs at besides the example: smaller and larger, inside the
         bounds, minus those where PyTorch itself fails (``probe``)."""
-        small = {s: self._clamp(s, max(1, v // 2)) for s, v in self.base.items()}
+        # halving a size of 1 (a batch-1 example) gives 1 again: such a symbol moves up to 2 instead,
+        # so a batch-1 export is still checked at two other sizes
+        small = {s: self._clamp(s, max(1, v // 2) if v > 1 else v + 1) for s, v in self.base.items()}
         large = {s: self._clamp(s, v + 4) for s, v in self.base.items()}
         # a symbol whose axes are multiples (``32*h``) is checked at the next multiple too
         steps = [{**self.base, s: self._clamp(s, v + 1)} for s, v in self.base.items() if self.stepped(s)]
