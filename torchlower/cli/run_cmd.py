@@ -1,4 +1,4 @@
-"""``torchlower run ARCHIVE [--inputs in.npz] [--out out.npz] [--time N] [--threads N] [--specialize] [--json]``"""
+"""``torchlower run ARCHIVE [--inputs in.npz] [--out out.npz] [--time N] [--threads N] [--specialize]``"""
 
 from __future__ import annotations
 
