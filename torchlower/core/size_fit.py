@@ -211,6 +211,9 @@ class SizeFitter:
                 return got
         if m in self.known:
             return self.known[m]
+        got = self._via_known(m, target, what)
+        if got is not _NOFIT:
+            return got
         deps = self._symbols(m)
         got = self._forms(m, target, [(self.known[self._obs(s)], self.columns[s]) for s in deps], what)
         return got if got is not _NOFIT else self._global(m, target, deps, what)
@@ -249,6 +252,29 @@ class SizeFitter:
         out = np.stack(rows)
         self._spend(out.size)
         return out
+
+    def _via_known(self, m: tuple[int, ...], target: np.ndarray, what: str) -> Any:
+        """``a·k + d`` of a size ``k`` fitted elsewhere in the graph: a table sliced to ``2·L - 1``
+        rows in Python from L frames (wav2vec2-conformer's relative positions) has no input that
+        carries L, and over the symbol alone many divisors near the true one fit the captures."""
+        found: list[Size] = []
+        for values, size in list(self.known.items()):
+            u = np.array(values, dtype=np.int64)
+            i, j = int(np.argmin(u)), int(np.argmax(u))
+            du, dm = int(u[j] - u[i]), int(target[j] - target[i])
+            if du == 0 or dm == 0 or dm % du:
+                continue
+            a = dm // du
+            d = int(target[i]) - a * int(u[i])
+            if np.array_equal(a * u + d, target):
+                found.append(forms.combination([size, forms.constant(1)], [a, d]))
+        self._spend(len(self.known) * len(target))
+        if not found:
+            return _NOFIT
+        rows = np.stack([f.at(self.probes) for f in found])
+        if (rows == rows[0]).all():
+            return self._settle(m, found[0], what)
+        return self._pend(what, m, found[:2], rows, len(found))
 
     def _combined(self, m: tuple[int, ...], target: np.ndarray, sizes: list[Size], what: str) -> Any:
         """Sums and products of input sizes: a concatenation, a flattening reshape."""
