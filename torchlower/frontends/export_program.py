@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from torchlower.errors import LoweringError, TraceError, ValueDependentTraceError
 from torchlower.frontends.export_inplace import functional_in_place
-from torchlower.frontends.provenance import REWRITES
+from torchlower.frontends.provenance import REWRITES, raised_at
 from torchlower.frontends.torch_noise import torch_output_to_debug_log
 from torchlower.rules.recurrent_modules import recurrent_as_one_op
 from torchlower.rules.registry import Registry
@@ -152,7 +152,11 @@ def _export(
             pinned = LoweringError(f"torch.export found that the model restricts a dynamic axis: {first}")
             pinned.torch_message = str(exc)  # type: ignore[attr-defined]  # read by ``lower_export``
             raise pinned from exc
-        raise TraceError(f"torch.export failed on {type(module).__qualname__}: {first}") from exc
+        line = raised_at(exc)
+        raise TraceError(
+            f"torch.export failed on {type(module).__qualname__}{f' at {line}' if line else ''}:"
+            f" {type(exc).__name__}: {first}"
+        ) from exc
     functional_in_place(program)
     if all(_lowerable(n.target, rules) for n in program.graph.nodes if n.op == "call_function"):
         return program
