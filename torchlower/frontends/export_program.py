@@ -158,7 +158,7 @@ def _export(
             f" {type(exc).__name__}: {first}"
         ) from exc
     functional_in_place(program)
-    if all(_lowerable(n.target, rules) for n in program.graph.nodes if n.op == "call_function"):
+    if _all_lowerable(program, rules):
         return program
     table = torch.export.default_decompositions()
     for op in list(table.keys()):
@@ -167,10 +167,21 @@ def _export(
     try:
         decomposed = program.run_decompositions(table)
     except Exception:  # decomposition is a second chance; the original names what is missing
+        decomposed = None
+    if decomposed is not None and _all_lowerable(decomposed, rules):
+        return decomposed
+    # functionalized only (no op decomposed): in-place writes through views (``h[..., -1] += 1``
+    # on a padded tensor) become scatters; the raw program would lose them. Its missing ops keep
+    # their high-level names, the better error message.
+    try:
+        functional = program.run_decompositions({})
+    except Exception:
         return program
-    nodes = [n for n in decomposed.graph.nodes if n.op == "call_function"]
-    # when ops are still missing, the original's high-level names make the better error message
-    return decomposed if all(_lowerable(n.target, rules) for n in nodes) else program
+    return functional
+
+
+def _all_lowerable(program: ExportedProgram, rules: Registry) -> bool:
+    return all(_lowerable(n.target, rules) for n in program.graph.nodes if n.op == "call_function")
 
 
 _DATA_DEPENDENT = ("GuardOnDataDependentSymNode",)
