@@ -25,7 +25,7 @@ from torchlower.errors import (
     TraceError,
     ValueDependentTraceError,
 )
-from torchlower.frontends import jit_trace, provenance, views
+from torchlower.frontends import jit_script, jit_trace, provenance, views
 from torchlower.frontends.jit_trace import FastTrace, dynamic_overrides, maybe_quantize_args, trace
 from torchlower.frontends.session import Meta, Session
 
@@ -167,25 +167,43 @@ def lower_jit(
             f"the traced graph takes {len(tensor_inputs)} tensor inputs, {len(inputs)} were given"
         )
     env.update(zip(tensor_inputs, inputs, strict=True))
-    for index, node in enumerate(graph.nodes()):
-        outputs = list(node.outputs())
-        if dyn is not None and index in dyn.constants:
-            env[outputs[0]] = dyn.constants[index]
-            continue
-        shapes = dyn.shapes.get(index) if dyn is not None else None
-        results = _lower_node(node, [env[i] for i in node.inputs()], session, shapes)
-        if len(outputs) == 1 and node.kind() in _UNPACK and results is not MISSING:
-            results = results[0]  # unpacking a one-element list (split into one chunk)
-        if len(outputs) == 1:
-            env[outputs[0]] = results
-            if _is_inplace(node.kind()):
-                _write_through(node, env, results, session)
-        else:
-            if results is MISSING:
-                results = [MISSING] * len(outputs)
-            env.update(zip(outputs, results, strict=True))
+
+    def walk(nodes: Any, env: dict[Any, Any], top: bool = False) -> None:
+        for index, node in enumerate(nodes):
+            _step(node, env, session, walk, dyn if top else None, index)
+
+    walk(graph.nodes(), env, top=True)
     returned = [env[v] for v in graph.return_node().inputs()]
     return _flatten(returned[0] if len(returned) == 1 else returned)
+
+
+def _step(
+    node: torch._C.Node, env: dict[Any, Any], session: Session, walk: Any, dyn: Any, index: int
+) -> None:
+    """Lower one node into ``env``; a scripted ``prim::If`` / ``prim::Loop`` runs its blocks."""
+    outputs = list(node.outputs())
+    if dyn is not None and index in dyn.constants:
+        env[outputs[0]] = dyn.constants[index]
+        return
+    if node.kind() in ("prim::If", "prim::Loop"):
+        where = _source_location(node, _scope(node)) or _scope(node) or "<top level>"
+        if dyn is not None:
+            raise LoweringError(f"{node.kind()} at {where}: scripted control flow with dynamic axes")
+        run = jit_script.run_if if node.kind() == "prim::If" else jit_script.run_loop
+        env.update(zip(outputs, run(node, env, walk, where), strict=True))
+        return
+    shapes = dyn.shapes.get(index) if dyn is not None else None
+    results = _lower_node(node, [env[i] for i in node.inputs()], session, shapes)
+    if len(outputs) == 1 and node.kind() in _UNPACK and results is not MISSING:
+        results = results[0]  # unpacking a one-element list (split into one chunk)
+    if len(outputs) == 1:
+        env[outputs[0]] = results
+        if _is_inplace(node.kind()):
+            _write_through(node, env, results, session)
+    else:
+        if results is MISSING:
+            results = [MISSING] * len(outputs)
+        env.update(zip(outputs, results, strict=True))
 
 
 _UNPACK = ("prim::ListUnpack", "prim::TupleUnpack")
@@ -222,6 +240,9 @@ def _lower_node(
         if isinstance(x, Value) and x.size_value is not None and kind in _SIZE_READS:
             return x.size_value  # a size that went through a tensor (an element of an arange)
         return x
+    scripted = jit_script.python_op(node, args, session.location or where or "<top level>")
+    if scripted is not NotImplemented:
+        return scripted
     if kind.startswith("prim::") and kind not in ("prim::device", "prim::dtype"):
         session.record_missing(kind, where)
         return MISSING
@@ -413,14 +434,17 @@ def _split_params(params: str) -> list[str]:
 
 
 _JIT_FRAME = re.compile(r"^(.*)\((\d+)\): (\S+)$", re.MULTILINE)
+_SCRIPT_FRAME = re.compile(r'File "([^"]+)", line (\d+)')  # a scripted graph's source range
 
 
 def _source_location(node: torch._C.Node, scope: str) -> str | None:
     """``block.1 (model.py:12 in forward)``: the innermost frame of the trace's recorded stack that
     is the user's code (not torch's or torchlower's), so errors name the model's line."""
-    for path, line, fn in _JIT_FRAME.findall(node.sourceRange()):
+    text = node.sourceRange()
+    frames = _JIT_FRAME.findall(text) or [(p, n, "") for p, n in _SCRIPT_FRAME.findall(text)]
+    for path, line, fn in frames:
         if not provenance.is_library(path):
-            where = f"{Path(path).name}:{line} in {fn}"
+            where = f"{Path(path).name}:{line}" + (f" in {fn}" if fn else "")
             return f"{scope} ({where})" if scope else where
     return scope or None
 
