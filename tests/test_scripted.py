@@ -131,3 +131,18 @@ def test_silero_vad_shipped_16k_network(tmp_path: Path) -> None:
             assert np.abs(got["prob"] - want_prob.detach().numpy()).max() < 1e-4
             assert np.abs(got["next_state"] - want_state.detach().numpy()).max() < 1e-4
             state = want_state.detach()
+
+
+def test_cli_exports_a_saved_torchscript_file_and_its_submodule(tmp_path: Path) -> None:
+    from tests.test_cli import cli, cli_json
+
+    torch.manual_seed(0)
+    torch.jit.save(torch.jit.script(Scripted(8000).eval()), tmp_path / "m.jit")
+    data = cli_json("export", str(tmp_path / "m.jit"), "-o", str(tmp_path / "a.nnef.tgz"), "--input", "x:3x6")
+    assert data["ok"] and data["frontend"] == "jit" and data["max_abs_error"] < 1e-5
+    data = cli_json(
+        "export", f"{tmp_path / 'm.jit'}:blocks.0", "-o", str(tmp_path / "b.nnef.tgz"), "--input", "x:3x6"
+    )
+    assert data["ok"] and data["max_abs_error"] < 1e-5
+    proc = cli("export", f"{tmp_path / 'm.jit'}:nope", "-o", str(tmp_path / "c.nnef.tgz"), "--input", "x:3x6")
+    assert proc.returncode != 0 and "no 'nope'" in proc.stderr and "blocks" in proc.stderr

@@ -24,6 +24,20 @@ MAX_UNROLL = 4096  # loop iterations lowered before refusing (a graph that large
 Walk = Callable[[Iterable[torch._C.Node], dict[Any, Any]], None]
 
 
+def defaults(tracer: Any, given: int) -> list[Any]:
+    """The defaults of a scripted method's arguments after the ``given`` ones (``state:
+    Tensor = zeros`` in silero-vad, an ``Optional`` left None); an argument without one is an
+    error naming it."""
+    method = getattr(tracer.mod, tracer.fn_name)
+    arguments = method.schema.arguments[1 + given :]  # (self first)
+    missing = [
+        a.name for a in arguments if a.default_value is None and not str(a.type).startswith("Optional")
+    ]
+    if missing:
+        raise LoweringError(f"{tracer.fn_name}() needs inputs for {', '.join(missing)} (no defaults)")
+    return [a.default_value for a in arguments]
+
+
 def truth(value: Any, what: str) -> bool:
     """A condition as a Python bool, or the error saying why it is not known at export."""
     if isinstance(value, Value) and value.is_const and value.const.numel() == 1:

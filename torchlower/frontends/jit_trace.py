@@ -61,6 +61,8 @@ def trace(
     """``torch.jit.trace``; ``python_values`` collects where the model turned a tensor (or a
     size) into a Python value, which the trace then holds as a constant (``file.py:12``);
     ``conversions`` gets the tracer's "Converting a tensor to a Python …" warnings."""
+    if isinstance(module, torch.jit.ScriptModule):  # already a graph: read as scripted (jit_script)
+        return module
     inputs = () if args is None else args
     options: dict[str, Any] = {"check_trace": False}
     if "strict" in torch.jit.trace.__code__.co_varnames:
