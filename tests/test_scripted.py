@@ -146,3 +146,23 @@ def test_cli_exports_a_saved_torchscript_file_and_its_submodule(tmp_path: Path) 
     assert data["ok"] and data["max_abs_error"] < 1e-5
     proc = cli("export", f"{tmp_path / 'm.jit'}:nope", "-o", str(tmp_path / "c.nnef.tgz"), "--input", "x:3x6")
     assert proc.returncode != 0 and "no 'nope'" in proc.stderr and "blocks" in proc.stderr
+
+
+@torch.jit.script_if_tracing
+def _overlap_add(frames: torch.Tensor, hop: int) -> torch.Tensor:
+    """asteroid-style overlap-add helper: scripted when traced, a loop of in-place slice adds."""
+    count, size = frames.shape[-2], frames.shape[-1]
+    out = torch.zeros(frames.shape[0], (count - 1) * hop + size)
+    for i in range(count):
+        out[:, i * hop : i * hop + size] += frames[:, i]
+    return out
+
+
+class OverlapAdd(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _overlap_add(x.relu(), 2)
+
+
+def test_script_if_tracing_helpers_are_inlined_under_jit(tmp_path: Path) -> None:
+    report = torchlower.export(OverlapAdd(), torch.randn(2, 5, 4), tmp_path / "m.nnef.tgz", frontend="jit")
+    assert report.frontend == "jit" and report.max_abs_error < 1e-6

@@ -133,6 +133,7 @@ def lower_jit(
     dyn = None
     if fast is not None:  # parameters and buffers arrive as trailing graph inputs
         graph = fast.graph
+        torch._C._jit_pass_inline(graph)  # @torch.jit.script_if_tracing helpers are calls in a trace
         graph_inputs = list(graph.inputs())
         tensor_inputs = graph_inputs[: len(graph_inputs) - len(fast.state)]
         for value, (key, tensor) in zip(graph_inputs[len(tensor_inputs) :], fast.state, strict=True):
