@@ -18,12 +18,13 @@ from typing import Any, Protocol
 import torch
 from torch import fx, nn
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.nn import functional as F
 from torch.utils import _pytree as pytree
 
 from torchlower.core import dynamic_sizes
 from torchlower.core.values import MISSING, Missing, SymDim, Value, constant
 from torchlower.errors import LoweringError
-from torchlower.frontends import fx_dynamic, fx_views, provenance, pycalls
+from torchlower.frontends import fx_dynamic, fx_interpolate, fx_views, provenance, pycalls
 from torchlower.frontends.fx_index import fold as _fold
 from torchlower.frontends.fx_index import lower_getitem, lower_setitem, static
 from torchlower.frontends.fx_trace import EXAMPLE
@@ -164,6 +165,9 @@ class Interpreter(fx.Interpreter):
             inputs = _bind_signature(target, args, kwargs)
             fold = _fold(target, args, kwargs)
             return self.session.apply(target, inputs, self._where(), self._metas(), fold)
+        resized = fx_interpolate.symbolic_call(args, kwargs) if target is F.interpolate else None
+        if resized is not None:  # to a symbolic size, which torch.export would bake
+            return self.session.apply(resized[0], resized[1], self._where(), self._metas())
         example = self._node.meta.get(EXAMPLE) if self._node is not None else None
         if example is not None and not _has_missing((args, kwargs)):  # see ``lowered_by_export``
             return self.escape.lower_call(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from torchlower.core.values import Value, constant
+from torchlower.core.values import SymDim, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of
@@ -93,6 +93,10 @@ def _symbolic(x: Value) -> bool:
     return any(not isinstance(d, int) for d in shape_of(x)[2:])
 
 
+def _symbolic_size(size: Sequence[Any] | None) -> bool:
+    return size is not None and any(isinstance(d, SymDim) for d in size)
+
+
 def _integer_factors(x: Value, factors: Sequence[float] | None, kind: str, align: bool | None) -> list[int]:
     """Scale factors of a resampling over dynamic H/W, which must be whole numbers (the weights
     then repeat with period ``s`` whatever the size); the weights of other factors depend on it."""
@@ -157,14 +161,65 @@ def _phases(b: Builder, x: Value, axis: int, kind: str, s: int) -> Value:
 
 
 def symbolic_resample(
-    b: Builder, x: Value, kind: str, factors: Sequence[float] | None, align: bool | None
+    b: Builder,
+    x: Value,
+    kind: str,
+    factors: Sequence[float] | None,
+    align: bool | None,
+    size: Sequence[Any] | None = None,
 ) -> Value:
-    """Resampling by whole factors on dynamic H/W (see ``_phases``)."""
+    """Resampling on dynamic H/W: by whole factors with fixed weights (``_phases``); to an output
+    ``size`` that is no whole multiple of the input (a skip connection's own symbols), by source
+    indices computed in the graph (``_gathered``)."""
+    whole = factors is not None and all(float(f) == int(f) and f >= 1 for f in factors)
+    if not whole and size is not None and kind in ("nearest", "nearest_exact", "linear"):
+        for i, m in enumerate(size):
+            x = _gathered(b, x, 2 + i, kind, m, bool(align))
+        return x
     for i, s in enumerate(_integer_factors(x, factors, kind, align)):
         if s > 1:
             aligned = align and kind == "linear"
             x = _aligned(b, x, 2 + i, s) if aligned else _phases(b, x, 2 + i, kind, s)
     return x
+
+
+def _gathered(b: Builder, x: Value, axis: int, kind: str, m: Any, align: bool) -> Value:
+    """``axis`` resampled to ``m`` (sizes symbolic or not) the way torch computes an output
+    size's source indices: ``scale = n / m`` in float32 (``(n - 1) / (m - 1)`` aligned), nearest
+    ``min(floor(j · scale), n - 1)`` (``j + 0.5`` for nearest-exact), linear a blend of the two
+    neighbours of ``max((j + 0.5) · scale - 0.5, 0)``."""
+    from torchlower.rules.common import cast, reshape, size_tensor
+    from torchlower.rules.layout import dims_of, gather_axis
+    from torchlower.rules.math import binary
+
+    n = dims_of(x)[axis]
+    if isinstance(m, SymDim) and isinstance(n, int) and n == 1:
+        shape = list(dims_of(x))
+        shape[axis] = m
+        return broadcast_to(b, x, shape, x.dtype)
+    j = b.call("tract_core_range", [0, m, 1], dtype=torch.int64, shape=(m,))
+    j = cast(b, b.call("tract_core_cast", [j], {"to": "i64"}, dtype=torch.int64, shape=(m,)), torch.float32)
+    n_f, m_f = size_tensor(b, n, torch.float32), size_tensor(b, m, torch.float32)
+    last = binary(b, "sub", n_f, 1.0)
+    if kind == "linear" and align:
+        scale = binary(b, "div", last, binary(b, "max", binary(b, "sub", m_f, 1.0), 1.0))
+        src = binary(b, "mul", j, scale)
+    else:
+        scale = binary(b, "div", n_f, m_f)
+        shifted = binary(b, "add", j, 0.5) if kind != "nearest" else j
+        src = binary(b, "mul", shifted, scale)
+        if kind == "linear":
+            src = binary(b, "max", binary(b, "sub", src, 0.5), 0.0)
+    low = b.call("floor", [src], dtype=torch.float32, shape=(m,))
+    i0 = cast(b, binary(b, "min", low, last), torch.int64)
+    if kind != "linear":
+        return gather_axis(b, x, i0, axis)
+    i1 = cast(b, binary(b, "min", binary(b, "add", low, 1.0), last), torch.int64)
+    shape: list = [1] * x.rank
+    shape[axis] = m
+    w = reshape(b, cast(b, binary(b, "sub", src, low), x.dtype or torch.float32), shape)
+    lo, hi = gather_axis(b, x, i0, axis), gather_axis(b, x, i1, axis)
+    return binary(b, "add", lo, binary(b, "mul", binary(b, "sub", hi, lo), w))
 
 
 def size_factors(x: Value, size: Sequence[Any] | None) -> list[float] | None:
@@ -223,9 +278,9 @@ def _nearest_rules(name: str, kind: str) -> None:
     def vec(
         b: Builder, x: Value, output_size: Sequence[int] | None, scale_factors: Sequence[float] | None
     ) -> Value:
-        if _symbolic(x):
+        if _symbolic(x) or _symbolic_size(output_size):
             factors = scale_factors if output_size is None else size_factors(x, output_size)
-            return symbolic_resample(b, x, kind, factors, None)
+            return symbolic_resample(b, x, kind, factors, None, output_size)
         size = _vec_size(name, x, output_size, None, scale_factors)
         return resample(b, x, kind, size, _scales(scale_factors, len(size)), False)
 
@@ -255,9 +310,9 @@ def _interpolating_rules(name: str, kind: str) -> None:
     ) -> Value:
         if output_size is not None and _from_one_pixel(x, output_size):
             return broadcast_to(b, x, [*shape_of(x)[:2], *output_size], x.dtype)  # every output reads it
-        if _symbolic(x):
+        if _symbolic(x) or _symbolic_size(output_size):
             factors = scale_factors if output_size is None else size_factors(x, output_size)
-            return symbolic_resample(b, x, kind, factors, align_corners)
+            return symbolic_resample(b, x, kind, factors, align_corners, output_size)
         size = _vec_size(name, x, output_size, align_corners, scale_factors)
         return resample(b, x, kind, size, _scales(scale_factors, len(size)), align_corners)
 
