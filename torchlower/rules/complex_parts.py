@@ -228,4 +228,19 @@ def _abs(b: Builder, z: Value) -> Value:
 
 
 # ATen ops whose real-valued rule stays as it is; with a complex operand the session calls these
+# (by op name without overload; ``complex_views.py`` adds the views, shapes and the rest)
 COMPLEX_OVERRIDES: dict[str, Callable[..., Any]] = {"mul": _mul, "add": _add, "sub": _sub, "abs": _abs}
+
+
+def complex_override(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fn`` as what the session calls for ATen ops ``names`` (no overload) when an
+    operand is complex; its arguments are the real rule's, in schema order."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for name in names:
+            if name in COMPLEX_OVERRIDES:
+                raise ValueError(f"complex override for {name!r} registered twice")
+            COMPLEX_OVERRIDES[name] = fn
+        return fn
+
+    return register
