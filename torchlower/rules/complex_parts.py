@@ -180,6 +180,13 @@ def complex_mul(b: Builder, x: Operand, y: Operand) -> Value:
         x, y = y, x
     assert isinstance(x, Value)
     p = physical(x)
+    if isinstance(y, complex):  # a Python complex scalar: (a + bi)(c + di) on the parts
+        a, bb = part(b, p, 0), part(b, p, 1)
+        re = _bin(b, "sub", _bin(b, "mul", a, y.real), _bin(b, "mul", bb, y.imag))
+        im = _bin(b, "add", _bin(b, "mul", a, y.imag), _bin(b, "mul", bb, y.real))
+        return logical(join(b, re, im))
+    if not isinstance(y, Value):
+        y = float(y)  # a Python int would print as an integer literal (tract: no F32 × TDim)
     if not is_complex(y):
         other = unsqueeze_to(b, y, p.rank - 1) if isinstance(y, Value) else y
         if isinstance(other, Value):
@@ -204,6 +211,8 @@ def complex_add(b: Builder, op: str, x: Operand, y: Operand, alpha: float) -> Va
 def _as_value(x: Operand, like: Value) -> Operand:
     if isinstance(x, Value):
         return x
+    if isinstance(x, complex):
+        return constant(torch.tensor(x, dtype=like.dtype))
     return constant(torch.tensor(x, dtype=REAL_OF.get(like.dtype, torch.float32)))  # type: ignore[arg-type]
 
 
