@@ -16,6 +16,8 @@ import torch
 from torch import nn
 
 import torchlower
+from tests.conftest import export_and_check, frontend_limit
+from torchlower.errors import TraceError
 from torchlower.nnef.tract import run_in_tract
 
 torchaudio = pytest.importorskip("torchaudio")  # requirements-dev.txt; tests/conftest.py shims it
@@ -121,3 +123,17 @@ def test_audio_front_end_through_auto(name: str, tmp_path) -> None:
     assert not any("front end skipped" in n for n in report.notes), report.notes
     assert all(p.ok for p in report.points), report.points
     _check_more(model, report.path)
+
+
+def test_hdemucs_as_shipped(request, tmp_path, frontend) -> None:
+    """torchaudio's hybrid Demucs (``torchaudio.models.HDemucs``, a small configuration of the
+    shipped class): STFT, ``F.pad`` and views of the complex spectrum, ``view_as_real`` into the
+    frequency branch, ``view_as_complex`` of its output and ``istft`` back, plus the time branch."""
+    frontend_limit(
+        request, frontend, "fx", TraceError,
+        "HDemucs.forward branches on input.shape[1] (FX refuses control flow on a traced size)",
+    )  # fmt: skip
+    model = torchaudio.models.HDemucs(["drums", "bass"], audio_channels=1, channels=4, nfft=1024, depth=4)
+    report = export_and_check(model, (torch.randn(1, 1, 8192),), tmp_path, frontend)
+    assert report.outputs[0].shape == (1, 2, 1, 8192)
+    assert report.max_abs_error < 1e-4, report.max_abs_error

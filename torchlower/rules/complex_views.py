@@ -1,11 +1,11 @@
-"""Complex tensors through views, shapes and the arithmetic real front ends do next.
+"""Complex tensors through views and shapes (arithmetic beyond products: ``complex_math.py``).
 
 A complex ``Value`` keeps torch's (logical) shape; its NNEF tensor has one more trailing axis
 ``[re, im]`` (``complex_parts.py``). A view of it is the same view of that tensor with the
 trailing axis kept last: dims are normalized on the logical rank (so ``-1`` is the last logical
 dim, never ``[re, im]``) and a target shape gets ``2`` appended. ``size`` / ``numel`` read the
 logical shape. What torchaudio's ``Spectrogram`` (``reshape(-1, T)`` and back), openai-whisper's
-``stft[..., :-1]`` and complex-mask models (DCCRN / DCUNet: products, quotients, ``polar``) do.
+``stft[..., :-1]`` and HDemucs (``F.pad`` of its spectrum) do.
 """
 
 from __future__ import annotations
@@ -17,23 +17,18 @@ import torch
 
 from torchlower.core.values import Dim, Value, constant, normalize_dim
 from torchlower.errors import LoweringError
-from torchlower.rules import layout, reduce, rule, shape
-from torchlower.rules.common import Builder, Operand
+from torchlower.rules import conv, layout, shape
+from torchlower.rules.common import Builder
 from torchlower.rules.complex_parts import (
     COMPLEX_OF,
-    complex_aware,
-    complex_mul,
     complex_override,
     is_complex,
-    join,
-    part,
     physical,
-    squared_magnitude,
     to_complex,
 )
 from torchlower.rules.layout import dims_of
 
-__all__ = ["back"]
+__all__ = ["back", "logical_dim"]
 
 
 def back(p: Any) -> Any:
@@ -50,7 +45,7 @@ def back(p: Any) -> Any:
     return Value(p.name, COMPLEX_OF[p.dtype], logical_shape, None, p.label)
 
 
-def _dim(z: Value, dim: int, extra: int = 0) -> int:
+def logical_dim(z: Value, dim: int, extra: int = 0) -> int:
     """A dim of the logical tensor (``extra`` = 1 for a new axis), valid on the physical one."""
     return normalize_dim(dim, z.rank + extra)
 
@@ -94,19 +89,19 @@ def flatten(b: Builder, z: Value, start_dim: int = 0, end_dim: int = -1) -> Valu
     """flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)"""
     if z.rank == 0:
         return reshape(b, z, [1])
-    return back(shape.flatten(b, physical(z), _dim(z, start_dim), _dim(z, end_dim)))
+    return back(shape.flatten(b, physical(z), logical_dim(z, start_dim), logical_dim(z, end_dim)))
 
 
 @complex_override("unflatten")
 def unflatten(b: Builder, z: Value, dim: int, sizes: Sequence[int]) -> Value:
     """unflatten.int(Tensor(a) self, int dim, SymInt[] sizes) -> Tensor(a)"""
-    return back(layout.unflatten(b, physical(z), _dim(z, dim), sizes))
+    return back(layout.unflatten(b, physical(z), logical_dim(z, dim), sizes))
 
 
 @complex_override("permute")
 def permute(b: Builder, z: Value, dims: Sequence[int]) -> Value:
     """permute(Tensor(a) self, int[] dims) -> Tensor(a): ``[re, im]`` stays last."""
-    return back(shape.permute(b, physical(z), [*(_dim(z, d) for d in dims), z.rank]))
+    return back(shape.permute(b, physical(z), [*(logical_dim(z, d) for d in dims), z.rank]))
 
 
 @complex_override("transpose", "swapaxes", "swapdims")
@@ -114,7 +109,7 @@ def transpose(b: Builder, z: Value, dim0: int, dim1: int) -> Value:
     """transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)"""
     if z.rank < 2:
         return z
-    return back(shape.transpose(b, physical(z), _dim(z, dim0), _dim(z, dim1)))
+    return back(shape.transpose(b, physical(z), logical_dim(z, dim0), logical_dim(z, dim1)))
 
 
 @complex_override("t", "numpy_T")
@@ -129,38 +124,38 @@ def movedim(b: Builder, z: Value, source: int | Sequence[int], destination: int 
     src = [source] if isinstance(source, int) else list(source)
     dst = [destination] if isinstance(destination, int) else list(destination)
     p = physical(z)
-    return back(layout.movedim_list(b, p, [_dim(z, s) for s in src], [_dim(z, d) for d in dst]))
+    return back(layout.movedim_list(b, p, [logical_dim(z, s) for s in src], [logical_dim(z, d) for d in dst]))
 
 
 @complex_override("squeeze")
 def squeeze(b: Builder, z: Value, dim: int | Sequence[int] | None = None) -> Value:
     """squeeze.dims(Tensor(a) self, int[] dim) -> Tensor(a) (also squeeze, squeeze.dim)"""
     dims = range(z.rank) if dim is None else [dim] if isinstance(dim, int) else dim
-    return back(shape.squeeze(b, physical(z), [_dim(z, d) for d in dims] if z.rank else []))
+    return back(shape.squeeze(b, physical(z), [logical_dim(z, d) for d in dims] if z.rank else []))
 
 
 @complex_override("unsqueeze")
 def unsqueeze(b: Builder, z: Value, dim: int) -> Value:
     """unsqueeze(Tensor(a) self, int dim) -> Tensor(a)"""
-    return back(shape.unsqueeze(b, physical(z), _dim(z, dim, 1)))
+    return back(shape.unsqueeze(b, physical(z), logical_dim(z, dim, 1)))
 
 
 @complex_override("slice")
 def slice_(b: Builder, z: Value, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Value:
     """slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1)"""
-    return back(layout.slice_(b, physical(z), _dim(z, dim), start, end, step))
+    return back(layout.slice_(b, physical(z), logical_dim(z, dim), start, end, step))
 
 
 @complex_override("select")
 def select(b: Builder, z: Value, dim: int, index: int) -> Value:
     """select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)"""
-    return back(layout.select(b, physical(z), _dim(z, dim), index))
+    return back(layout.select(b, physical(z), logical_dim(z, dim), index))
 
 
 @complex_override("narrow")
 def narrow(b: Builder, z: Value, dim: int, start: int | Value, length: int) -> Value:
     """narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)"""
-    return back(layout.narrow(b, physical(z), _dim(z, dim), start, length))
+    return back(layout.narrow(b, physical(z), logical_dim(z, dim), start, length))
 
 
 @complex_override("expand")
@@ -178,7 +173,7 @@ def expand_as(b: Builder, z: Value, other: Value) -> Value:
 @complex_override("flip")
 def flip(b: Builder, z: Value, dims: Sequence[int]) -> Value:
     """flip(Tensor self, int[] dims) -> Tensor"""
-    return back(layout.flip(b, physical(z), [_dim(z, d) for d in dims]))
+    return back(layout.flip(b, physical(z), [logical_dim(z, d) for d in dims]))
 
 
 @complex_override("roll")
@@ -186,33 +181,33 @@ def roll(b: Builder, z: Value, shifts: Sequence[int], dims: Sequence[int]) -> Va
     """roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor"""
     if not dims:
         raise LoweringError("roll of a complex tensor without dims (a flat roll) is not supported")
-    return back(layout.roll(b, physical(z), shifts, [_dim(z, d) for d in dims]))
+    return back(layout.roll(b, physical(z), shifts, [logical_dim(z, d) for d in dims]))
 
 
 @complex_override("split", "unsafe_split")
 def split(b: Builder, z: Value, split_size: int | Sequence[int], dim: int = 0) -> list[Value]:
     """split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[] (also .sizes)"""
     if isinstance(split_size, int):
-        return back(layout.split(b, physical(z), split_size, _dim(z, dim)))
-    return back(layout.split_with_sizes(b, physical(z), split_size, _dim(z, dim)))
+        return back(layout.split(b, physical(z), split_size, logical_dim(z, dim)))
+    return back(layout.split_with_sizes(b, physical(z), split_size, logical_dim(z, dim)))
 
 
 @complex_override("split_with_sizes", "unsafe_split_with_sizes")
 def split_with_sizes(b: Builder, z: Value, split_sizes: Sequence[int], dim: int = 0) -> list[Value]:
     """split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]"""
-    return back(layout.split_with_sizes(b, physical(z), split_sizes, _dim(z, dim)))
+    return back(layout.split_with_sizes(b, physical(z), split_sizes, logical_dim(z, dim)))
 
 
 @complex_override("chunk", "unsafe_chunk")
 def chunk(b: Builder, z: Value, chunks: int, dim: int = 0) -> list[Value]:
     """chunk(Tensor(a -> *) self, int chunks, int dim=0) -> Tensor(a)[]"""
-    return back(layout.chunk(b, physical(z), chunks, _dim(z, dim)))
+    return back(layout.chunk(b, physical(z), chunks, logical_dim(z, dim)))
 
 
 @complex_override("unbind")
 def unbind(b: Builder, z: Value, dim: int = 0) -> list[Value]:
     """unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]"""
-    return back(layout.unbind(b, physical(z), _dim(z, dim)))
+    return back(layout.unbind(b, physical(z), logical_dim(z, dim)))
 
 
 def _parts(tensors: Sequence[Value], b: Builder) -> tuple[Value, list[Value]]:
@@ -224,14 +219,14 @@ def _parts(tensors: Sequence[Value], b: Builder) -> tuple[Value, list[Value]]:
 def cat(b: Builder, tensors: Sequence[Value], dim: int = 0) -> Value:
     """cat(Tensor[] tensors, int dim=0) -> Tensor of complex (and real, as ``x + 0i``) tensors."""
     like, parts = _parts(tensors, b)
-    return back(shape.cat(b, parts, _dim(like, dim)))
+    return back(shape.cat(b, parts, logical_dim(like, dim)))
 
 
 @complex_override("stack")
 def stack(b: Builder, tensors: Sequence[Value], dim: int = 0) -> Value:
     """stack(Tensor[] tensors, int dim=0) -> Tensor"""
     like, parts = _parts(tensors, b)
-    return back(layout.stack(b, parts, _dim(like, dim, 1)))
+    return back(layout.stack(b, parts, logical_dim(like, dim, 1)))
 
 
 @complex_override("contiguous", "clone", "detach", "detach_", "lift_fresh", "lift_fresh_copy", "alias")
@@ -249,133 +244,18 @@ def to(b: Builder, z: Value, *args: Any) -> Value:
     return z
 
 
-# ---- arithmetic ----------------------------------------------------------------------------------
-@complex_override("neg", "negative")
-def neg(b: Builder, z: Value) -> Value:
-    """neg(Tensor self) -> Tensor of a complex tensor."""
-    p = physical(z)
-    return back(b.call("neg", [p], dtype=p.dtype, shape=p.shape))
-
-
-def _reciprocal(b: Builder, w: Value) -> Value:
-    """1 / w = conj(w) / |w|²."""
-    from torchlower.rules.complex_parts import conj_physical
-
-    q = physical(w)
-    m = squared_magnitude(b, q)
-    m = b.call("unsqueeze", [m], {"axes": [m.rank]}, dtype=m.dtype, shape=(*dims_of(m), 1))
-    c = conj_physical(b, q)
-    return back(b.call("div", [c, m], dtype=q.dtype, shape=q.shape))
-
-
-@complex_override("div", "true_divide", "divide")
-def div(b: Builder, x: Operand, y: Operand, rounding_mode: str | None = None) -> Value:
-    """div.Tensor(Tensor self, Tensor other) -> Tensor with a complex side (no rounding mode)."""
-    if rounding_mode is not None:
-        raise LoweringError(f"div of complex tensors has no rounding_mode (got {rounding_mode!r})")
-    if is_complex(y):
-        assert isinstance(y, Value)
-        return complex_mul(b, x, _reciprocal(b, y))
-    if isinstance(y, Value):
-        r = b.call("div", [1.0, y], dtype=y.dtype, shape=y.shape)
-        return complex_mul(b, x, r)
-    return complex_mul(b, x, 1.0 / float(y))  # type: ignore[arg-type]
-
-
-@complex_override("pow")
-def pow_(b: Builder, z: Operand, exponent: Operand) -> Value:
-    """pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor of a complex tensor: products
-    for small integer exponents, ``|z|^p · e^{i p·angle(z)}`` (the principal value) otherwise."""
-    if not is_complex(z) or isinstance(exponent, Value):
-        raise LoweringError("pow with a complex exponent or a tensor exponent is not supported")
-    assert isinstance(z, Value)
-    e = float(exponent)  # type: ignore[arg-type]
-    if e == int(e) and 1 <= e <= 4:
-        out = z
-        for _ in range(int(e) - 1):
-            out = complex_mul(b, out, z)
-        return out
-    from torchlower.rules.complex_parts import angle
-
-    p = physical(z)
-    magnitude = b.call("pow", [squared_magnitude(b, p), e / 2], dtype=p.dtype, shape=tuple(dims_of(z)))
-    return _polar(b, magnitude, b.call("mul", [angle(b, z), e], dtype=p.dtype, shape=magnitude.shape))
-
-
-@complex_override("exp")
-def exp(b: Builder, z: Value) -> Value:
-    """exp(Tensor self) -> Tensor of a complex tensor: ``e^re · (cos im, sin im)``."""
-    p = physical(z)
-    magnitude = b.call("exp", [part(b, p, 0)], dtype=p.dtype, shape=tuple(dims_of(z)))
-    return _polar(b, magnitude, part(b, p, 1))
-
-
-@complex_override("sum")
-def sum_(
-    b: Builder, z: Value, dim: Sequence[int] | None = None, keepdim: bool = False, dtype: Any = None
+@complex_override("pad")
+def pad(
+    b: Builder, z: Value, padding: Sequence[int], mode: str = "constant", value: float | None = None
 ) -> Value:
-    """sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None)"""
-    if isinstance(dim, torch.dtype):
-        dim = None  # sum(Tensor self, *, ScalarType? dtype=None): complex sums stay complex
-    dims = list(range(z.rank)) if not dim else [_dim(z, d) for d in dim]
-    return back(reduce.sum_(b, physical(z), dims, keepdim, None))
+    """pad(Tensor self, SymInt[] pad, str mode="constant", float? value=None) -> Tensor of a complex
+    tensor (HDemucs pads its spectrum): the logical dims padded, ``[re, im]`` not."""
+    if mode == "constant" and value:
+        raise LoweringError(f"pad of a complex tensor with value {value}: only zeros are supported")
+    return back(conv.pad(b, physical(z), [0, 0, *padding], mode, None))  # torch's order: last dim first
 
 
-@complex_override("mean")
-def mean(
-    b: Builder, z: Value, dim: Sequence[int] | None = None, keepdim: bool = False, dtype: Any = None
-) -> Value:
-    """mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None)"""
-    if isinstance(dim, torch.dtype):
-        dim = None  # sum(Tensor self, *, ScalarType? dtype=None): complex sums stay complex
-    dims = list(range(z.rank)) if not dim else [_dim(z, d) for d in dim]
-    return back(reduce.mean(b, physical(z), dims, keepdim, None))
-
-
-# ---- complex from real parts ---------------------------------------------------------------------
-def _polar(b: Builder, magnitude: Value, theta: Value) -> Value:
-    shp = tuple(dims_of(magnitude))
-    re = b.call("mul", [magnitude, b.call("cos", [theta], dtype=theta.dtype, shape=theta.shape)],
-                dtype=magnitude.dtype, shape=shp)  # fmt: skip
-    im = b.call("mul", [magnitude, b.call("sin", [theta], dtype=theta.dtype, shape=theta.shape)],
-                dtype=magnitude.dtype, shape=shp)  # fmt: skip
-    return back(join(b, re, im))
-
-
-def _same_shape(b: Builder, x: Operand, y: Operand) -> tuple[Value, Value]:
-    """Two real operands broadcast against each other (``polar`` / ``complex`` broadcast)."""
-    from torchlower.rules.common import broadcast_shapes
-    from torchlower.rules.layout import broadcast_to
-
-    xs = x if isinstance(x, Value) else constant(torch.tensor(float(x)))
-    ys = y if isinstance(y, Value) else constant(torch.tensor(float(y)))
-    target = list(broadcast_shapes(dims_of(xs), dims_of(ys)))
-    out = []
-    for v in (xs, ys):
-        if tuple(dims_of(v)) != tuple(target):
-            v = broadcast_to(b, v, target, v.dtype)
-        out.append(v)
-    return out[0], out[1]
-
-
-def _float_parts(x: Value, what: str) -> None:
-    if x.dtype not in COMPLEX_OF:
-        raise LoweringError(f"{what}: expects float32 (or float16 / float64) parts, got {x.dtype}")
-
-
-@rule("aten::polar")
-@complex_aware
-def polar(b: Builder, magnitude: Value, angle: Value) -> Value:
-    """polar(Tensor abs, Tensor angle) -> Tensor: ``abs · (cos angle, sin angle)``."""
-    _float_parts(magnitude, "polar")
-    m, a = _same_shape(b, magnitude, angle)
-    return _polar(b, m, a)
-
-
-@rule("aten::complex")
-@complex_aware
-def complex_(b: Builder, real: Value, imag: Value) -> Value:
-    """complex(Tensor real, Tensor imag) -> Tensor"""
-    _float_parts(real, "complex")
-    re, im = _same_shape(b, real, imag)
-    return back(join(b, re, im))
+@complex_override("constant_pad_nd")
+def constant_pad_nd(b: Builder, z: Value, padding: Sequence[int], value: float = 0.0) -> Value:
+    """constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor of a complex tensor."""
+    return pad(b, z, padding, "constant", value)
