@@ -51,6 +51,16 @@ def _mask(z: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return z * torch.complex(torch.tanh(m[..., 0]), torch.tanh(m[..., 1]))
 
 
+def _in_place(x: torch.Tensor) -> torch.Tensor:
+    """torchaudio's ``spec_f /= window.pow(2.0).sum().sqrt()`` and the other in-place forms."""
+    z = _spec(x)
+    z /= HANN.pow(2.0).sum().sqrt()
+    z *= 1.5
+    z += _spec(x)
+    z -= 0.25
+    return _vr(z.neg_())
+
+
 # name: (function, example inputs (real), dynamic axis of each input or None, input kind)
 # "sig" inputs are (…, L) signals with L dynamic; "cplx" inputs are (…, T, 2) with T dynamic
 CASES: dict[str, tuple[Callable[..., object], tuple[tuple[int, ...], ...], str]] = {
@@ -127,6 +137,7 @@ CASES: dict[str, tuple[Callable[..., object], tuple[tuple[int, ...], ...], str]]
         ((3, 96),),
         "sig",
     ),
+    "in_place_arithmetic": (_in_place, ((2, 96),), "sig"),
     "sum_mean_over_frames": (
         lambda x: (_vr(_spec(x).sum(-1)), _vr(_spec(x).mean(dim=1, keepdim=True))),
         ((2, 96),),

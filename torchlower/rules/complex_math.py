@@ -34,7 +34,7 @@ from torchlower.rules.layout import broadcast_to, dims_of
 
 
 # ---- arithmetic ----------------------------------------------------------------------------------
-@complex_override("neg", "negative")
+@complex_override("neg", "negative", "neg_", "negative_")
 def neg(b: Builder, z: Value) -> Value:
     """neg(Tensor self) -> Tensor of a complex tensor."""
     p = physical(z)
@@ -50,7 +50,7 @@ def _reciprocal(b: Builder, w: Value) -> Value:
     return back(b.call("div", [c, m], dtype=q.dtype, shape=q.shape))
 
 
-@complex_override("div", "true_divide", "divide")
+@complex_override("div", "true_divide", "divide", "div_", "true_divide_", "divide_")
 def div(b: Builder, x: Operand, y: Operand, rounding_mode: str | None = None) -> Value:
     """div.Tensor(Tensor self, Tensor other) -> Tensor with a complex side (no rounding mode)."""
     if rounding_mode is not None:
@@ -64,7 +64,7 @@ def div(b: Builder, x: Operand, y: Operand, rounding_mode: str | None = None) ->
     return complex_mul(b, x, 1.0 / float(y))  # type: ignore[arg-type]
 
 
-@complex_override("pow")
+@complex_override("pow", "pow_")
 def pow_(b: Builder, z: Operand, exponent: Operand) -> Value:
     """pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor of a complex tensor: products
     for small integer exponents, ``|z|^p · e^{i p·angle(z)}`` (the principal value) otherwise."""
@@ -82,7 +82,7 @@ def pow_(b: Builder, z: Operand, exponent: Operand) -> Value:
     return _polar(b, magnitude, b.call("mul", [angle(b, z), e], dtype=p.dtype, shape=magnitude.shape))
 
 
-@complex_override("exp")
+@complex_override("exp", "exp_")
 def exp(b: Builder, z: Value) -> Value:
     """exp(Tensor self) -> Tensor of a complex tensor: ``e^re · (cos im, sin im)``."""
     p = physical(z)

@@ -238,7 +238,10 @@ def _abs(b: Builder, z: Value) -> Value:
 
 # ATen ops whose real-valued rule stays as it is; with a complex operand the session calls these
 # (by op name without overload; ``complex_views.py`` adds the views, shapes and the rest)
-COMPLEX_OVERRIDES: dict[str, Callable[..., Any]] = {"mul": _mul, "add": _add, "sub": _sub, "abs": _abs}
+COMPLEX_OVERRIDES: dict[str, Callable[..., Any]] = {
+    "mul": _mul, "add": _add, "sub": _sub, "abs": _abs,
+    "mul_": _mul, "add_": _add, "sub_": _sub,  # in place (jit): the front end rebinds the target
+}  # fmt: skip
 
 
 def complex_override(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
