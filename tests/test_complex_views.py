@@ -61,6 +61,30 @@ def _in_place(x: torch.Tensor) -> torch.Tensor:
     return _vr(z.neg_())
 
 
+def _zero_dc(x: torch.Tensor) -> torch.Tensor:
+    z = _spec(x)
+    z[:, 0] = 0  # a write through a select view of a complex tensor (fill / copy, select_scatter)
+    return _vr(z)
+
+
+def _scale_band(x: torch.Tensor) -> torch.Tensor:
+    z = _spec(x)
+    z[:, 1:4] *= 2  # in place through a slice view (slice_scatter)
+    return _vr(z)
+
+
+def _copy_frame(x: torch.Tensor) -> torch.Tensor:
+    z = _spec(x)
+    z[..., -1] = z[..., 0]  # the last frame (of a dynamic count) written from the first
+    return _vr(z)
+
+
+def _python_complex(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    z = _vc(x).clone()
+    z[:, 2] += 1j  # a Python complex scalar
+    return _vr(z), _vr(x[..., 0] * (0.5 - 2j))
+
+
 # name: (function, example inputs (real), dynamic axis of each input or None, input kind)
 # "sig" inputs are (…, L) signals with L dynamic; "cplx" inputs are (…, T, 2) with T dynamic
 CASES: dict[str, tuple[Callable[..., object], tuple[tuple[int, ...], ...], str]] = {
@@ -138,6 +162,10 @@ CASES: dict[str, tuple[Callable[..., object], tuple[tuple[int, ...], ...], str]]
         "sig",
     ),
     "in_place_arithmetic": (_in_place, ((2, 96),), "sig"),
+    "write_zero_dc_bin": (_zero_dc, ((2, 96),), "sig"),
+    "write_scale_a_band": (_scale_band, ((2, 96),), "sig"),
+    "write_copy_a_frame": (_copy_frame, ((2, 96),), "sig"),
+    "python_complex_scalars": (_python_complex, ((3, 20, 2),), "cplx"),
     "sum_mean_over_frames": (
         lambda x: (_vr(_spec(x).sum(-1)), _vr(_spec(x).mean(dim=1, keepdim=True))),
         ((2, 96),),

@@ -178,8 +178,10 @@ def complex_mul(b: Builder, x: Operand, y: Operand) -> Value:
     """(a + bi)(c + di) with either side possibly real (then it scales both parts)."""
     if not is_complex(x):
         x, y = y, x
+    if isinstance(x, complex) and isinstance(y, Value):  # a real tensor times a Python complex
+        x, y = y, x
     assert isinstance(x, Value)
-    p = physical(x)
+    p = physical(x) if is_complex(x) else to_complex(b, x)
     if isinstance(y, complex):  # a Python complex scalar: (a + bi)(c + di) on the parts
         a, bb = part(b, p, 0), part(b, p, 1)
         re = _bin(b, "sub", _bin(b, "mul", a, y.real), _bin(b, "mul", bb, y.imag))
