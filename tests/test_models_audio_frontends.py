@@ -1,7 +1,8 @@
 """Speech front ends as shipped (issues 28 and 30): torchaudio's ``Spectrogram``, ``MelSpectrogram``
-and ``MFCC`` (torchaudio 2.11.0, the pinned release) and openai-whisper's ``log_mel_spectrogram``,
-exported from a batch-1 example with batch and time dynamic, checked by the export at other sizes
-and run here at three more, each in tract against PyTorch.
+and ``MFCC`` (torchaudio 2.11.0, the pinned release), openai-whisper's ``log_mel_spectrogram``
+and speechbrain's ``Fbank`` / ``MFCC``, exported from a batch-1 example with batch and time
+dynamic, checked by the export at other sizes and run here at three more, each in tract against
+PyTorch; torchaudio's ``HDemucs`` at its example size.
 
 torchaudio's ``Spectrogram`` packs ``[..., T]`` to ``[-1, T]`` before the STFT and reshapes the
 complex result back (``rules/complex_views.py``); ``MFCC`` branches on ``x.dim()`` (FX reads the
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 import torchlower
+import torchlower.errors
 from tests.conftest import export_and_check, frontend_limit
 from torchlower.errors import TraceError
 from torchlower.nnef.tract import run_in_tract
@@ -142,3 +144,34 @@ def test_hdemucs_as_shipped(request, tmp_path, frontend) -> None:
     report = export_and_check(model, (torch.randn(1, 1, 8192),), tmp_path, frontend)
     assert report.outputs[0].shape == (1, 2, 1, 8192)
     assert report.max_abs_error < 1e-4, report.max_abs_error
+
+
+SPEECHBRAIN = ("fbank", "fbank_deltas_context", "mfcc")
+# speechbrain pads with zeros (no reflect bound); torch.export specializes one frame (T < 160) and
+# asks for 160 <= T (eager runs below): declared for export
+SB_AXES = {"wav": {0: "B", 1: ("T", 160, None)}}
+
+
+@pytest.mark.parametrize("name", SPEECHBRAIN)
+def test_speechbrain_features_with_batch_and_time_dynamic(name: str, tmp_path, frontend) -> None:
+    """speechbrain's ``Fbank`` (with deltas and a context window too) and ``MFCC`` as shipped
+    (speechbrain 1.1.2, ``speechbrain.lobes.features``): STFT → ``view_as_real`` → magnitude → mel
+    filterbank → dB, from a batch-1 example, checked at the export's sizes and three more."""
+    features = pytest.importorskip("speechbrain.lobes.features")  # requirements-dev.txt
+    model = {
+        "fbank": lambda: features.Fbank(n_mels=40),
+        "fbank_deltas_context": lambda: features.Fbank(n_mels=40, deltas=True, context=True),
+        "mfcc": lambda: features.MFCC(),
+    }[name]().eval()
+    with torch.no_grad():  # speechbrain's Deltas builds its kernel on the first call (a Python flag);
+        model(torch.randn(*EXAMPLE))  # a trace of that first call records the state write (jit, fx fail)
+    report = torchlower.export(
+        model, (torch.randn(*EXAMPLE),), tmp_path / "m.nnef.tgz", frontend=frontend, input_names=["wav"],
+        dynamic_axes=SB_AXES,
+    )  # fmt: skip
+    assert report.inputs[0].shape == ("B", "T") and report.outputs[0].shape[:2] == ("B", "(1 + (T / 160))")
+    checked = {p.label: p for p in report.points}
+    for label, shape in CHECKED.items():
+        assert label in checked and checked[label].inputs == [shape] and checked[label].ok, report.points
+    assert report.max_abs_error <= 1e-4, report.max_abs_error
+    _check_more(model, report.path)

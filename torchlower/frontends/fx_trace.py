@@ -222,10 +222,22 @@ class _Proxy(fx.Proxy):
             value = tracer._evaluate(self.node)
             if isinstance(value, torch.Tensor):
                 return getattr(value, name)
+        if name == "shape" and isinstance(tracer, Tracer) and tracer.example is not None:
+            return _Shape(self, name)  # ``len(x.shape)`` is the rank (speechbrain's features)
         return super().__getattr__(name)
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
+
+
+class _Shape(fx.proxy.Attribute):
+    """``x.shape`` of a traced tensor: its sizes stay traced, its length is the real run's rank."""
+
+    def __len__(self) -> int:
+        value = self.tracer._evaluate(self.root.node)  # type: ignore[attr-defined]
+        if isinstance(value, torch.Tensor):
+            return value.dim()
+        return super().__len__()
 
 
 class ShapePass(ShapeProp):
