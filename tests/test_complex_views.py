@@ -133,6 +133,15 @@ CASES: dict[str, tuple[Callable[..., object], tuple[tuple[int, ...], ...], str]]
         ((2, 20, 2), (2, 20, 2)),
         "cplx",
     ),
+    "broadcast_across_ranks": (  # a (F, N) spectrum against (B, F, N) real and (B, 1, N) complex ones
+        lambda x, y: (
+            _vr(_spec(x[0]) * _spec(y).abs()),
+            _vr(_spec(x[0]) / (_spec(y)[:, :1] + 2.0)),
+            _vr(_spec(y).abs() - _spec(x[0])),
+        ),
+        ((2, 96), (3, 96)),
+        "sig",
+    ),
     "divide_by_real": (lambda x: _vr(_spec(x) / (_spec(x).abs() + 1.0)), ((2, 96),), "sig"),
     "complex_powers": (
         lambda x: (_vr(_vc(x) ** 2), _vr(_vc(x).pow(3)), _vr(_vc(x).pow(0.5))),

@@ -17,7 +17,7 @@ import torch
 from torchlower.core.values import Dim, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, Operand, unsqueeze_to
+from torchlower.rules.common import Builder, Operand, broadcast_shapes, unsqueeze_to
 from torchlower.rules.layout import concat, dims_of, slice_dim
 
 COMPLEX_OF = {torch.float32: torch.complex64, torch.float16: torch.complex32, torch.float64: torch.complex128}
@@ -83,10 +83,14 @@ def join(b: Builder, re: Value, im: Value) -> Value:
 
 
 def _bin(b: Builder, op: str, x: Operand, y: Operand) -> Value:
-    ref = x if isinstance(x, Value) else y
-    assert isinstance(ref, Value)
-    x, y = unsqueeze_to(b, x, ref.rank), unsqueeze_to(b, y, ref.rank)
-    return b.call(op, [x, y], dtype=ref.dtype, shape=ref.shape)
+    """``x op y`` broadcast as torch does: the lower-rank side gets leading axes (tract wants
+    equal ranks), the result the broadcast shape."""
+    values = [v for v in (x, y) if isinstance(v, Value)]
+    assert values
+    rank = max(v.rank for v in values)
+    x, y = unsqueeze_to(b, x, rank), unsqueeze_to(b, y, rank)
+    shape = broadcast_shapes(*(dims_of(v) for v in (x, y) if isinstance(v, Value)))
+    return b.call(op, [x, y], dtype=values[0].dtype, shape=tuple(shape))
 
 
 def scale(b: Builder, p: Value, factor: float) -> Value:

@@ -239,6 +239,7 @@ def identity(b: Builder, z: Value, memory_format: object = None) -> Value:
 def to(b: Builder, z: Value, *args: Any) -> Value:
     """_to_copy(Tensor self, *, ScalarType? dtype=None, ...) -> Tensor: only to the same dtype."""
     dtypes = [a for a in args if isinstance(a, torch.dtype)]
+    dtypes += [a.dtype for a in args if isinstance(a, Value) and a.dtype is not None]  # to(other)
     if any(d != z.dtype for d in dtypes):
         raise LoweringError(f"a cast of a {z.dtype} tensor to {dtypes[0]} is not supported")
     return z
