@@ -13,6 +13,7 @@ from tests import torchvision_shim
 from torchlower.pipeline.export import FRONTENDS, ExportReport
 
 torchvision_shim.install()  # before anything (transformers) imports torchvision
+torchvision_shim.install_torchaudio()  # transformers' audio_utils imports torchaudio (a CUDA wheel)
 
 pytest_plugins = ["tests.coverage_plugin"]
 

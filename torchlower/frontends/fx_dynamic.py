@@ -151,6 +151,8 @@ def _hints(gm: fx.GraphModule, n: fx.Node, runs: list[dict[str, Any]]) -> dict[i
         rules = window_rules(gm.get_submodule(str(n.target)))
     elif n.op == "call_function" and n.target in _WINDOW_ARGS:
         rules = _function_rules(n, runs)
+    elif n.op == "call_function" and n.target is torch.stft:
+        return _stft_hint(n, runs)
     elif n.op == "call_method" and n.target == "unfold" and len(n.args) == 4 and len(runs[0][n.name]) == 1:
         _, dim, size, step = n.args
         rank = len(runs[0][n.args[0].name][0] or ())
@@ -168,6 +170,22 @@ def _hints(gm: fx.GraphModule, n: fx.Node, runs: list[dict[str, Any]]) -> dict[i
         rank - len(rules) + i: (tuple(f[rank - len(rules) + i] for f in first), form)
         for i, form in enumerate(rules)
     }
+
+
+def _stft_hint(n: fx.Node, runs: list[dict[str, Any]]) -> dict[int, Any]:
+    """``torch.stft``: (…, L) → (…, freq, frames), frames of ``n_fft`` every ``hop_length`` on
+    the signal padded by ``n_fft // 2`` on each side when ``center``."""
+    names = ("input", "n_fft", "hop_length", "win_length", "window", "center")
+    given = {**dict(zip(names, n.args, strict=False)), **n.kwargs}
+    n_fft, hop, center = given.get("n_fft"), given.get("hop_length"), given.get("center", True)
+    if not isinstance(n_fft, int) or not isinstance(hop, (int, type(None))) or not isinstance(center, bool):
+        return {}
+    first = [run[n.args[0].name][0] for run in runs]  # type: ignore[union-attr]
+    if any(f is None for f in first):
+        return {}
+    rank = len(first[0])
+    form = window_form(n_fft, hop if hop is not None else n_fft // 4, n_fft // 2 if center else 0)
+    return {rank: (tuple(f[rank - 1] for f in first), form)}
 
 
 def _function_rules(n: fx.Node, runs: list[dict[str, Any]]) -> list[Any]:

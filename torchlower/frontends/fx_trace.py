@@ -199,6 +199,9 @@ def _packed_sizes() -> Iterator[None]:
             setattr(torch, name, fn)
 
 
+_STATIC_ATTRS = ("dtype", "ndim", "dim", "is_complex", "is_floating_point")
+
+
 class _Proxy(fx.Proxy):
     """Records ``x[index] = value`` as an ``operator.setitem`` call (FX proxies refuse it)."""
 
@@ -212,16 +215,30 @@ class _Proxy(fx.Proxy):
         return super().__len__()
 
     def __getattr__(self, name: str) -> Any:
-        """``x.dtype`` is the real run's dtype when inputs are known (``torch.finfo(x.dtype)``)."""
+        """``x.dtype`` is the real run's dtype when inputs are known (``torch.finfo(x.dtype)``);
+        so are the rank (``x.dim()``, ``x.ndim``: torchaudio's ``if x_db.dim() > 2``) and
+        ``x.is_complex()``, which no dynamic size changes."""
         tracer = self.tracer
-        if name == "dtype" and isinstance(tracer, Tracer) and tracer.example is not None:
+        if name in _STATIC_ATTRS and isinstance(tracer, Tracer) and tracer.example is not None:
             value = tracer._evaluate(self.node)
             if isinstance(value, torch.Tensor):
-                return value.dtype
+                return getattr(value, name)
+        if name == "shape" and isinstance(tracer, Tracer) and tracer.example is not None:
+            return _Shape(self, name)  # ``len(x.shape)`` is the rank (speechbrain's features)
         return super().__getattr__(name)
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
+
+
+class _Shape(fx.proxy.Attribute):
+    """``x.shape`` of a traced tensor: its sizes stay traced, its length is the real run's rank."""
+
+    def __len__(self) -> int:
+        value = self.tracer._evaluate(self.root.node)  # type: ignore[attr-defined]
+        if isinstance(value, torch.Tensor):
+            return value.dim()
+        return super().__len__()
 
 
 class ShapePass(ShapeProp):

@@ -44,6 +44,12 @@ def window_hints(copies: Sequence[Any], module: nn.Module | None) -> dict[int, t
         if ceil is not False or not all(isinstance(v, list) for v in (kernels, stride, padding, dilation)):
             return {}
         stride = stride or kernels
+    elif kind == "aten::stft":  # (…, L) → (…, freq, frames): frames of n_fft every hop_length
+        n_fft, hop = _const(copies, 1), _const(copies, 2)
+        rank = _rank(args[0])
+        if not isinstance(n_fft, int) or rank is None or not isinstance(hop, (int, type(None))):
+            return {}
+        return {rank: (rank - 1, window_form(n_fft, hop if hop is not None else n_fft // 4, 0))}
     elif kind == "aten::unfold":
         dim, size, step = (_const(copies, k) for k in (1, 2, 3))
         rank = _rank(args[0])

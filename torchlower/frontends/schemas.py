@@ -123,7 +123,7 @@ def coerce(ty: Any, n: int | None, value: Any, wrapped_numbers: bool = False) ->
     if isinstance(ty, torch._C.OptionalType):
         return None if value is None else coerce(ty.getElementType(), n, value, wrapped_numbers)
     if isinstance(ty, torch._C.TensorType):
-        if wrapped_numbers and isinstance(value, (int, float, bool)):
+        if wrapped_numbers and isinstance(value, (int, float, bool, complex)):
             return value
         return value if isinstance(value, (Value, Missing)) else _NO  # Missing: still name the op
     if isinstance(ty, torch._C.ListType):
@@ -149,7 +149,7 @@ def coerce(ty: Any, n: int | None, value: Any, wrapped_numbers: bool = False) ->
     if kind == "bool":
         return value if isinstance(value, bool) else _NO
     if kind in ("Scalar", "number"):
-        return value if isinstance(value, (int, float, bool, SymDim)) else _NO
+        return value if isinstance(value, (int, float, bool, complex, SymDim)) else _NO
     if kind == "str":
         return value if isinstance(value, str) else _NO
     if kind == "ScalarType":

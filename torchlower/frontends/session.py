@@ -196,6 +196,8 @@ def _wrap_constants(result: Any) -> Any:
 
 
 def _contains_complex(args: Any) -> bool:
+    if isinstance(args, complex):  # a Python complex scalar (``x * 1j``) makes the result complex
+        return True
     if isinstance(args, Value):
         return args.dtype is not None and args.dtype.is_complex
     if isinstance(args, (list, tuple)):

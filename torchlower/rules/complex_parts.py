@@ -17,7 +17,7 @@ import torch
 from torchlower.core.values import Dim, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, Operand, unsqueeze_to
+from torchlower.rules.common import Builder, Operand, broadcast_shapes, unsqueeze_to
 from torchlower.rules.layout import concat, dims_of, slice_dim
 
 COMPLEX_OF = {torch.float32: torch.complex64, torch.float16: torch.complex32, torch.float64: torch.complex128}
@@ -83,10 +83,14 @@ def join(b: Builder, re: Value, im: Value) -> Value:
 
 
 def _bin(b: Builder, op: str, x: Operand, y: Operand) -> Value:
-    ref = x if isinstance(x, Value) else y
-    assert isinstance(ref, Value)
-    x, y = unsqueeze_to(b, x, ref.rank), unsqueeze_to(b, y, ref.rank)
-    return b.call(op, [x, y], dtype=ref.dtype, shape=ref.shape)
+    """``x op y`` broadcast as torch does: the lower-rank side gets leading axes (tract wants
+    equal ranks), the result the broadcast shape."""
+    values = [v for v in (x, y) if isinstance(v, Value)]
+    assert values
+    rank = max(v.rank for v in values)
+    x, y = unsqueeze_to(b, x, rank), unsqueeze_to(b, y, rank)
+    shape = broadcast_shapes(*(dims_of(v) for v in (x, y) if isinstance(v, Value)))
+    return b.call(op, [x, y], dtype=values[0].dtype, shape=tuple(shape))
 
 
 def scale(b: Builder, p: Value, factor: float) -> Value:
@@ -178,8 +182,17 @@ def complex_mul(b: Builder, x: Operand, y: Operand) -> Value:
     """(a + bi)(c + di) with either side possibly real (then it scales both parts)."""
     if not is_complex(x):
         x, y = y, x
+    if isinstance(x, complex) and isinstance(y, Value):  # a real tensor times a Python complex
+        x, y = y, x
     assert isinstance(x, Value)
-    p = physical(x)
+    p = physical(x) if is_complex(x) else to_complex(b, x)
+    if isinstance(y, complex):  # a Python complex scalar: (a + bi)(c + di) on the parts
+        a, bb = part(b, p, 0), part(b, p, 1)
+        re = _bin(b, "sub", _bin(b, "mul", a, y.real), _bin(b, "mul", bb, y.imag))
+        im = _bin(b, "add", _bin(b, "mul", a, y.imag), _bin(b, "mul", bb, y.real))
+        return logical(join(b, re, im))
+    if not isinstance(y, Value):
+        y = float(y)  # a Python int would print as an integer literal (tract: no F32 × TDim)
     if not is_complex(y):
         other = unsqueeze_to(b, y, p.rank - 1) if isinstance(y, Value) else y
         if isinstance(other, Value):
@@ -204,6 +217,8 @@ def complex_add(b: Builder, op: str, x: Operand, y: Operand, alpha: float) -> Va
 def _as_value(x: Operand, like: Value) -> Operand:
     if isinstance(x, Value):
         return x
+    if isinstance(x, complex):
+        return constant(torch.tensor(x, dtype=like.dtype))
     return constant(torch.tensor(x, dtype=REAL_OF.get(like.dtype, torch.float32)))  # type: ignore[arg-type]
 
 
@@ -228,4 +243,22 @@ def _abs(b: Builder, z: Value) -> Value:
 
 
 # ATen ops whose real-valued rule stays as it is; with a complex operand the session calls these
-COMPLEX_OVERRIDES: dict[str, Callable[..., Any]] = {"mul": _mul, "add": _add, "sub": _sub, "abs": _abs}
+# (by op name without overload; ``complex_views.py`` adds the views, shapes and the rest)
+COMPLEX_OVERRIDES: dict[str, Callable[..., Any]] = {
+    "mul": _mul, "add": _add, "sub": _sub, "abs": _abs,
+    "mul_": _mul, "add_": _add, "sub_": _sub,  # in place (jit): the front end rebinds the target
+}  # fmt: skip
+
+
+def complex_override(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fn`` as what the session calls for ATen ops ``names`` (no overload) when an
+    operand is complex; its arguments are the real rule's, in schema order."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for name in names:
+            if name in COMPLEX_OVERRIDES:
+                raise ValueError(f"complex override for {name!r} registered twice")
+            COMPLEX_OVERRIDES[name] = fn
+        return fn
+
+    return register

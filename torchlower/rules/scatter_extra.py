@@ -78,10 +78,10 @@ def index_fill(b: Builder, x: Value, dim: int, index: Value, value: Scalar | Val
 def _splice(b: Builder, x: Value, block: Value, dim: int, start: int, end: int) -> Value:
     """``x`` with ``x[start:end]`` on ``dim`` replaced by ``block`` (empty sides are skipped)."""
     n = dims_of(x)[dim]
-    parts = [slice_dim(b, x, dim, 0, start)] if start > 0 else []
+    parts = [slice_dim(b, x, dim, 0, start)] if not (isinstance(start, int) and start <= 0) else []
     parts.append(cast(b, block, x.dtype))
-    if end < n:
-        parts.append(slice_dim(b, x, dim, end, n))
+    if not (end == n or (isinstance(end, int) and isinstance(n, int) and end >= n)):
+        parts.append(slice_dim(b, x, dim, end, n))  # symbolic bounds (a dynamic dim) are kept
     return concat(b, parts, dim)
 
 
@@ -89,7 +89,8 @@ def _splice(b: Builder, x: Value, block: Value, dim: int, start: int, end: int) 
 def select_scatter(b: Builder, x: Value, src: Value, dim: int, index: int) -> Value:
     """select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor"""
     dim = normalize_dim(dim, x.rank)
-    i = int(index) % dims_of(x)[dim]
+    n, i = dims_of(x)[dim], int(index)
+    i = i % n if isinstance(n, int) else n + i if i < 0 else i  # from the end of a dynamic dim
     shape = list(dims_of(x))
     shape[dim] = 1
     return _splice(b, x, reshape(b, src, shape), dim, i, i + 1)

@@ -33,6 +33,7 @@ from torchlower.rules.complex_parts import (
 from torchlower.rules.creation import filled
 from torchlower.rules.indexing import scatter_elements
 from torchlower.rules.layout import concat, dims_of, gather_axis, slice_dim, transpose
+from torchlower.rules.overlap_add import dynamic_istft_tail
 
 _NORMS = {None: 0, "backward": 0, "ortho": 1, "forward": 2}
 
@@ -327,7 +328,8 @@ def istft(
 
     Inverse transform of every frame (``irfft`` over the frequency axis), the window applied,
     overlap-added with one scatter-add of constant positions and divided by the summed squared
-    window, as torch does; then ``center`` trimming and ``length``. Needs a static frame count.
+    window, as torch does; then ``center`` trimming and ``length``. A dynamic frame count is
+    overlap-added in constant-size pieces (``overlap_add.py``; hop_length must divide n_fft).
     """
     if return_complex or not is_complex(x):
         raise LoweringError("istft: expects a complex spectrum and return_complex=False")
@@ -340,7 +342,7 @@ def istft(
     w = torch.nn.functional.pad(w, (left, n - win - left))
     p = physical(x)
     freq_axis, frame_axis = p.rank - 3, p.rank - 2
-    frames = _static(p, frame_axis, "istft")
+    frames = dims_of(p)[frame_axis]
     if onesided is None or onesided:
         full = _hermitian(b, p, freq_axis, n)
     else:
@@ -351,6 +353,8 @@ def istft(
     lead = list(dims_of(signal)[:-2])
     weighted = b.call("mul", [signal, constant(w.to(torch.float32).reshape([1] * len(lead) + [n, 1]))],
                       dtype=signal.dtype, shape=signal.shape)  # fmt: skip
+    if not isinstance(frames, int):  # a dynamic time axis: overlap-add of constant-size pieces
+        return dynamic_istft_tail(b, weighted, w, hop, center, length)
     total = n + hop * (frames - 1)
     positions = (torch.arange(n)[:, None] + hop * torch.arange(frames)[None, :]).reshape(1, -1)
     flat = b.call("reshape", [weighted], {"shape": [*lead, n * frames]}, dtype=signal.dtype,
