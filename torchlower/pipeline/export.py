@@ -9,6 +9,7 @@ report (``report``). ``torchlower.llm.export`` composes the same stages around i
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,8 +17,9 @@ import torch
 from torch import nn
 
 from torchlower.core import progress
+from torchlower.errors import InvalidArgumentError
 from torchlower.nnef import archive
-from torchlower.pipeline import capture, optimize, reference, report, request, write
+from torchlower.pipeline import capture, optimize, reference, report, request, stream_check, write
 from torchlower.pipeline import check as checks
 from torchlower.pipeline.check import verify
 from torchlower.pipeline.report import ExportReport, TensorInfo
@@ -42,6 +44,7 @@ def export(
     dynamic_axes: dict[str, dict[int, str]] | None = None,
     dynamic_shapes: Any = None,
     allow_value_dependent_trace: bool = False,
+    stream: dict[str, int] | None = None,
 ) -> ExportReport:
     """Export ``model`` called on ``args`` to an NNEF artifact at ``path`` and verify it in tract.
 
@@ -60,6 +63,9 @@ def export(
     jit trace for a value known to be constant (the report notes the lines; the check still runs
     on random inputs besides the example).
     The user's model is never modified: lowering reads parameters, it never replaces them.
+    ``stream={"T": 16}`` also pulses the archive in tract at 16 steps of the dynamic symbol
+    ``T`` and checks it chunk by chunk against PyTorch on the whole input (``report.stream``;
+    the verified pulse and delay are recorded in the archive; docs/streaming.md).
     """
     req = request.request(
         model, args, path, input_names=input_names, output_names=output_names, frontend=frontend,
@@ -67,6 +73,9 @@ def export(
         dynamic_axes=dynamic_axes, dynamic_shapes=dynamic_shapes,
         allow_value_dependent_trace=allow_value_dependent_trace,
     )  # fmt: skip
+    streaming = stream_check.stream_argument(stream, req.axes, check)
+    if streaming is not None and compress is not None:
+        raise InvalidArgumentError("stream= with compress= is not supported yet: export without compress")
     ref = reference.run_reference(model, req, output_names)
     captured = capture.capture(req, ref)
     builder = captured.builder
@@ -84,6 +93,39 @@ def export(
                     tolerance, builder, dequantized, req.target,
                 )  # fmt: skip
             report.record_check(result, outcome)
+            if streaming is not None:
+                result.stream = stream_stage(written, ref.module, req, ref.output_names, streaming, tolerance)
+                builder.stream_note = result.stream.note()  # the archive records what was verified
+                archive.write(written, builder.graph_text(), weights, builder.quant_text())
             coverage.verified(result.rules_used)
     result.path = req.target
     return result
+
+
+def stream_stage(
+    written: Path,
+    module: nn.Module,
+    req: request.Request,
+    names: Sequence[str],
+    streaming: tuple[str, int],
+    tolerance: float | None,
+) -> stream_check.StreamReport:
+    """The streaming check (``pipeline/stream_check.py``) of a checked archive."""
+    from torchlower.core import model_io
+    from torchlower.core import tolerance as tolerances
+
+    def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return model_io.flatten_outputs(module(*inputs))
+
+    def tol(want: Sequence[Any]) -> float:
+        if tolerance is not None:
+            return tolerance
+        return tolerances.f16(want) if req.precision == "f16" else tolerances.default(want)
+
+    assert req.spec is not None  # stream_argument required the symbol among the dynamic axes
+    symbol, pulse = streaming
+    with progress.stage(f"streaming in tract ({symbol} pulse {pulse})"):
+        return stream_check.check_stream(
+            written, run, req.example, req.input_names, names, req.spec, symbol, pulse, tol, req.target
+        )
