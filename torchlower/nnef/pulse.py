@@ -27,6 +27,7 @@ from typing import IO, Any
 import numpy as np
 
 from torchlower.errors import CheckError
+from torchlower.nnef.graph_model import Graph
 from torchlower.nnef.session import receive, send
 
 _STRIDE = re.compile(r"requires pulse \((\d+)\) to be a stride \((\d+)\) multiple")
@@ -55,6 +56,25 @@ class PulseRefused(CheckError):
     def __init__(self, message: str, node: str = "", op: str = "", stride: int = 0, pulse: int = 0) -> None:
         self.node, self.op, self.stride, self.pulse = node, op, stride, pulse
         super().__init__(message)
+
+
+def hazards(graph: Graph, symbol: str) -> list[str]:
+    """What tract 0.23.9 pulses without complaint and streams wrong: a strided ``deconv`` (its
+    pulsed delay is counted in input frames, not output steps: a ``ConvTranspose1d`` of stride 8
+    reports 1 where the stream lags 8). torchlower's streaming exports write these as a conv and
+    an interleave instead (``nnef/stream_forms.py``)."""
+    found = []
+    for a in graph.assignments:
+        stride = a.attrs.get("stride") or []
+        if a.op == "deconv" and any(isinstance(s, int) and s > 1 for s in stride):
+            where = f"module {a.scope!r}, " if a.scope else ""
+            found.append(
+                f"graph.nnef line {a.line} ({where}{a.outputs[0]} = deconv, stride {list(stride)}): tract"
+                f" pulses a strided transposed convolution over {symbol} with a wrong delay (counted in"
+                " input frames); export the model again with torchlower.export(..., stream=...), which"
+                " writes it in a form that streams correctly"
+            )
+    return found
 
 
 # ---- child side --------------------------------------------------------------------------

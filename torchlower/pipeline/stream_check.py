@@ -110,13 +110,15 @@ def smallest_pulse(artifact: Path, symbol: str, pulse: int) -> int:
     return pulse
 
 
-def open_pulsed(artifact: Path, symbol: str, pulse: int, multiple: int | None, where: str) -> PulseSession:
+def open_pulsed(
+    artifact: Path, symbol: str, pulse: int, multiple: int | None, where: str, threads: int | None = None
+) -> PulseSession:
     """A ``PulseSession``, tract's refusals as typed errors (a pulse the strides do not allow
     lists the valid ones; any other refusal is a ``StreamingError`` naming the op)."""
     if multiple and pulse % multiple:
         raise InvalidPulseError(invalid_pulse(symbol, pulse, multiple, where))
     try:
-        return PulseSession(artifact, symbol, pulse)
+        return PulseSession(artifact, symbol, pulse, threads)
     except PulseRefused as exc:
         if exc.stride:
             valid = multiple or smallest_pulse(artifact, symbol, pulse)
