@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from torchlower.core import progress
-from torchlower.errors import InvalidArgumentError
-from torchlower.nnef import archive
+from torchlower.errors import InvalidArgumentError, StreamingError
+from torchlower.nnef.builder import NNEFBuilder
+from torchlower.nnef import archive, stream_forms
 from torchlower.pipeline import capture, optimize, reference, report, request, stream_check, write
 from torchlower.pipeline import check as checks
 from torchlower.pipeline.check import verify
@@ -81,6 +82,9 @@ def export(
     builder = captured.builder
     dequantized = optimize.compress(builder, ref.module, compress)
     optimize.optimize(builder)
+    if streaming is not None:
+        captured.notes.extend(stream_forms.pulse_safe(builder))
+        refuse_hazards(builder, streaming[0])
     weights = builder.live_weights()
     builder.example_sizes = req.example_sizes  # recorded so `check` without sizes runs there
     with write.staging(req.target, check) as staged:
@@ -129,3 +133,13 @@ def stream_stage(
         return stream_check.check_stream(
             written, run, req.example, req.input_names, names, req.spec, symbol, pulse, tol, req.target
         )
+
+
+def refuse_hazards(builder: NNEFBuilder, symbol: str) -> None:
+    """What tract pulses without complaint and streams wrong, refused before anything is written."""
+    from torchlower.nnef.parse import parse
+    from torchlower.nnef.pulse import hazards
+
+    found = hazards(parse(builder.graph_text().encode()), symbol)
+    if found:
+        raise StreamingError(f"the model cannot stream over {symbol}: {found[0]}")
