@@ -59,7 +59,9 @@ class Stream:
         self.output_axes = dict(zip(graph.outputs, facts.output_axes, strict=True))
         self.delays = dict(zip(graph.outputs, facts.per_output(len(graph.outputs)), strict=True))
         self.delay = self.delays[graph.outputs[0]] if graph.outputs else 0
-        self.output_pulses = {n: _pulse_of(f, self.output_axes[n]) for n, f in zip(graph.outputs, facts.outputs, strict=True)}
+        self.output_pulses = {
+            n: _pulse_of(f, self.output_axes[n]) for n, f in zip(graph.outputs, facts.outputs, strict=True)
+        }
         self.verified = recorded  # what export(stream=) recorded, {} when never verified
 
     @property
@@ -82,7 +84,9 @@ class Stream:
                     f" must have {self.pulse} steps (the pulse), got {array.shape[axis]}; pad the last"
                     " chunk with zeros"
                 )
-        bounds = [e for e in self.graph.extensions if not e.strip().startswith(f"tract_assert {self.symbol} ")]
+        bounds = [
+            e for e in self.graph.extensions if not e.strip().startswith(f"tract_assert {self.symbol} ")
+        ]
         runner.bind(decls, arrays, self.graph.symbols, bounds)
         return arrays
 
@@ -145,3 +149,55 @@ def _pulse_of(fact: str, axis: int) -> int:
 def open_stream(path: Path, graph: Graph, pulses: Any, threads: int | None = None) -> Stream:
     return Stream(path, graph, pulses, threads)
 
+
+def verify_stream(
+    path: Path,
+    graph: Graph,
+    model: Any,
+    pulses: Any,
+    inputs: Mapping[str, Any] | Sequence[Any] | None = None,
+    tolerance: float | None = None,
+    seed: int = 0,
+) -> stream_check.StreamReport:
+    """``torchlower check ARCHIVE --stream T=32 --model ...``: the archive pulsed at that pulse,
+    streamed on ``inputs`` (or random ones at the export's sizes) and on random inputs of two
+    other lengths, compared with ``model`` on the streamed signal; ``CheckError`` on a mismatch."""
+    import torch
+
+    from torchlower.artifact import io
+    from torchlower.core import model_io
+    from torchlower.core import tolerance as tolerances
+
+    symbol, pulse = stream_check.stream_argument(pulses, axes_of(graph), True) or ("", 0)
+    found = hazards(graph, symbol)
+    if found:
+        raise StreamingError(f"{path} cannot stream over {symbol}: {found[0]}")
+    with reader.extracted(path) as folder:
+        art = io.load(folder)
+        first = io.inputs_for(art, inputs, None, seed)
+        decl = graph.inputs[0]
+        axis = next(i for i, d in enumerate(decl.shape) if d == symbol)
+        base = first[0].shape[axis]
+        points = [("given inputs" if inputs is not None else f"random ({symbol}={base}, seed {seed})", first)]
+        for k, n in enumerate((base + pulse + 3, base // 2 + 1), start=1):
+            sizes = {**art.graph.example_sizes, symbol: n}
+            points.append(
+                (f"{symbol}={n} (random, seed {seed + k})", io.inputs_for(art, None, sizes, seed + k))
+            )
+
+        def run(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            with torch.no_grad():
+                return model_io.flatten_outputs(model(*tensors))
+
+        def tol(want: Sequence[Any]) -> float:
+            return tolerance if tolerance is not None else tolerances.default(want)
+
+        recorded = graph.streaming if graph.streaming.get("symbol") == symbol else {}
+        tensors = [
+            (label, tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays))
+            for label, arrays in points
+        ]
+        return stream_check.check_stream(
+            folder, run, tensors, [d.name for d in graph.inputs], list(graph.outputs), symbol, pulse, tol,
+            path, recorded.get("multiple"),
+        )  # fmt: skip

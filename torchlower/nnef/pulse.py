@@ -136,7 +136,7 @@ class PulseSession:
     once the constructor returns."""
 
     def __init__(self, folder: Path, symbol: str, pulse: int, threads: int | None = None) -> None:
-        self.folder, self.symbol, self.pulse = folder, symbol, pulse
+        self.folder, self.symbol, self.pulse = Path(folder).resolve(), symbol, pulse
         self.lock = threading.Lock()
         self.stderr: IO[bytes] | None = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the child)
         env = dict(os.environ, RUST_BACKTRACE="0", RUST_LIB_BACKTRACE="0")
@@ -144,7 +144,7 @@ class PulseSession:
         if env["RAYON_NUM_THREADS"] == "1":
             env["TRACT_FLASH_SDPA_ST"] = "1"
         self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, "-m", "torchlower.nnef.pulse", str(folder), symbol, str(pulse)],
+            [sys.executable, "-m", "torchlower.nnef.pulse", str(self.folder), symbol, str(pulse)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,

@@ -77,7 +77,9 @@ def overlap_add(b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment])
     if bias is None:
         bias2: Any = float(bias_item)
     else:
-        bias2 = graph_edit.operand(b, bias.reshape(1, -1).repeat_interleave(s, dim=1).contiguous(), f"{label}.frames_bias", before)
+        bias2 = graph_edit.operand(
+            b, bias.reshape(1, -1).repeat_interleave(s, dim=1).contiguous(), f"{label}.frames_bias", before
+        )
     dtype = result.dtype
 
     def value(hint: str) -> Value:
@@ -94,7 +96,9 @@ def overlap_add(b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment])
     scope = a.scope
     steps = [
         Assignment([frames], "conv", [x, weight, bias2], conv_attrs, scope),
-        Assignment([split], "reshape", [frames], {"shape": [cout, s], "axis_start": 1, "axis_count": 1}, scope),
+        Assignment(
+            [split], "reshape", [frames], {"shape": [cout, s], "axis_start": 1, "axis_count": 1}, scope
+        ),
         Assignment([moved], "transpose", [split], {"axes": [0, 1, 3, 2]}, scope),
         Assignment([flat], "reshape", [moved], {"shape": [-1], "axis_start": 2, "axis_count": 2}, scope),
     ]

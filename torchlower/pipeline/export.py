@@ -9,17 +9,17 @@ report (``report``). ``torchlower.llm.export`` composes the same stages around i
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from torchlower.core import progress
-from torchlower.errors import InvalidArgumentError, StreamingError
-from torchlower.nnef.builder import NNEFBuilder
+from torchlower.errors import CheckError, InvalidArgumentError, StreamingError
 from torchlower.nnef import archive, stream_forms
+from torchlower.nnef.builder import NNEFBuilder
 from torchlower.pipeline import capture, optimize, reference, report, request, stream_check, write
 from torchlower.pipeline import check as checks
 from torchlower.pipeline.check import verify
@@ -130,9 +130,13 @@ def stream_stage(
     assert req.spec is not None  # stream_argument required the symbol among the dynamic axes
     symbol, pulse = streaming
     with progress.stage(f"streaming in tract ({symbol} pulse {pulse})"):
-        return stream_check.check_stream(
-            written, run, req.example, req.input_names, names, req.spec, symbol, pulse, tol, req.target
-        )
+        points = stream_check.export_points(req.example, req.spec, symbol, pulse)
+        try:
+            return stream_check.check_stream(
+                written, run, points, req.input_names, names, symbol, pulse, tol, req.target
+            )
+        except CheckError as exc:
+            raise CheckError(f"{exc} (nothing written)", exc.errors) from None
 
 
 def refuse_hazards(builder: NNEFBuilder, symbol: str) -> None:

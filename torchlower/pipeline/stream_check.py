@@ -72,7 +72,9 @@ class StreamReport:
         )
 
 
-def stream_argument(stream: Any, axes: Mapping[str, Mapping[int, str]], check: bool) -> tuple[str, int] | None:
+def stream_argument(
+    stream: Any, axes: Mapping[str, Mapping[int, str]], check: bool
+) -> tuple[str, int] | None:
     """``{"T": 16}`` → ``("T", 16)``: one symbol of the dynamic axes and a positive pulse."""
     if stream is None:
         return None
@@ -146,47 +148,63 @@ def stream_lengths(spec: dynamic.Spec, symbol: str, pulse: int) -> list[int]:
     return out
 
 
+Points = list[tuple[str, tuple[torch.Tensor, ...]]]
+
+
+def export_points(example: tuple[torch.Tensor, ...], spec: dynamic.Spec, symbol: str, pulse: int) -> Points:
+    """The example, and random inputs like it at the other lengths of ``stream_lengths``."""
+    points: Points = [("example", example)]
+    for k, n in enumerate(stream_lengths(spec, symbol, pulse)[1:], start=1):
+        g = torch.Generator().manual_seed(verification.SEED + 100 + k)
+        resized = spec.example_at(example, {**spec.base, symbol: n})
+        label = f"{symbol}={n} (random, seed {verification.SEED + 100 + k})"
+        points.append((label, tuple(verification.like(t, g) for t in resized)))
+    return points
+
+
 def check_stream(
     artifact: Path,
     run: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]],
-    example: tuple[torch.Tensor, ...],
+    points: Points,
     input_names: Sequence[str],
     output_names: Sequence[str],
-    spec: dynamic.Spec,
     symbol: str,
     pulse: int,
     tol: Callable[[Sequence[Any]], float],
     shown: Path,
+    multiple: int | None = None,
 ) -> StreamReport:
-    """Pulse ``artifact`` at ``pulse``, stream the example and inputs of other lengths, compare;
-    a mismatch is a ``CheckError`` (its ``errors`` are every output's at every point)."""
-    multiple = smallest_pulse(artifact, symbol, pulse)
+    """Pulse ``artifact`` at ``pulse``, stream every point's inputs, compare with ``run`` on the
+    streamed signal; a mismatch is a ``CheckError`` (its ``errors`` are every output's at every
+    point). ``multiple`` (the smallest pulse tract accepts) is probed when not given."""
+    multiple = multiple or smallest_pulse(artifact, symbol, pulse)
     with open_pulsed(artifact, symbol, pulse, multiple, str(shown)) as session:
         facts = session.facts
         report = stream_report(facts, symbol, pulse, multiple, input_names, output_names)
-        points: list[tuple[str, tuple[torch.Tensor, ...]]] = [("example", example)]
-        for k, n in enumerate(stream_lengths(spec, symbol, pulse)[1:], start=1):
-            g = torch.Generator().manual_seed(verification.SEED + 100 + k)
-            resized = spec.example_at(example, {**spec.base, symbol: n})
-            points.append((f"{symbol}={n} (random, seed {verification.SEED + 100 + k})",
-                           tuple(verification.like(t, g) for t in resized)))  # fmt: skip
         for label, inputs in points:
             session.reset()
             report.points.append(stream_point(session, facts, run, label, inputs, output_names, tol))
         report.chunk_seconds = list(session.seconds)
     bad = [(p, e) for p in report.points for e in p.errors if not e.ok]
     if bad:
-        detail = "; ".join(f"{p.label}: {e.name} max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for p, e in bad[:4])
+        detail = "; ".join(
+            f"{p.label}: {e.name} max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for p, e in bad[:4]
+        )
         raise CheckError(
             f"{shown}: streamed in tract at a pulse of {pulse} ({symbol}, delay {report.delay}), the"
-            f" outputs differ from PyTorch on the whole input — {detail}. Nothing was written.",
+            f" outputs differ from PyTorch on the whole input — {detail}",
             [e for p in report.points for e in p.errors],
         )
     return report
 
 
 def stream_report(
-    facts: PulseFacts, symbol: str, pulse: int, multiple: int, input_names: Sequence[str], output_names: Sequence[str]
+    facts: PulseFacts,
+    symbol: str,
+    pulse: int,
+    multiple: int,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
 ) -> StreamReport:
     delays = facts.per_output(len(output_names))
     return StreamReport(
@@ -224,7 +242,9 @@ def stream_point(
     for s, w, a, d, small in zip(streamed, want_all, facts.output_axes, delays, whole, strict=True):
         count = min(s.shape[a] - d, w.shape[a])
         if count < small.shape[a]:
-            raise CheckError(f"{label}: the stream gave {s.shape[a] - d} steps after its delay, PyTorch {small.shape[a]}")
+            raise CheckError(
+                f"{label}: the stream gave {s.shape[a] - d} steps after its delay, PyTorch {small.shape[a]}"
+            )
         got.append(np.take(s, np.arange(d, d + count), axis=a))
         want.append(np.take(w, np.arange(count), axis=a))
     return StreamPoint(label, length, chunks, compare(list(names), want, got, tol(want)))
@@ -264,4 +284,3 @@ def pad_to(array: np.ndarray, axis: int, size: int) -> np.ndarray:
     widths = [(0, 0)] * array.ndim
     widths[axis] = (0, missing)
     return np.pad(array, widths)
-
