@@ -21,7 +21,7 @@ from torchlower.artifact import runner
 from torchlower.errors import InvalidArgumentError, StreamingError
 from torchlower.nnef import reader
 from torchlower.nnef.graph_model import Graph
-from torchlower.nnef.pulse import PulseSession, hazards
+from torchlower.nnef.pulse import PulseSession, hazards, pulse_floor
 from torchlower.pipeline import stream_check
 
 
@@ -52,7 +52,13 @@ class Stream:
             raise StreamingError(f"{path} cannot stream over {self.symbol}: {found[0]}")
         with reader.extracted(self.path) as folder:
             self.session: PulseSession = stream_check.open_pulsed(
-                folder, self.symbol, self.pulse, recorded.get("multiple"), str(path), threads
+                folder,
+                self.symbol,
+                self.pulse,
+                recorded.get("multiple"),
+                str(path),
+                threads,
+                pulse_floor(graph),
             )
         facts = self.session.facts
         self.input_axes = dict(zip([d.name for d in graph.inputs], facts.input_axes, strict=True))
@@ -199,5 +205,5 @@ def verify_stream(
         ]
         return stream_check.check_stream(
             folder, run, tensors, [d.name for d in graph.inputs], list(graph.outputs), symbol, pulse, tol,
-            path, recorded.get("multiple"),
+            path, recorded.get("multiple"), pulse_floor(graph), graph,
         )  # fmt: skip

@@ -12,6 +12,7 @@ the chunk's outputs and the time tract spent on it. ``reset`` starts a fresh sta
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import subprocess
@@ -75,6 +76,34 @@ def hazards(graph: Graph, symbol: str) -> list[str]:
                 " writes it in a form that streams correctly"
             )
     return found
+
+
+def where_is(graph: Graph, node: str) -> str:
+    """``graph.nnef line 12 (module 'enc.pool', mean = mean_reduce)`` for a tract node name
+    (tract names a node after the NNEF identifier it computes, plus suffixes of its own)."""
+    best = None
+    for a in graph.assignments:
+        for out in a.outputs:
+            if (node == out or node.startswith(out + "_") or node.startswith(out + ".")) and (
+                best is None or len(out) > len(best[1])
+            ):
+                best = (a, out)
+    if best is None:
+        return f"node {node!r}"
+    a, out = best
+    scope = f"module {a.scope!r}, " if a.scope else ""
+    return f"graph.nnef line {a.line} ({scope}{out} = {a.op})"
+
+
+def pulse_floor(graph: Graph) -> int:
+    """A multiple every pulse must be that tract does not enforce itself: the hop of each
+    ``tract_core_stft`` (tract 0.23.9 pulses an STFT of hop 32 at 48 and streams wrong frames,
+    and at 1 it fails with a huge shape)."""
+    out = 1
+    for a in graph.assignments:
+        if a.op == "tract_core_stft" and isinstance(a.attrs.get("stride"), int) and a.attrs["stride"] > 0:
+            out = math.lcm(out, a.attrs["stride"])
+    return out
 
 
 # ---- child side --------------------------------------------------------------------------

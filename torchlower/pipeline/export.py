@@ -20,6 +20,7 @@ from torchlower.core import progress
 from torchlower.errors import CheckError, InvalidArgumentError, StreamingError
 from torchlower.nnef import archive, stream_forms
 from torchlower.nnef.builder import NNEFBuilder
+from torchlower.nnef.graph_model import Graph
 from torchlower.pipeline import capture, optimize, reference, report, request, stream_check, write
 from torchlower.pipeline import check as checks
 from torchlower.pipeline.check import verify
@@ -84,7 +85,7 @@ def export(
     optimize.optimize(builder)
     if streaming is not None:
         captured.notes.extend(stream_forms.pulse_safe(builder))
-        refuse_hazards(builder, streaming[0])
+        floor, graph = refuse_hazards(builder, streaming[0])
     weights = builder.live_weights()
     builder.example_sizes = req.example_sizes  # recorded so `check` without sizes runs there
     with write.staging(req.target, check) as staged:
@@ -98,7 +99,9 @@ def export(
                 )  # fmt: skip
             report.record_check(result, outcome)
             if streaming is not None:
-                result.stream = stream_stage(written, ref.module, req, ref.output_names, streaming, tolerance)
+                result.stream = stream_stage(
+                    written, ref.module, req, ref.output_names, streaming, tolerance, floor, graph
+                )
                 builder.stream_note = result.stream.note()  # the archive records what was verified
                 archive.write(written, builder.graph_text(), weights, builder.quant_text())
             coverage.verified(result.rules_used)
@@ -113,6 +116,8 @@ def stream_stage(
     names: Sequence[str],
     streaming: tuple[str, int],
     tolerance: float | None,
+    floor: int,
+    graph: Graph,
 ) -> stream_check.StreamReport:
     """The streaming check (``pipeline/stream_check.py``) of a checked archive."""
     from torchlower.core import model_io
@@ -133,17 +138,31 @@ def stream_stage(
         points = stream_check.export_points(req.example, req.spec, symbol, pulse)
         try:
             return stream_check.check_stream(
-                written, run, points, req.input_names, names, symbol, pulse, tol, req.target
+                written,
+                run,
+                points,
+                req.input_names,
+                names,
+                symbol,
+                pulse,
+                tol,
+                req.target,
+                None,
+                floor,
+                graph,
             )
         except CheckError as exc:
             raise CheckError(f"{exc} (nothing written)", exc.errors) from None
 
 
-def refuse_hazards(builder: NNEFBuilder, symbol: str) -> None:
-    """What tract pulses without complaint and streams wrong, refused before anything is written."""
+def refuse_hazards(builder: NNEFBuilder, symbol: str) -> tuple[int, Graph]:
+    """What tract pulses without complaint and streams wrong, refused before anything is written;
+    returns the multiple every pulse must be that tract does not enforce (``pulse_floor``)."""
     from torchlower.nnef.parse import parse
-    from torchlower.nnef.pulse import hazards
+    from torchlower.nnef.pulse import hazards, pulse_floor
 
-    found = hazards(parse(builder.graph_text().encode()), symbol)
+    graph = parse(builder.graph_text().encode())
+    found = hazards(graph, symbol)
     if found:
         raise StreamingError(f"the model cannot stream over {symbol}: {found[0]}")
+    return pulse_floor(graph), graph

@@ -24,7 +24,8 @@ import torch
 from torchlower.core import dynamic
 from torchlower.core.comparison import OutputError, compare
 from torchlower.errors import CheckError, InvalidArgumentError, InvalidPulseError, StreamingError
-from torchlower.nnef.pulse import PulseFacts, PulseRefused, PulseSession
+from torchlower.nnef.graph_model import Graph
+from torchlower.nnef.pulse import PulseFacts, PulseRefused, PulseSession, where_is
 from torchlower.pipeline import verification
 
 MAX_PROBES = 8  # pulses tried to find the smallest one tract accepts
@@ -96,10 +97,10 @@ def stream_argument(
     return symbol, pulse
 
 
-def smallest_pulse(artifact: Path, symbol: str, pulse: int) -> int:
-    """The smallest pulse tract accepts (a multiple of every stride on the way), probing from 1;
-    ``pulse`` is returned at once when it is below any stride-derived answer."""
-    candidate = 1
+def smallest_pulse(artifact: Path, symbol: str, pulse: int, floor: int = 1) -> int:
+    """The smallest pulse tract accepts (a multiple of every stride on the way), probing from
+    ``floor`` (``nnef.pulse.pulse_floor``: what tract does not check itself)."""
+    candidate = floor
     for _ in range(MAX_PROBES):
         try:
             PulseSession(artifact, symbol, candidate).close()
@@ -109,23 +110,39 @@ def smallest_pulse(artifact: Path, symbol: str, pulse: int) -> int:
                 return pulse  # refused for another reason: the pulse asked for decides
             # the node sees candidate / U steps for the strides U before it: U * lcm(its pulse, stride)
             candidate = candidate * exc.stride // math.gcd(exc.pulse, exc.stride)
+            candidate = math.lcm(candidate, floor)
     return pulse
 
 
 def open_pulsed(
-    artifact: Path, symbol: str, pulse: int, multiple: int | None, where: str, threads: int | None = None
+    artifact: Path,
+    symbol: str,
+    pulse: int,
+    multiple: int | None,
+    where: str,
+    threads: int | None = None,
+    floor: int = 1,
+    graph: Graph | None = None,
 ) -> PulseSession:
     """A ``PulseSession``, tract's refusals as typed errors (a pulse the strides do not allow
     lists the valid ones; any other refusal is a ``StreamingError`` naming the op)."""
-    if multiple and pulse % multiple:
-        raise InvalidPulseError(invalid_pulse(symbol, pulse, multiple, where))
+    if (multiple or floor) and pulse % math.lcm(multiple or 1, floor):
+        raise InvalidPulseError(invalid_pulse(symbol, pulse, math.lcm(multiple or 1, floor), where))
     try:
         return PulseSession(artifact, symbol, pulse, threads)
     except PulseRefused as exc:
         if exc.stride:
-            valid = multiple or smallest_pulse(artifact, symbol, pulse)
+            valid = multiple or smallest_pulse(artifact, symbol, pulse, floor)
             raise InvalidPulseError(invalid_pulse(symbol, pulse, valid, where)) from None
-        raise StreamingError(f"{where} cannot stream over {symbol}: {exc}") from None
+        at = f" at {where_is(graph, exc.node)}" if graph is not None and exc.node else ""
+        why = (
+            " (an op over the whole streaming axis — a reduction or global pooling over it,"
+            " attention over every step, reflect padding of the whole signal — needs the whole"
+            " sequence; for torch.stft use center=False)"
+            if "could not track pulsing axis" in str(exc) or "No specific pulse" in str(exc)
+            else ""
+        )
+        raise StreamingError(f"{where} cannot stream over {symbol}{at}{why}: {exc}") from None
 
 
 def invalid_pulse(symbol: str, pulse: int, multiple: int, where: str) -> str:
@@ -173,12 +190,14 @@ def check_stream(
     tol: Callable[[Sequence[Any]], float],
     shown: Path,
     multiple: int | None = None,
+    floor: int = 1,
+    graph: Graph | None = None,
 ) -> StreamReport:
     """Pulse ``artifact`` at ``pulse``, stream every point's inputs, compare with ``run`` on the
     streamed signal; a mismatch is a ``CheckError`` (its ``errors`` are every output's at every
     point). ``multiple`` (the smallest pulse tract accepts) is probed when not given."""
-    multiple = multiple or smallest_pulse(artifact, symbol, pulse)
-    with open_pulsed(artifact, symbol, pulse, multiple, str(shown)) as session:
+    multiple = multiple or smallest_pulse(artifact, symbol, pulse, floor)
+    with open_pulsed(artifact, symbol, pulse, multiple, str(shown), None, floor, graph) as session:
         facts = session.facts
         report = stream_report(facts, symbol, pulse, multiple, input_names, output_names)
         for label, inputs in points:
