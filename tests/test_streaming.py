@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchlower
-from torchlower.artifact.stream import verify_stream
+from torchlower.artifact.stream_verify import verify_stream
 from torchlower.errors import CheckError, InvalidArgumentError, InvalidPulseError, StreamingError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,7 +250,8 @@ def test_cli_export_check_run_inspect(tmp_path: Path) -> None:
         return json.loads(proc.stdout)
 
     exported = cli(
-        "export", "zoo_models:tcn", "--input", "x:1x4x64", "--dynamic", "x:2=T", "-o", "t.nnef.tgz", "--stream", "T=16"
+        "export", "zoo_models:tcn", "--input", "x:1x4x64", "--dynamic", "x:2=T", "-o", "t.nnef.tgz",
+        "--stream", "T=16",
     )  # fmt: skip
     assert exported["stream"]["pulse"] == 16 and exported["stream"]["delay"] == 0
     assert exported["stream"]["max_abs_error"] <= 1e-5

@@ -82,7 +82,7 @@ def render_report(table: Table, data: dict[str, Any]) -> None:
 def check(args: argparse.Namespace, out: Output) -> int:
     """``torchlower check ARCHIVE --stream T=32 --model MODULE:FACTORY``."""
     import torchlower
-    from torchlower.artifact.stream import verify_stream
+    from torchlower.artifact.stream_verify import verify_stream
     from torchlower.cli.factory import build_model
 
     if not args.model:
