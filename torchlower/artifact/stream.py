@@ -21,7 +21,7 @@ from torchlower.artifact import runner
 from torchlower.errors import InvalidArgumentError, StreamingError
 from torchlower.nnef import reader
 from torchlower.nnef.graph_model import Graph
-from torchlower.nnef.pulse import PulseSession, hazards, pulse_floor
+from torchlower.nnef.pulse import PulseSession, hazards, pulse_floor, unverified_hazards
 from torchlower.pipeline import stream_check
 
 
@@ -47,7 +47,7 @@ class Stream:
         self.path, self.graph = Path(path), graph
         self.symbol, self.pulse = stream_check.stream_argument(pulses, axes_of(graph), True) or ("", 0)
         recorded = graph.streaming if graph.streaming.get("symbol") == self.symbol else {}
-        found = hazards(graph, self.symbol)
+        found = hazards(graph, self.symbol) + ([] if recorded else unverified_hazards(graph))
         if found:
             raise StreamingError(f"{path} cannot stream over {self.symbol}: {found[0]}")
         with reader.extracted(self.path) as folder:

@@ -28,7 +28,7 @@ from typing import IO, Any
 import numpy as np
 
 from torchlower.errors import CheckError
-from torchlower.nnef.graph_model import Graph
+from torchlower.nnef.graph_model import Graph, Ident
 from torchlower.nnef.session import receive, send
 
 _STRIDE = re.compile(r"requires pulse \((\d+)\) to be a stride \((\d+)\) multiple")
@@ -74,6 +74,25 @@ def hazards(graph: Graph, symbol: str) -> list[str]:
                 f" pulses a strided transposed convolution over {symbol} with a wrong delay (counted in"
                 " input frames); export the model again with torchlower.export(..., stream=...), which"
                 " writes it in a form that streams correctly"
+            )
+    return found
+
+
+def unverified_hazards(graph: Graph) -> list[str]:
+    """What tract pulses chunk-locally, so wrong, and torchlower cannot tell apart statically
+    from a safe use: a ``matmul`` of two computed operands (attention ``Q·Kᵀ`` over the streaming
+    axis pulses as attention within each chunk). ``load(...).stream`` refuses it on archives no
+    ``export(stream=...)`` verified; a verified archive streamed it right."""
+    weights = {o for a in graph.assignments if a.op.startswith("variable") for o in a.outputs}
+    found = []
+    for a in graph.assignments:
+        operands = [x for x in a.args[:2] if isinstance(x, Ident)]
+        if a.op == "matmul" and len(operands) == 2 and not any(x.name in weights for x in operands):
+            where = f"module {a.scope!r}, " if a.scope else ""
+            found.append(
+                f"graph.nnef line {a.line} ({where}{a.outputs[0]} = matmul of two computed tensors):"
+                " tract pulses a product over the streaming axis (attention) within each chunk, which"
+                " is wrong; it was never verified (export with stream=... to verify it)"
             )
     return found
 

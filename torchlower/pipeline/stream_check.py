@@ -25,7 +25,7 @@ from torchlower.core import dynamic
 from torchlower.core.comparison import OutputError, compare
 from torchlower.errors import CheckError, InvalidArgumentError, InvalidPulseError, StreamingError
 from torchlower.nnef.graph_model import Graph
-from torchlower.nnef.pulse import PulseFacts, PulseRefused, PulseSession, where_is
+from torchlower.nnef.pulse import PulseFacts, PulseRefused, PulseSession, unverified_hazards, where_is
 from torchlower.pipeline import verification
 
 MAX_PROBES = 8  # pulses tried to find the smallest one tract accepts
@@ -135,14 +135,23 @@ def open_pulsed(
             valid = multiple or smallest_pulse(artifact, symbol, pulse, floor)
             raise InvalidPulseError(invalid_pulse(symbol, pulse, valid, where)) from None
         at = f" at {where_is(graph, exc.node)}" if graph is not None and exc.node else ""
-        why = (
-            " (an op over the whole streaming axis — a reduction or global pooling over it,"
-            " attention over every step, reflect padding of the whole signal — needs the whole"
-            " sequence; for torch.stft use center=False)"
-            if "could not track pulsing axis" in str(exc) or "No specific pulse" in str(exc)
-            else ""
-        )
+        why = refusal_reason(str(exc))
         raise StreamingError(f"{where} cannot stream over {symbol}{at}{why}: {exc}") from None
+
+
+def refusal_reason(text: str) -> str:
+    """Why tract's pulse refusal means the model cannot stream, in words, and the fix if any."""
+    if "Reflect padding" in text:
+        return (
+            " (reflect padding of the whole signal, as torch.stft(center=True) pads, needs its end:"
+            " use center=False, or pad the signal before the model)"
+        )
+    if "could not track pulsing axis" in text or "No specific pulse" in text:
+        return (
+            " (an op over the whole streaming axis — a reduction or global pooling over it, attention"
+            " over every step — needs the whole sequence)"
+        )
+    return ""
 
 
 def invalid_pulse(symbol: str, pulse: int, multiple: int, where: str) -> str:
@@ -209,9 +218,11 @@ def check_stream(
         detail = "; ".join(
             f"{p.label}: {e.name} max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for p, e in bad[:4]
         )
+        suspects = unverified_hazards(graph) if graph is not None else []
+        hint = f". Likely cause: {suspects[0]}" if suspects else ""
         raise CheckError(
             f"{shown}: streamed in tract at a pulse of {pulse} ({symbol}, delay {report.delay}), the"
-            f" outputs differ from PyTorch on the whole input — {detail}",
+            f" outputs differ from PyTorch on the whole input — {detail}{hint}",
             [e for p in report.points for e in p.errors],
         )
     return report
