@@ -87,6 +87,49 @@ class StridedDepthwise(nn.Module):
         return self.pw(torch.relu(self.bn(self.dw(x))))
 
 
+class GRUWithState(nn.Module):
+    """An explicit initial state, constant (tract needs h0 constant to pulse)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(8, 16, batch_first=True)
+        self.register_buffer("h0", torch.randn(1, 1, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gru(x, self.h0)[0]
+
+
+class NormPoolSlice(nn.Module):
+    """LayerNorm over features, a 'same' conv cut back to causal with x[..., :-2], pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln, self.conv = nn.LayerNorm(8), nn.Conv1d(8, 8, 3, padding=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln(x.transpose(1, 2)).transpose(1, 2)
+        y = self.conv(y)[..., :-2]
+        return F.max_pool1d(F.avg_pool1d(y, 2), 3, stride=1, padding=1)
+
+
+class CenteredSTFT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("window", torch.hann_window(64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stft(x, 64, hop_length=16, window=self.window, center=True, return_complex=True).abs()
+
+
+class SelfAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, x, x)[0]
+
+
 class GlobalMean(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x - x.mean(dim=2, keepdim=True)
@@ -99,7 +142,25 @@ ZOO = [
     ("tasnet", ConvTasNet, (1, 1, 256), {"x": {2: "T"}}, 64, 16, 19),
     ("lstm", LSTMTagger, (1, 40, 8), {"x": {1: "T"}}, 8, 5, 0),
     ("depthwise", StridedDepthwise, (1, 8, 64), {"x": {2: "T"}}, 16, 6, 1),
+    ("gru_h0", GRUWithState, (1, 40, 8), {"x": {1: "T"}}, 8, 3, 0),
+    ("norm_pool_slice", NormPoolSlice, (1, 8, 64), {"x": {2: "T"}}, 16, 4, 1),
 ]
+
+
+def test_real_package_model_streams(tmp_path: Path) -> None:
+    """torchaudio's Wav2Letter (MFCC input: a stride-2 conv, then 'same' convs with look-ahead)."""
+    models = pytest.importorskip("torchaudio.models")
+    torch.manual_seed(0)
+    model = models.Wav2Letter(num_classes=20, input_type="mfcc", num_features=13).eval()
+    path = tmp_path / "w2l.nnef.tgz"
+    report = torchlower.export(
+        model, (torch.randn(1, 13, 200),), path, dynamic_axes={"x": {2: "T"}}, stream={"T": 16}
+    )
+    s = report.stream
+    assert (s.delay, s.multiple) == (48, 2)
+    assert all(e.ok and e.max_abs <= e.tolerance / 10 for p in s.points for e in p.errors)
+    again = verify_stream(path, torchlower.load(path).graph, model, {"T": 32})
+    assert again.delay == 48 and all(e.max_abs <= e.tolerance / 10 for p in again.points for e in p.errors)
 
 
 def model_of(factory: type[nn.Module]) -> nn.Module:
@@ -200,6 +261,30 @@ def test_global_pooling_over_time_is_a_streaming_error(tmp_path: Path) -> None:
             GlobalMean(), (torch.randn(1, 8, 64),), path, dynamic_axes={"x": {2: "T"}}, stream={"T": 16}
         )
     assert not path.exists()
+
+
+def test_center_true_stft_says_use_center_false(tmp_path: Path) -> None:
+    path = tmp_path / "stft.nnef.tgz"
+    with pytest.raises(StreamingError, match="use center=False"):
+        torchlower.export(
+            CenteredSTFT(), (torch.randn(1, 512),), path, dynamic_axes={"x": {1: "T"}}, stream={"T": 64}
+        )
+    assert not path.exists()
+
+
+def test_attention_over_time_never_streams_wrong(tmp_path: Path) -> None:
+    """tract pulses self-attention as attention within each chunk: the check fails (naming the
+    product), and an unverified archive is refused by load().stream."""
+    model = model_of(SelfAttention)
+    path = tmp_path / "attn.nnef.tgz"
+    with pytest.raises(CheckError, match=r"differ from PyTorch.*matmul of two computed tensors"):
+        torchlower.export(
+            model, (torch.randn(1, 40, 8),), path, dynamic_axes={"x": {1: "T"}}, stream={"T": 8}
+        )
+    assert not path.exists()
+    torchlower.export(model, (torch.randn(1, 40, 8),), path, dynamic_axes={"x": {1: "T"}})
+    with pytest.raises(StreamingError, match="attention"):
+        torchlower.load(path).stream({"T": 8})
 
 
 def test_stream_arguments(tmp_path: Path) -> None:
