@@ -100,19 +100,18 @@ def main() -> int:
                     full.run([x])
                     wholes.append(time.perf_counter() - t0)
                 s, w = statistics.median(streamed), statistics.median(wholes)
-                rows.append(
-                    (name, f"{1000 * pulse / rate:g} ms ({pulse})", delay, 1e3 * statistics.median(chunks),
-                     1e3 * max(chunks), s / args.seconds, s / w, report.stream.max_abs_error, os.getloadavg()[0])
-                )  # fmt: skip
+                median, worst = 1e3 * statistics.median(chunks), 1e3 * max(chunks)
+                load, err = os.getloadavg()[0], report.stream.max_abs_error
+                label = f"{1000 * pulse / rate:g} ms ({pulse})"
+                rows.append((name, label, delay, median, worst, s / args.seconds, s / w, err, load))
                 print(rows[-1], flush=True)
-    lines = [
-        "| model | pulse | delay | chunk median ms | chunk max ms | RTF | streamed / whole | max err | load |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    head = (
+        "| model | pulse | delay | chunk median ms | chunk max ms | RTF | streamed / whole | max err | load |"
+    )
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(
-            f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.3f} | {r[4]:.3f} | {r[5]:.4f} | {r[6]:.2f}× | {r[7]:.2g} | {r[8]:.2f} |"
-        )
+        cells = [r[0], r[1], r[2], f"{r[3]:.3f}", f"{r[4]:.3f}", f"{r[5]:.4f}", f"{r[6]:.2f}×", f"{r[7]:.2g}"]
+        lines.append("| " + " | ".join(map(str, [*cells, f"{r[8]:.2f}"])) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

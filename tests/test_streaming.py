@@ -256,7 +256,9 @@ def test_wrong_stream_is_a_check_error_and_leaves_no_file(
 
 def test_global_pooling_over_time_is_a_streaming_error(tmp_path: Path) -> None:
     path = tmp_path / "mean.nnef.tgz"
-    with pytest.raises(StreamingError, match=r"mean_reduce.*whole sequence"):
+    with pytest.raises(
+        StreamingError, match=r"mean_reduce.*whole sequence.*GlobalMean.forward at .*test_streaming.py:\d+"
+    ):
         torchlower.export(
             GlobalMean(), (torch.randn(1, 8, 64),), path, dynamic_axes={"x": {2: "T"}}, stream={"T": 16}
         )
@@ -285,6 +287,24 @@ def test_attention_over_time_never_streams_wrong(tmp_path: Path) -> None:
     torchlower.export(model, (torch.randn(1, 40, 8),), path, dynamic_axes={"x": {1: "T"}})
     with pytest.raises(StreamingError, match="attention"):
         torchlower.load(path).stream({"T": 8})
+
+
+class GRUStateInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(8, 16, batch_first=True)
+
+    def forward(self, x: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+        return self.gru(x, h0)[0]
+
+
+def test_initial_state_as_an_input_is_refused(tmp_path: Path) -> None:
+    args = (torch.randn(1, 40, 8), torch.randn(1, 1, 16))
+    with pytest.raises(StreamingError, match=r"input 'h0' has no T axis.*register_buffer"):
+        torchlower.export(
+            GRUStateInput(), args, tmp_path / "g.nnef.tgz", dynamic_axes={"x": {1: "T"}}, stream={"T": 8}
+        )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_stream_arguments(tmp_path: Path) -> None:

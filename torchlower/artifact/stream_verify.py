@@ -35,7 +35,9 @@ def verify_stream(
     from torchlower.core import model_io
     from torchlower.core import tolerance as tolerances
 
-    symbol, pulse = stream_check.stream_argument(pulses, axes_of(graph), True) or ("", 0)
+    symbol, pulse = stream_check.stream_argument(
+        pulses, axes_of(graph), True, [d.name for d in graph.inputs]
+    ) or ("", 0)
     found = hazards(graph, symbol)
     if found:
         raise StreamingError(f"{path} cannot stream over {symbol}: {found[0]}")

@@ -75,7 +75,7 @@ def export(
         dynamic_axes=dynamic_axes, dynamic_shapes=dynamic_shapes,
         allow_value_dependent_trace=allow_value_dependent_trace,
     )  # fmt: skip
-    streaming = stream_check.stream_argument(stream, req.axes, check)
+    streaming = stream_check.stream_argument(stream, req.axes, check, req.input_names)
     if streaming is not None and compress is not None:
         raise InvalidArgumentError("stream= with compress= is not supported yet: export without compress")
     ref = reference.run_reference(model, req, output_names)
@@ -85,7 +85,10 @@ def export(
     optimize.optimize(builder)
     if streaming is not None:
         captured.notes.extend(stream_forms.pulse_safe(builder))
-        floor, graph = refuse_hazards(builder, streaming[0])
+        try:
+            floor, graph = refuse_hazards(builder, streaming[0])
+        except StreamingError as exc:
+            raise stream_check.with_source(exc, ref.module) from None
     weights = builder.live_weights()
     builder.example_sizes = req.example_sizes  # recorded so `check` without sizes runs there
     with write.staging(req.target, check) as staged:
@@ -99,9 +102,12 @@ def export(
                 )  # fmt: skip
             report.record_check(result, outcome)
             if streaming is not None:
-                result.stream = stream_stage(
-                    written, ref.module, req, ref.output_names, streaming, tolerance, floor, graph
-                )
+                try:
+                    result.stream = stream_stage(
+                        written, ref.module, req, ref.output_names, streaming, tolerance, floor, graph
+                    )
+                except StreamingError as exc:
+                    raise stream_check.with_source(exc, ref.module) from None
                 builder.stream_note = result.stream.note()  # the archive records what was verified
                 archive.write(written, builder.graph_text(), weights, builder.quant_text())
             coverage.verified(result.rules_used)

@@ -13,6 +13,7 @@ same samples). The comparison covers at least the whole-input output's length.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,9 +75,10 @@ class StreamReport:
 
 
 def stream_argument(
-    stream: Any, axes: Mapping[str, Mapping[int, str]], check: bool
+    stream: Any, axes: Mapping[str, Mapping[int, str]], check: bool, names: Sequence[str] = ()
 ) -> tuple[str, int] | None:
-    """``{"T": 16}`` → ``("T", 16)``: one symbol of the dynamic axes and a positive pulse."""
+    """``{"T": 16}`` → ``("T", 16)``: one symbol of the dynamic axes and a positive pulse, which
+    every input of ``names`` carries."""
     if stream is None:
         return None
     symbols = sorted({s for by_axis in axes.values() for s in by_axis.values()})
@@ -92,6 +94,13 @@ def stream_argument(
         )
     if isinstance(pulse, bool) or not isinstance(pulse, int) or pulse < 1:
         raise InvalidArgumentError(f"stream pulse of {symbol!r} must be a positive integer, got {pulse!r}")
+    unstreamed = [n for n in names if symbol not in axes.get(n, {}).values()]
+    if unstreamed:
+        raise StreamingError(
+            f"input {unstreamed[0]!r} has no {symbol} axis: tract's pulse streams every input, chunk by"
+            f" chunk; make it a constant of the model (an LSTM/GRU initial state as a buffer:"
+            f" register_buffer('h0', ...)) or give it a {symbol} axis"
+        )
     if not check:
         raise InvalidArgumentError("stream= is verified by the check, and check=False turns it off")
     return symbol, pulse
@@ -314,3 +323,21 @@ def pad_to(array: np.ndarray, axis: int, size: int) -> np.ndarray:
     widths = [(0, 0)] * array.ndim
     widths[axis] = (0, missing)
     return np.pad(array, widths)
+
+
+_MODULE = re.compile(r"module '([^']*)'")
+
+
+def with_source(exc: StreamingError, model: Any) -> StreamingError:
+    """``exc`` naming the source of the module it names (the model's own ``forward`` when the op
+    is at the top level): ``…, in nets.py:12 (Encoder.forward)``."""
+    import inspect
+
+    found = _MODULE.search(str(exc))
+    try:
+        sub = model.get_submodule(found.group(1)) if found else model
+        forward = type(sub).forward
+        where = f"{inspect.getsourcefile(forward)}:{inspect.getsourcelines(forward)[1]}"
+    except (AttributeError, OSError, TypeError):
+        return exc
+    return type(exc)(f"{exc} [{type(sub).__name__}.forward at {where}]")
