@@ -112,6 +112,17 @@ class NormPoolSlice(nn.Module):
         return F.max_pool1d(F.avg_pool1d(y, 2), 3, stride=1, padding=1)
 
 
+class RunningSum(nn.Module):
+    """A cumulative sum over the streaming axis (a scan with a running state in tract)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(self.conv(x), dim=2) / 8
+
+
 class CenteredSTFT(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -144,6 +155,7 @@ ZOO = [
     ("depthwise", StridedDepthwise, (1, 8, 64), {"x": {2: "T"}}, 16, 6, 1),
     ("gru_h0", GRUWithState, (1, 40, 8), {"x": {1: "T"}}, 8, 3, 0),
     ("norm_pool_slice", NormPoolSlice, (1, 8, 64), {"x": {2: "T"}}, 16, 4, 1),
+    ("cumsum", RunningSum, (1, 4, 64), {"x": {2: "T"}}, 16, 7, 0),
 ]
 
 
