@@ -123,6 +123,33 @@ class RunningSum(nn.Module):
         return torch.cumsum(self.conv(x), dim=2) / 8
 
 
+class ConvSTFTDenoiser(nn.Module):
+    """STFT → mask → iSTFT written with real convolutions (DCCRN's ConvSTFT / ConviSTFT): a
+    strided Conv1d with the windowed DFT basis, a mask from the magnitudes, and a
+    ConvTranspose1d overlap-add with the inverse basis (torch.istft itself needs a static frame
+    count in torchlower today)."""
+
+    def __init__(self, n_fft: int = 64, hop: int = 16) -> None:
+        super().__init__()
+        window = torch.hann_window(n_fft, periodic=True) ** 0.5
+        k = torch.arange(n_fft // 2 + 1, dtype=torch.float64)[:, None]
+        n = torch.arange(n_fft, dtype=torch.float64)[None, :]
+        basis = torch.cat([torch.cos(2 * torch.pi * k * n / n_fft), -torch.sin(2 * torch.pi * k * n / n_fft)])
+        forward = (basis * window).float()[:, None, :]  # (2F, 1, n_fft)
+        inverse = (torch.linalg.pinv(basis).T * window * hop / n_fft * 2).float()[:, None, :]
+        self.register_buffer("forward_basis", forward)
+        self.register_buffer("inverse_basis", inverse)
+        self.hop, self.bins = hop, n_fft // 2 + 1
+        self.mask = nn.Conv1d(self.bins, self.bins, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spec = F.conv1d(x, self.forward_basis, stride=self.hop)  # (B, 2F, frames)
+        re, im = spec[:, : self.bins], spec[:, self.bins :]
+        gain = torch.sigmoid(self.mask(torch.sqrt(re * re + im * im + 1e-8)))
+        masked = torch.cat([re * gain, im * gain], dim=1)
+        return F.conv_transpose1d(masked, self.inverse_basis, stride=self.hop)
+
+
 class CenteredSTFT(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -156,6 +183,7 @@ ZOO = [
     ("gru_h0", GRUWithState, (1, 40, 8), {"x": {1: "T"}}, 8, 3, 0),
     ("norm_pool_slice", NormPoolSlice, (1, 8, 64), {"x": {2: "T"}}, 16, 4, 1),
     ("cumsum", RunningSum, (1, 4, 64), {"x": {2: "T"}}, 16, 7, 0),
+    ("stft_denoiser", ConvSTFTDenoiser, (1, 1, 512), {"x": {2: "T"}}, 64, 32, 48),
 ]
 
 
