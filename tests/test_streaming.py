@@ -262,6 +262,8 @@ def test_stream_object_push_matches_whole_run(tmp_path: Path) -> None:
         assert np.abs(run.outputs["output"][..., :280] - head).max() < 1e-5
     with pytest.raises(InvalidPulseError, match="multiples of 8"):
         torchlower.load(path).stream({"T": 12})
+    with pytest.raises(InvalidArgumentError, match=r"not a symbol .*the archive declares"):
+        torchlower.load(path).stream({"S": 16})
 
 
 def test_strided_deconv_without_stream_export_is_refused(tmp_path: Path) -> None:
@@ -349,7 +351,7 @@ def test_initial_state_as_an_input_is_refused(tmp_path: Path) -> None:
 
 def test_stream_arguments(tmp_path: Path) -> None:
     x = (torch.randn(1, 4, 64),)
-    with pytest.raises(InvalidArgumentError, match="not a symbol of dynamic_axes"):
+    with pytest.raises(InvalidArgumentError, match="not a symbol of the dynamic axes"):
         torchlower.export(
             CausalTCN(), x, tmp_path / "a.nnef.tgz", dynamic_axes={"x": {2: "T"}}, stream={"S": 16}
         )

@@ -46,7 +46,7 @@ class Stream:
     def __init__(self, path: Path, graph: Graph, pulses: Any, threads: int | None = None) -> None:
         self.path, self.graph = Path(path), graph
         self.symbol, self.pulse = stream_check.stream_argument(
-            pulses, axes_of(graph), True, [d.name for d in graph.inputs]
+            pulses, axes_of(graph), True, [d.name for d in graph.inputs], archive=True
         ) or ("", 0)
         recorded = graph.streaming if graph.streaming.get("symbol") == self.symbol else {}
         found = hazards(graph, self.symbol) + ([] if recorded else unverified_hazards(graph))

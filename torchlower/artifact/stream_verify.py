@@ -36,7 +36,7 @@ def verify_stream(
     from torchlower.core import tolerance as tolerances
 
     symbol, pulse = stream_check.stream_argument(
-        pulses, axes_of(graph), True, [d.name for d in graph.inputs]
+        pulses, axes_of(graph), True, [d.name for d in graph.inputs], archive=True
     ) or ("", 0)
     found = hazards(graph, symbol)
     if found:

@@ -75,12 +75,18 @@ class StreamReport:
 
 
 def stream_argument(
-    stream: Any, axes: Mapping[str, Mapping[int, str]], check: bool, names: Sequence[str] = ()
+    stream: Any,
+    axes: Mapping[str, Mapping[int, str]],
+    check: bool,
+    names: Sequence[str] = (),
+    archive: bool = False,
 ) -> tuple[str, int] | None:
     """``{"T": 16}`` → ``("T", 16)``: one symbol of the dynamic axes and a positive pulse, which
     every input of ``names`` carries."""
     if stream is None:
         return None
+    if not check:
+        raise InvalidArgumentError("stream= is verified by the check, and check=False turns it off")
     symbols = sorted({s for by_axis in axes.values() for s in by_axis.values()})
     if not isinstance(stream, Mapping) or len(stream) != 1:
         raise InvalidArgumentError(
@@ -88,9 +94,14 @@ def stream_argument(
         )
     ((symbol, pulse),) = stream.items()
     if symbol not in symbols:
-        raise InvalidArgumentError(
-            f"stream names {symbol!r}, which is not a symbol of dynamic_axes {symbols or '(none given)'}:"
+        fix = (
             f" declare the streaming axis first, e.g. dynamic_axes={{'x': {{2: {symbol!r}}}}}"
+            if not archive
+            else " name one of those (the archive declares no other symbol in its inputs)"
+        )
+        raise InvalidArgumentError(
+            f"stream names {symbol!r}, which is not a symbol of the dynamic axes"
+            f" {symbols or '(none given)'}:{fix}"
         )
     if isinstance(pulse, bool) or not isinstance(pulse, int) or pulse < 1:
         raise InvalidArgumentError(f"stream pulse of {symbol!r} must be a positive integer, got {pulse!r}")
@@ -101,8 +112,7 @@ def stream_argument(
             f" chunk; make it a constant of the model (an LSTM/GRU initial state as a buffer:"
             f" register_buffer('h0', ...)) or give it a {symbol} axis"
         )
-    if not check:
-        raise InvalidArgumentError("stream= is verified by the check, and check=False turns it off")
+
     return symbol, pulse
 
 
