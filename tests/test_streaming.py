@@ -317,11 +317,14 @@ def test_center_true_stft_says_use_center_false(tmp_path: Path) -> None:
 
 
 def test_attention_over_time_never_streams_wrong(tmp_path: Path) -> None:
-    """tract pulses self-attention as attention within each chunk: the check fails (naming the
-    product), and an unverified archive is refused by load().stream."""
+    """tract pulses self-attention as attention within each chunk: the streaming check fails, as a
+    StreamingError naming the product and its module, and an unverified archive is refused by
+    load().stream."""
     model = model_of(SelfAttention)
     path = tmp_path / "attn.nnef.tgz"
-    with pytest.raises(CheckError, match=r"differ from PyTorch.*matmul of two computed tensors"):
+    with pytest.raises(
+        StreamingError, match=r"differ from PyTorch.*matmul of two computed tensors.*forward at"
+    ):
         torchlower.export(
             model, (torch.randn(1, 40, 8),), path, dynamic_axes={"x": {1: "T"}}, stream={"T": 8}
         )

@@ -91,8 +91,8 @@ def unverified_hazards(graph: Graph) -> list[str]:
             where = f"module {a.scope!r}, " if a.scope else ""
             found.append(
                 f"graph.nnef line {a.line} ({where}{a.outputs[0]} = matmul of two computed tensors):"
-                " tract pulses a product over the streaming axis (attention) within each chunk, which"
-                " is wrong; it was never verified (export with stream=... to verify it)"
+                " attention over the streaming axis needs every step (tract pulses it within each chunk,"
+                " which is wrong); it was never verified (export with stream=... to verify it)"
             )
     return found
 
