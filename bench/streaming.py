@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import torchlower  # noqa: E402
-from tests import test_streaming as zoo  # noqa: E402
+from tests import streaming_models as zoo  # noqa: E402
 
 # name → factory, example shape, dynamic axes, steps per second, pulses (10 ms, 20 ms)
 CASES: dict[str, tuple[Any, tuple[int, ...], dict, int, tuple[int, int]]] = {
