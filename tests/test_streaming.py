@@ -119,6 +119,23 @@ def test_stream_object_push_matches_whole_run(tmp_path: Path) -> None:
         torchlower.load(path).stream({"S": 16})
 
 
+def test_in_process_stream_gives_the_same_outputs(tmp_path: Path) -> None:
+    path = tmp_path / "kws.nnef.tgz"
+    model = model_of(KeywordSpotter)
+    torchlower.export(model, (torch.randn(1, 1024),), path, dynamic_axes={"x": {1: "T"}}, stream={"T": 128})
+    x = np.random.default_rng(5).standard_normal((1, 2000)).astype(np.float32)
+    art = torchlower.load(path)
+    with art.stream({"T": 160}) as child, art.stream({"T": 160}, isolated=False) as here:
+        a, b = child.run({"x": x}), here.run({"x": x})
+        assert here.delay == child.delay == 1
+    assert np.array_equal(a.outputs["output"], b.outputs["output"])
+    want = model(torch.from_numpy(x)).detach().numpy()
+    n = want.shape[1] - 2  # frames that do not reach the end of the input
+    assert np.abs(b.outputs["output"][:, :n] - want[:, :n]).max() < 1e-5
+    with pytest.raises(InvalidArgumentError, match="threads= needs isolated=True"):
+        art.stream({"T": 160}, threads=1, isolated=False)
+
+
 def test_strided_deconv_without_stream_export_is_refused(tmp_path: Path) -> None:
     """tract pulses a strided deconv with a wrong delay: an archive written without stream= keeps
     the deconv, and streaming it is refused rather than run wrong."""

@@ -21,7 +21,7 @@ from torchlower.artifact import runner
 from torchlower.errors import InvalidArgumentError, StreamingError
 from torchlower.nnef import reader
 from torchlower.nnef.graph_model import Graph
-from torchlower.nnef.pulse import PulseSession, hazards, pulse_floor, unverified_hazards
+from torchlower.nnef.pulse import InProcessPulse, PulseSession, hazards, pulse_floor, unverified_hazards
 from torchlower.pipeline import stream_check
 
 
@@ -43,7 +43,14 @@ class Stream:
     """A pulsed tract model of one archive: ``push`` one chunk per call (``.pulse`` steps of the
     streaming axis of every streamed input), outputs ``.delay`` steps late."""
 
-    def __init__(self, path: Path, graph: Graph, pulses: Any, threads: int | None = None) -> None:
+    def __init__(
+        self, path: Path, graph: Graph, pulses: Any, threads: int | None = None, isolated: bool = True
+    ) -> None:
+        if threads is not None and not isolated:
+            raise InvalidArgumentError(
+                "threads= needs isolated=True: tract's thread pool reads RAYON_NUM_THREADS once per"
+                " process; set that variable before the first run instead"
+            )
         self.path, self.graph = Path(path), graph
         self.symbol, self.pulse = stream_check.stream_argument(
             pulses, axes_of(graph), True, [d.name for d in graph.inputs], archive=True
@@ -53,7 +60,7 @@ class Stream:
         if found:
             raise StreamingError(f"{path} cannot stream over {self.symbol}: {found[0]}")
         with reader.extracted(self.path) as folder:
-            self.session: PulseSession = stream_check.open_pulsed(
+            self.session: PulseSession | InProcessPulse = stream_check.open_pulsed(
                 folder,
                 self.symbol,
                 self.pulse,
@@ -61,6 +68,8 @@ class Stream:
                 str(path),
                 threads,
                 pulse_floor(graph),
+                graph,
+                isolated,
             )
         facts = self.session.facts
         self.input_axes = dict(zip([d.name for d in graph.inputs], facts.input_axes, strict=True))
@@ -154,5 +163,7 @@ def _pulse_of(fact: str, axis: int) -> int:
     return int(dims[axis]) if axis < len(dims) and dims[axis].strip().isdigit() else 0
 
 
-def open_stream(path: Path, graph: Graph, pulses: Any, threads: int | None = None) -> Stream:
-    return Stream(path, graph, pulses, threads)
+def open_stream(
+    path: Path, graph: Graph, pulses: Any, threads: int | None = None, isolated: bool = True
+) -> Stream:
+    return Stream(path, graph, pulses, threads, isolated)

@@ -275,6 +275,42 @@ class PulseSession:
             self.close()
 
 
+class InProcessPulse:
+    """``PulseSession``'s interface with tract in this process (``stream(..., isolated=False)``):
+    the lowest per-chunk cost (no pipe), no protection from an abort, threads from the
+    environment."""
+
+    def __init__(self, folder: Path, symbol: str, pulse: int) -> None:
+        self.folder, self.symbol, self.pulse = Path(folder), symbol, pulse
+        try:
+            self.runnable, self.facts = _pulsed(str(folder), symbol, pulse)
+        except Exception as exc:
+            raise refusal(_short(exc), pulse) from None
+        self.state: Any = self.runnable.spawn_state()
+        self.seconds: list[float] = []
+
+    def push(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        start = time.perf_counter()
+        try:
+            outputs = [t.to_numpy() for t in self.state.run(list(inputs))]
+        except Exception as exc:
+            raise CheckError(f"tract could not run the pulsed model: {_short(exc)}") from None
+        self.seconds.append(time.perf_counter() - start)
+        return outputs
+
+    def reset(self) -> None:
+        self.state = self.runnable.spawn_state()
+
+    def close(self) -> None:
+        self.state = self.runnable = None
+
+    def __enter__(self) -> InProcessPulse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def refusal(error: str, pulse: int) -> PulseRefused:
     """tract's pulse error as a ``PulseRefused`` naming the node and, for a stride, the stride."""
     node = _NODE.search(error)

@@ -26,7 +26,14 @@ from torchlower.core import dynamic
 from torchlower.core.comparison import OutputError, compare
 from torchlower.errors import CheckError, InvalidArgumentError, InvalidPulseError, StreamingError
 from torchlower.nnef.graph_model import Graph
-from torchlower.nnef.pulse import PulseFacts, PulseRefused, PulseSession, unverified_hazards, where_is
+from torchlower.nnef.pulse import (
+    InProcessPulse,
+    PulseFacts,
+    PulseRefused,
+    PulseSession,
+    unverified_hazards,
+    where_is,
+)
 from torchlower.pipeline import verification
 
 MAX_PROBES = 8  # pulses tried to find the smallest one tract accepts
@@ -142,12 +149,15 @@ def open_pulsed(
     threads: int | None = None,
     floor: int = 1,
     graph: Graph | None = None,
-) -> PulseSession:
+    isolated: bool = True,
+) -> PulseSession | InProcessPulse:
     """A ``PulseSession``, tract's refusals as typed errors (a pulse the strides do not allow
     lists the valid ones; any other refusal is a ``StreamingError`` naming the op)."""
     if (multiple or floor) and pulse % math.lcm(multiple or 1, floor):
         raise InvalidPulseError(invalid_pulse(symbol, pulse, math.lcm(multiple or 1, floor), where))
     try:
+        if not isolated:
+            return InProcessPulse(artifact, symbol, pulse)
         return PulseSession(artifact, symbol, pulse, threads)
     except PulseRefused as exc:
         if exc.stride:
