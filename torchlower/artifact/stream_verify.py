@@ -3,6 +3,7 @@ against a PyTorch model (``pipeline/stream_check.py`` does the streaming and com
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,10 @@ from torchlower.nnef import reader
 from torchlower.nnef.graph_model import Graph
 from torchlower.nnef.pulse import hazards, pulse_floor
 from torchlower.pipeline import stream_check
+
+
+def _at_least(symbol: str) -> re.Pattern[str]:
+    return re.compile(rf"tract_assert\s+{re.escape(symbol)}\s*>=\s*(\d+)\Z")
 
 
 def verify_stream(
@@ -48,7 +53,10 @@ def verify_stream(
         axis = next(i for i, d in enumerate(decl.shape) if d == symbol)
         base = first[0].shape[axis]
         points = [("given inputs" if inputs is not None else f"random ({symbol}={base}, seed {seed})", first)]
-        for k, n in enumerate((base + pulse + 3, base // 2 + 1), start=1):
+        lowest = max(
+            [1, *(int(m.group(1)) for e in graph.extensions if (m := _at_least(symbol).match(e.strip())))]
+        )
+        for k, n in enumerate((base + pulse + 3, max(base // 2 + 1, lowest)), start=1):
             sizes = {**art.graph.example_sizes, symbol: n}
             points.append(
                 (f"{symbol}={n} (random, seed {seed + k})", io.inputs_for(art, None, sizes, seed + k))
