@@ -84,6 +84,19 @@ class GRUWithState(nn.Module):
         return self.gru(x, self.h0)[0]
 
 
+class LSTMWithState(nn.Module):
+    """Two layers with a constant (h0, c0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True)
+        self.register_buffer("h0", torch.randn(2, 1, 16))
+        self.register_buffer("c0", torch.randn(2, 1, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(x, (self.h0, self.c0))[0]
+
+
 class NormPoolSlice(nn.Module):
     """LayerNorm over features, a 'same' conv cut back to causal with x[..., :-2], pooling."""
 
