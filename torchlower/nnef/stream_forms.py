@@ -13,6 +13,11 @@ output channels (``W2[co·s + r, :, j] = W[co, :, (m−1−j)·s + r]``) and pad
 sides gives every frame's ``s`` samples, a partial ``reshape`` ``[Cout·s] → [Cout, s]``, a
 ``transpose`` and a partial ``reshape`` ``[Q, s] → [Q·s]`` lay them out in time, and a slice
 drops the deconv's own padding (and the zero taps).
+
+``cumsum`` over a symbolic axis is written by ``rules/scan.py`` as ``x @ Lᵀ`` with ``L`` the lower
+triangle of a ``tract_core_range`` over the axis: tract cannot pulse that product (a square over
+the streaming axis). A streaming export writes it as one ``tract_core_scan`` with a running sum
+instead, which tract pulses (the state carries over from chunk to chunk).
 """
 
 from __future__ import annotations
@@ -34,6 +39,14 @@ def pulse_safe(b: NNEFBuilder) -> list[str]:
     notes: list[str] = []
 
     def step(a: Assignment, out: list[Assignment]) -> bool:
+        running = running_sum(b, a, producers)
+        if running is not None:
+            out.extend(running)
+            notes.append(
+                f"{a.scope or a.outputs[0].name}: cumsum over the streaming axis written as a running"
+                " sum (tract_core_scan), which tract pulses (it cannot pulse the triangle product)"
+            )
+            return True
         replaced = overlap_add(b, a, producers)
         if replaced is None:
             out.append(a)
@@ -115,3 +128,59 @@ def tensor_of(b: NNEFBuilder, item: Any, producers: dict[str, Assignment]) -> to
     if isinstance(item, Value) and item.is_const:
         return item.const
     return graph_edit.const(b, item, producers)
+
+
+def _is_triangle(item: Any, producers: dict[str, Assignment]) -> bool:
+    """``reshape(cast(le(reshape(r, [1, n]), reshape(r, [n, 1]))))`` with ``r = range(0, n, 1)``:
+    the lower triangle ``rules/scan.py`` multiplies by."""
+    a = producers.get(item.name) if isinstance(item, Value) else None
+    while a is not None and a.op in ("reshape", "tract_core_cast"):
+        a = producers.get(a.args[0].name) if isinstance(a.args[0], Value) else None
+    if a is None or a.op != "le" or not all(isinstance(x, Value) for x in a.args):
+        return False
+    cols, rows = (producers.get(x.name) for x in a.args)
+    if cols is None or rows is None or cols.op != "reshape" or rows.op != "reshape":
+        return False
+    source = {x.name for x in (cols.args[0], rows.args[0]) if isinstance(x, Value)}
+    if len(source) != 1:
+        return False
+    ranged = producers.get(source.pop())
+    return (
+        ranged is not None
+        and ranged.op == "tract_core_range"
+        and ranged.args[:1] == [0]
+        and ranged.args[2:3] == [1]
+        and [len(cols.attrs["shape"]), len(rows.attrs["shape"])] == [2, 2]
+        and cols.attrs["shape"][0] == 1
+        and rows.attrs["shape"][1] == 1
+    )
+
+
+def running_sum(b: NNEFBuilder, a: Assignment, producers: dict[str, Assignment]) -> list[Assignment] | None:
+    """``x @ Lᵀ`` (a cumsum over x's last axis) as a ``tract_core_scan`` with a running sum."""
+    if a.op != "matmul" or len(a.args) != 2 or a.attrs.get("transposeB") is not True:
+        return None
+    x, triangle = a.args
+    if not isinstance(x, Value) or x.shape is None or not _is_triangle(triangle, producers):
+        return None
+    lead = list(x.shape[:-1])
+    if not all(isinstance(d, int) for d in lead):
+        return None
+    dtype = x.dtype or torch.float32
+    before: list[Assignment] = []
+    init = graph_edit.operand(b, torch.zeros([*lead, 1], dtype=dtype), "constants/running_sum", before)
+    if not isinstance(init, Value):
+        return None
+    params = [("v", dtype, (*lead, 1)), ("acc", dtype, (*lead, 1))]
+    frag = b.fragment("running_sum", params, lambda sub, v: [sub.call("add", [v[0], v[1]], dtype=dtype)])
+    axis = len(x.shape) - 1
+    attrs = {
+        "body": frag.name,
+        "scan": [(frag.params[0], x, axis, 1)],
+        "full": list(frag.captures),
+        "state": [(frag.params[1], init, frag.results[0])],
+        "output": [(frag.results[0], "full", axis, 1)],
+    }
+    for v in before:
+        v.scope = a.scope
+    return [*before, Assignment(list(a.outputs), "tract_core_scan", [], attrs, a.scope)]
