@@ -73,3 +73,12 @@ class CheckError(TorchlowerError):
 
 class ArtifactError(TorchlowerError):
     """An artifact (archive, .dat, graph text, lattice folder) is malformed or unsafe."""
+
+
+class StreamingError(LoweringError):
+    """A model cannot run as a stream over its streaming axis (tract cannot pulse an op, or an
+    op needs the whole sequence); the message names the op, its module path and why."""
+
+
+class InvalidPulseError(StreamingError, InvalidArgumentError):
+    """A pulse the model's strides do not allow; the message lists the valid pulses."""

@@ -106,6 +106,15 @@ class Artifact:
         with progress.stage("running"):
             return runner.outputs_by_name(self.output_names, session.run(arrays))
 
+    def stream(self, pulses: Mapping[str, int], *, threads: int | None = None, isolated: bool = True) -> Any:
+        """The archive pulsed in tract: ``stream({"T": 32})`` → ``artifact.stream.Stream`` with
+        ``.delay``, ``.pulse``, ``.push(inputs) -> outputs`` (one chunk each) and ``.reset()``
+        (docs/streaming.md). As for ``run``, tract runs in a child process unless ``isolated=False``
+        (lowest per-chunk cost, no protection from an abort)."""
+        from torchlower.artifact.stream import open_stream
+
+        return open_stream(self.path, self.graph, pulses, threads, isolated)
+
     def tract_facts(self) -> dict[str, list[str]]:
         """tract's input and output facts (``"B,10,f32"``), loading the model if needed."""
         if self._session is None:
@@ -262,6 +271,7 @@ def inspect(
         ],
         "outputs": outputs,
         "symbols": list(g.symbols),
+        "streaming": dict(g.streaming) or None,  # what export(stream=) verified
         "extensions": list(g.extensions),
         "fragments": list(g.fragments),
         "ops": dict(sorted(g.op_histogram().items(), key=lambda kv: (-kv[1], kv[0]))),

@@ -10,7 +10,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from torchlower.cli import lattice_cmd, specs
+from torchlower.cli import lattice_cmd, specs, stream_cmd
 from torchlower.cli.console import Output, show_progress
 from torchlower.cli.export_cmd import points_json, quality_error, render_checks
 from torchlower.cli.factory import build_model
@@ -36,6 +36,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--symbol", action="append", default=[], metavar="SYM=SIZE", help="size of a symbolic dim")
     p.add_argument("--seed", type=int, help="seed of random inputs (default 0)")
     p.add_argument("--save-outputs", metavar="OUT.npz", help="write tract's outputs (by name) to a .npz")
+    stream_cmd.add_option(p, "check tract's pulsed model at this pulse (e.g. T=32) against --model")
     p.set_defaults(run=run)
 
 
@@ -47,6 +48,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
         raise usage_error(f"artifact {args.archive!r} does not exist")
     if lattice_cmd.is_lattice(target):
         return lattice_cmd.check(args, out)
+    if args.stream:
+        return stream_cmd.check(args, out)
     inputs = specs.read_npz(args.inputs, "--inputs") if args.inputs else None
     expected = specs.read_npz(args.expected, "--expected") if args.expected else None
     if (args.weights or args.trust) and not args.model:

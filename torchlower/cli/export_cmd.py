@@ -55,6 +55,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--no-check", action="store_true", help="write without running tract")
     p.add_argument("--tolerance", type=float, help="max abs error allowed by the check")
     p.add_argument("--seed", type=int, help="seed of the random example inputs (default 0)")
+    p.add_argument("--stream", metavar="SYM=PULSE", help="also verify tract's pulsed model (e.g. T=16)")
     p.set_defaults(run=run)
 
 
@@ -70,6 +71,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
     names, tensors = _examples(args)
     if args.dynamic:
         options["dynamic_axes"] = specs.dynamic_axes(args.dynamic, names)
+    if args.stream:
+        from torchlower.cli.stream_cmd import pulses
+
+        options["stream"] = pulses(args.stream)
     if args.frontend != "auto" or accepted["frontend"].default == "auto":
         options["frontend"] = args.frontend
     model = build_model(args.model, args.weights, args.trust).eval()  # ours: the CLI built it
@@ -171,7 +176,16 @@ def report_json(report: Any) -> dict[str, Any]:
         "errors": [output_error(e) for e in report.errors],
         "original_errors": [quality_error(e) for e in report.original_errors],
         "notes": list(report.notes),
+        "stream": _stream_json(report),
     }
+
+
+def _stream_json(report: Any) -> dict[str, Any] | None:
+    if getattr(report, "stream", None) is None:
+        return None
+    from torchlower.cli.stream_cmd import report_json as stream_json
+
+    return stream_json(report.stream)
 
 
 def _comparison(report: Any) -> str | None:
@@ -238,6 +252,10 @@ def render(console: Console, data: dict[str, Any]) -> None:
     if data["checked"]:
         table.add_row("compared with", data["comparison"])
     render_checks(table, data)
+    if data.get("stream"):
+        from torchlower.cli.stream_cmd import render_report
+
+        render_report(table, data["stream"])
     for note in data["notes"]:
         table.add_row("note", note)
     console.print(table)

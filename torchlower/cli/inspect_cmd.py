@@ -123,6 +123,12 @@ def render(console: Console, data: dict[str, Any]) -> None:
         t.add_row(f"output {o['name']}", f"{shape} {o.get('dtype') or ''}".strip())
     t.add_row("symbols", ", ".join(data["symbols"]) or "none")
     t.add_row("extensions", ", ".join(data["extensions"]) or "none")
+    s = data.get("streaming")
+    if s:
+        axes = ", ".join(f"{n} axis {a}" for n, a in s["inputs"].items())
+        outs = ", ".join(f"{n} axis {a} (delay {d})" for n, (a, d) in s["outputs"].items())
+        t.add_row("streaming", f"over {s['symbol']}: {axes} → {outs}; verified at pulse {s['pulse']}"
+                  f" (pulses: multiples of {s['multiple']})")  # fmt: skip
     w = data["weights"]
     t.add_row("weights", f"{w['count']} tensors, {w['bytes']:,} bytes")
     for dtype, n in w["bytes_by_dtype"].items():

@@ -12,7 +12,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from torchlower.cli import specs
+from torchlower.cli import specs, stream_cmd
 from torchlower.cli.console import Output, show_progress
 from torchlower.cli.failures import short, usage_error
 
@@ -38,6 +38,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="optimize for these inputs' sizes first (a dynamic archive then runs as fast as a static one)",
     )
+    stream_cmd.add_option(p, "feed the inputs chunk by chunk to tract's pulsed model (e.g. T=32); the"
+                          " saved outputs are delay-aligned (docs/streaming.md)")  # fmt: skip
+    p.add_argument("--rate", type=float, default=16000.0, help="--stream: input steps per second (RTF)")
     p.set_defaults(run=run)
 
 
@@ -50,6 +53,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
         raise usage_error(f"artifact {args.archive!r} does not exist")
     if args.time < 0:
         raise usage_error("--time must be >= 0")
+    if args.stream:
+        if args.time:
+            raise usage_error("--time times whole runs; --stream reports the time per chunk")
+        return stream_cmd.run(args, out)
     with show_progress(out):
         art = torchlower.load(target)
         given = specs.read_npz(args.inputs, "--inputs") if args.inputs else None

@@ -94,6 +94,7 @@ class NNEFBuilder:
         self.hint = "v"  # set by front ends per node, gives readable names
         self.scope = ""  # module path of the node being lowered (a comment in graph.nnef)
         self.example_sizes: dict[str, int] = {}  # symbol sizes of the example inputs (a comment)
+        self.stream_note = ""  # the verified pulse and delay of a streaming export (a comment)
         self._taken: set[str] = set()
         self._reserved: set[str] = set()
         self._materialized: dict[object, Value] = {}
@@ -354,6 +355,8 @@ class NNEFBuilder:
         sizes = [f"{s}={n}" for s, n in self.example_sizes.items() if s in self.symbols]
         if sizes:  # read back by nnef/parse.py: `check` without sizes runs the graph at these
             fragments = [f"{text.SIZES_COMMENT}{', '.join(sizes)}", *fragments]
+        if self.stream_note:  # read back by nnef/graph_check.py: `inspect`, `load(...).stream`
+            fragments = [f"{text.STREAM_COMMENT}{self.stream_note}", *fragments]
         return text.document(extensions, used_inputs, [n for n, _ in self.outputs], body, fragments)
 
     def live_weights(self) -> dict[str, torch.Tensor]:

@@ -15,6 +15,11 @@ _SCOPE = re.compile(r"^[ \t]*# module: ?(.*)$")
 
 
 _SIZES = re.compile(r"^# example sizes: ((?:[A-Za-z_]\w*=\d{1,12}(?:, )?)+)$", re.MULTILINE)
+_STREAM = re.compile(
+    r"^# streaming: ([A-Za-z_]\w*) pulse=(\d{1,9}) delay=(\d{1,12}) multiple=(\d{1,9})"
+    r" inputs=((?:\w+:\d{1,2},?)+) outputs=((?:\w+:\d{1,2}:\d{1,12},?)+)$",
+    re.MULTILINE,
+)
 
 
 def attach_metadata(graph: Graph, text: str) -> None:
@@ -24,6 +29,19 @@ def attach_metadata(graph: Graph, text: str) -> None:
     if sizes:
         pairs = (item.split("=") for item in sizes.group(1).split(", ") if item)
         graph.example_sizes = {k: int(v) for k, v in pairs if k in graph.symbols}
+    stream = _STREAM.search(text[:65536])
+    if stream and stream.group(1) in graph.symbols:
+        symbol, pulse, delay, multiple, ins, outs = stream.groups()
+        graph.streaming = {
+            "symbol": symbol,
+            "pulse": int(pulse),
+            "delay": int(delay),
+            "multiple": int(multiple),
+            "inputs": {n: int(a) for n, a in (item.split(":") for item in ins.split(",") if item)},
+            "outputs": {
+                n: [int(a), int(d)] for n, a, d in (item.split(":") for item in outs.split(",") if item)
+            },
+        }
     lines = text.split("\n")
     marks = [(i + 1, m.group(1).strip()) for i, line in enumerate(lines) if (m := _SCOPE.match(line))]
     if not marks:

@@ -83,6 +83,9 @@ class Graph:
     reassigned: dict[str, int] = field(default_factory=dict)
     # ``# example sizes: B=2, S=6`` (torchlower's): the sizes the export traced and verified at
     example_sizes: dict[str, int] = field(default_factory=dict)
+    # ``# streaming: T pulse=16 delay=8 …`` (torchlower's): what export(stream=) verified, as
+    # {"symbol", "pulse", "delay", "multiple", "inputs": {name: axis}, "outputs": {name: [axis, delay]}}
+    streaming: dict[str, Any] = field(default_factory=dict)
 
     def op_histogram(self) -> Counter[str]:
         return Counter(a.op for a in self.assignments)

@@ -82,6 +82,7 @@ class Assignment:
 
 SCOPE_COMMENT = "# module: "
 SIZES_COMMENT = "# example sizes: "  # symbol sizes of the inputs the export traced and verified
+STREAM_COMMENT = "# streaming: "  # the pulse and delay export(stream=) verified in tract's pulse
 
 
 def with_scopes(assignments: Sequence[Assignment], lines: Sequence[str]) -> list[str]:

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from torchlower.core import progress
-from torchlower.nnef import archive
-from torchlower.pipeline import capture, optimize, reference, report, request, write
+from torchlower.errors import CheckError, InvalidArgumentError, StreamingError
+from torchlower.nnef import archive, stream_forms
+from torchlower.nnef.builder import NNEFBuilder
+from torchlower.nnef.graph_model import Graph
+from torchlower.pipeline import capture, optimize, reference, report, request, stream_check, write
 from torchlower.pipeline import check as checks
 from torchlower.pipeline.check import verify
 from torchlower.pipeline.report import ExportReport, TensorInfo
@@ -42,6 +46,7 @@ def export(
     dynamic_axes: dict[str, dict[int, str]] | None = None,
     dynamic_shapes: Any = None,
     allow_value_dependent_trace: bool = False,
+    stream: dict[str, int] | None = None,
 ) -> ExportReport:
     """Export ``model`` called on ``args`` to an NNEF artifact at ``path`` and verify it in tract.
 
@@ -60,6 +65,9 @@ def export(
     jit trace for a value known to be constant (the report notes the lines; the check still runs
     on random inputs besides the example).
     The user's model is never modified: lowering reads parameters, it never replaces them.
+    ``stream={"T": 16}`` also pulses the archive in tract at 16 steps of the dynamic symbol
+    ``T`` and checks it chunk by chunk against PyTorch on the whole input (``report.stream``;
+    the verified pulse and delay are recorded in the archive; docs/streaming.md).
     """
     req = request.request(
         model, args, path, input_names=input_names, output_names=output_names, frontend=frontend,
@@ -67,11 +75,20 @@ def export(
         dynamic_axes=dynamic_axes, dynamic_shapes=dynamic_shapes,
         allow_value_dependent_trace=allow_value_dependent_trace,
     )  # fmt: skip
+    streaming = stream_check.stream_argument(stream, req.axes, check, req.input_names)
+    if streaming is not None and compress is not None:
+        raise InvalidArgumentError("stream= with compress= is not supported yet: export without compress")
     ref = reference.run_reference(model, req, output_names)
     captured = capture.capture(req, ref)
     builder = captured.builder
     dequantized = optimize.compress(builder, ref.module, compress)
     optimize.optimize(builder)
+    if streaming is not None:
+        captured.notes.extend(stream_forms.pulse_safe(builder))
+        try:
+            floor, graph = refuse_hazards(builder, streaming[0])
+        except StreamingError as exc:
+            raise stream_check.with_source(exc, ref.module) from None
     weights = builder.live_weights()
     builder.example_sizes = req.example_sizes  # recorded so `check` without sizes runs there
     with write.staging(req.target, check) as staged:
@@ -84,6 +101,74 @@ def export(
                     tolerance, builder, dequantized, req.target,
                 )  # fmt: skip
             report.record_check(result, outcome)
+            if streaming is not None:
+                try:
+                    result.stream = stream_stage(
+                        written, ref.module, req, ref.output_names, streaming, tolerance, floor, graph
+                    )
+                except StreamingError as exc:
+                    raise stream_check.with_source(exc, ref.module) from None
+                builder.stream_note = result.stream.note()  # the archive records what was verified
+                archive.write(written, builder.graph_text(), weights, builder.quant_text())
             coverage.verified(result.rules_used)
     result.path = req.target
     return result
+
+
+def stream_stage(
+    written: Path,
+    module: nn.Module,
+    req: request.Request,
+    names: Sequence[str],
+    streaming: tuple[str, int],
+    tolerance: float | None,
+    floor: int,
+    graph: Graph,
+) -> stream_check.StreamReport:
+    """The streaming check (``pipeline/stream_check.py``) of a checked archive."""
+    from torchlower.core import model_io
+    from torchlower.core import tolerance as tolerances
+
+    def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return model_io.flatten_outputs(module(*inputs))
+
+    def tol(want: Sequence[Any]) -> float:
+        if tolerance is not None:
+            return tolerance
+        return tolerances.f16(want) if req.precision == "f16" else tolerances.default(want)
+
+    assert req.spec is not None  # stream_argument required the symbol among the dynamic axes
+    symbol, pulse = streaming
+    with progress.stage(f"streaming in tract ({symbol} pulse {pulse})"):
+        points = stream_check.export_points(req.example, req.spec, symbol, pulse)
+        try:
+            return stream_check.check_stream(
+                written,
+                run,
+                points,
+                req.input_names,
+                names,
+                symbol,
+                pulse,
+                tol,
+                req.target,
+                None,
+                floor,
+                graph,
+            )
+        except CheckError as exc:
+            raise CheckError(f"{exc} (nothing written)", exc.errors) from None
+
+
+def refuse_hazards(builder: NNEFBuilder, symbol: str) -> tuple[int, Graph]:
+    """What tract pulses without complaint and streams wrong, refused before anything is written;
+    returns the multiple every pulse must be that tract does not enforce (``pulse_floor``)."""
+    from torchlower.nnef.parse import parse
+    from torchlower.nnef.pulse import hazards, pulse_floor
+
+    graph = parse(builder.graph_text().encode())
+    found = hazards(graph, symbol)
+    if found:
+        raise StreamingError(f"the model cannot stream over {symbol}: {found[0]}")
+    return pulse_floor(graph), graph

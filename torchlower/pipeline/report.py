@@ -47,6 +47,7 @@ class ExportReport:
     points: list[verification.CheckPoint] = field(default_factory=list)
     original_points: list[verification.CheckPoint] = field(default_factory=list)
     rules_used: list[str] = field(default_factory=list)  # registered keys of the rules that ran
+    stream: Any = None  # pipeline.stream_check.StreamReport of export(stream=...)
 
     @property
     def checked(self) -> bool:

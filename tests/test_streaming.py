@@ -1,0 +1,240 @@
+"""Streaming (issue 29): export(stream=), load().stream(), and the CLI, run in tract's real pulse
+transform. Each zoo model is verified at one pulse by export (three input lengths) and again at a
+second pulse through the API; every check compares with PyTorch on the streamed signal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchlower
+from tests.streaming_models import (
+    CausalTCN,
+    CenteredSTFT,
+    ConvSTFTDenoiser,
+    ConvTasNet,
+    GlobalMean,
+    GRUStateInput,
+    GRUWithState,
+    KeywordSpotter,
+    LSTMTagger,
+    LSTMWithState,
+    NormPoolSlice,
+    RunningSum,
+    SelfAttention,
+    StridedDepthwise,
+    model_of,
+)
+from torchlower.artifact.stream_verify import verify_stream
+from torchlower.errors import CheckError, InvalidArgumentError, InvalidPulseError, StreamingError
+
+# name, factory, example, dynamic axes, export pulse, second pulse, expected delay
+ZOO = [
+    ("tcn", CausalTCN, (1, 4, 64), {"x": {2: "T"}}, 16, 40, 0),
+    ("kws", KeywordSpotter, (1, 1024), {"x": {1: "T"}}, 128, 32, 1),
+    ("tasnet", ConvTasNet, (1, 1, 256), {"x": {2: "T"}}, 64, 16, 19),
+    ("lstm", LSTMTagger, (1, 40, 8), {"x": {1: "T"}}, 8, 5, 0),
+    ("depthwise", StridedDepthwise, (1, 8, 64), {"x": {2: "T"}}, 16, 6, 1),
+    ("gru_h0", GRUWithState, (1, 40, 8), {"x": {1: "T"}}, 8, 3, 0),
+    ("lstm_h0_c0", LSTMWithState, (1, 40, 8), {"x": {1: "T"}}, 4, 10, 0),
+    ("norm_pool_slice", NormPoolSlice, (1, 8, 64), {"x": {2: "T"}}, 16, 4, 1),
+    ("cumsum", RunningSum, (1, 4, 64), {"x": {2: "T"}}, 16, 7, 0),
+    ("stft_denoiser", ConvSTFTDenoiser, (1, 1, 512), {"x": {2: "T"}}, 64, 32, 48),
+]
+
+
+def test_real_package_model_streams(tmp_path: Path) -> None:
+    """torchaudio's Wav2Letter (MFCC input: a stride-2 conv, then 'same' convs with look-ahead)."""
+    models = pytest.importorskip("torchaudio.models")
+    torch.manual_seed(0)
+    model = models.Wav2Letter(num_classes=20, input_type="mfcc", num_features=13).eval()
+    path = tmp_path / "w2l.nnef.tgz"
+    report = torchlower.export(
+        model, (torch.randn(1, 13, 200),), path, dynamic_axes={"x": {2: "T"}}, stream={"T": 16}
+    )
+    s = report.stream
+    assert (s.delay, s.multiple) == (48, 2)
+    assert all(e.ok and e.max_abs <= e.tolerance / 10 for p in s.points for e in p.errors)
+    again = verify_stream(path, torchlower.load(path).graph, model, {"T": 32})
+    assert again.delay == 48 and all(e.max_abs <= e.tolerance / 10 for p in again.points for e in p.errors)
+
+
+@pytest.mark.parametrize(
+    ("name", "factory", "shape", "axes", "pulse", "second", "delay"), ZOO, ids=[z[0] for z in ZOO]
+)
+def test_zoo_streams_like_pytorch(
+    tmp_path: Path, name: str, factory: type[nn.Module], shape: tuple[int, ...], axes: dict, pulse: int,
+    second: int, delay: int,
+) -> None:  # fmt: skip
+    model = model_of(factory)
+    path = tmp_path / f"{name}.nnef.tgz"
+    symbol = "T"
+    report = torchlower.export(model, (torch.randn(shape),), path, dynamic_axes=axes, stream={symbol: pulse})
+    s = report.stream
+    assert (s.symbol, s.pulse, s.delay) == (symbol, pulse, delay)
+    assert len({p.length for p in s.points}) == 3  # three input lengths
+    for p in s.points:
+        for e in p.errors:
+            assert e.ok and e.max_abs <= 1e-5 * (e.tolerance / 1e-4)  # 1e-5 of the output scale
+    assert s.chunk_seconds and all(t > 0 for t in s.chunk_seconds)
+    recorded = torchlower.inspect(path, tract=False)["streaming"]
+    assert recorded["pulse"] == pulse and recorded["delay"] == delay and recorded["symbol"] == symbol
+    # a second pulse, through the API, against the same model
+    art = torchlower.load(path)
+    again = verify_stream(path, art.graph, model, {symbol: second})
+    assert again.pulse == second and all(
+        e.max_abs <= e.tolerance / 10 for p in again.points for e in p.errors
+    )
+    assert len(again.points) == 3
+
+
+def test_stream_object_push_matches_whole_run(tmp_path: Path) -> None:
+    model = model_of(ConvTasNet)
+    path = tmp_path / "tasnet.nnef.tgz"
+    torchlower.export(model, (torch.randn(1, 1, 256),), path, dynamic_axes={"x": {2: "T"}}, stream={"T": 64})
+    x = np.random.default_rng(3).standard_normal((1, 1, 300)).astype(np.float32)
+    with torchlower.load(path).stream({"T": 32}) as stream:
+        assert (stream.pulse, stream.delay) == (32, 19)
+        ext = np.concatenate([x, np.zeros((1, 1, 3 * 32 - 300 % 32 + 32), np.float32)], axis=2)
+        pieces = [stream.push({"x": ext[..., k : k + 32]})["output"] for k in range(0, ext.shape[2], 32)]
+        streamed = np.concatenate(pieces, axis=2)[..., stream.delay :]
+        want = model(torch.from_numpy(ext)).detach().numpy()
+        n = min(streamed.shape[2], want.shape[2])
+        assert n >= 300 - 8
+        assert np.abs(streamed[..., :n] - want[..., :n]).max() < 1e-5
+        with pytest.raises(InvalidArgumentError, match="each chunk must have 32 steps"):
+            stream.push({"x": np.zeros((1, 1, 20), np.float32)})
+        with pytest.raises(InvalidArgumentError, match="float64"):
+            stream.push({"x": np.zeros((1, 1, 32), np.float64)})
+        stream.reset()
+        run = stream.run({"x": x})
+        assert run.outputs["output"].shape == (1, 2, 300)
+        head = model(torch.from_numpy(x)).detach().numpy()[..., :280]  # before the end of the input
+        assert np.abs(run.outputs["output"][..., :280] - head).max() < 1e-5
+    with pytest.raises(InvalidPulseError, match="multiples of 8"):
+        torchlower.load(path).stream({"T": 12})
+    with pytest.raises(InvalidArgumentError, match=r"not a symbol .*the archive declares"):
+        torchlower.load(path).stream({"S": 16})
+
+
+def test_in_process_stream_gives_the_same_outputs(tmp_path: Path) -> None:
+    path = tmp_path / "kws.nnef.tgz"
+    model = model_of(KeywordSpotter)
+    torchlower.export(model, (torch.randn(1, 1024),), path, dynamic_axes={"x": {1: "T"}}, stream={"T": 128})
+    x = np.random.default_rng(5).standard_normal((1, 2000)).astype(np.float32)
+    art = torchlower.load(path)
+    with art.stream({"T": 160}) as child, art.stream({"T": 160}, isolated=False) as here:
+        a, b = child.run({"x": x}), here.run({"x": x})
+        assert here.delay == child.delay == 1
+    assert np.array_equal(a.outputs["output"], b.outputs["output"])
+    want = model(torch.from_numpy(x)).detach().numpy()
+    n = want.shape[1] - 2  # frames that do not reach the end of the input
+    assert np.abs(b.outputs["output"][:, :n] - want[:, :n]).max() < 1e-5
+    with pytest.raises(InvalidArgumentError, match="threads= needs isolated=True"):
+        art.stream({"T": 160}, threads=1, isolated=False)
+
+
+def test_strided_deconv_without_stream_export_is_refused(tmp_path: Path) -> None:
+    """tract pulses a strided deconv with a wrong delay: an archive written without stream= keeps
+    the deconv, and streaming it is refused rather than run wrong."""
+    path = tmp_path / "plain.nnef.tgz"
+    torchlower.export(model_of(ConvTasNet), (torch.randn(1, 1, 256),), path, dynamic_axes={"x": {2: "T"}})
+    with pytest.raises(StreamingError, match=r"module 'dec'.*wrong delay"):
+        torchlower.load(path).stream({"T": 64})
+
+
+def test_wrong_stream_is_a_check_error_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the pulse-safe decoder (and its refusal) tract's own pulsed deconv streams wrong
+    numbers: the streaming check must catch that and write nothing."""
+    from torchlower.pipeline import export as export_module
+
+    monkeypatch.setattr(export_module.stream_forms, "pulse_safe", lambda b: [])
+    monkeypatch.setattr(export_module, "refuse_hazards", lambda b, s: (1, None))
+    path = tmp_path / "wrong.nnef.tgz"
+    with pytest.raises(CheckError, match="differ from PyTorch on the whole input"):
+        torchlower.export(
+            model_of(ConvTasNet),
+            (torch.randn(1, 1, 256),),
+            path,
+            dynamic_axes={"x": {2: "T"}},
+            stream={"T": 64},
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_global_pooling_over_time_is_a_streaming_error(tmp_path: Path) -> None:
+    path = tmp_path / "mean.nnef.tgz"
+    with pytest.raises(
+        StreamingError, match=r"mean_reduce.*whole sequence.*GlobalMean.forward at .*streaming_models.py:\d+"
+    ):
+        torchlower.export(
+            GlobalMean(), (torch.randn(1, 8, 64),), path, dynamic_axes={"x": {2: "T"}}, stream={"T": 16}
+        )
+    assert not path.exists()
+
+
+def test_center_true_stft_says_use_center_false(tmp_path: Path) -> None:
+    path = tmp_path / "stft.nnef.tgz"
+    with pytest.raises(StreamingError, match="use center=False"):
+        torchlower.export(
+            CenteredSTFT(), (torch.randn(1, 512),), path, dynamic_axes={"x": {1: "T"}}, stream={"T": 64}
+        )
+    assert not path.exists()
+
+
+def test_attention_over_time_never_streams_wrong(tmp_path: Path) -> None:
+    """tract pulses self-attention as attention within each chunk: the streaming check fails, as a
+    StreamingError naming the product and its module, and an unverified archive is refused by
+    load().stream."""
+    model = model_of(SelfAttention)
+    path = tmp_path / "attn.nnef.tgz"
+    with pytest.raises(
+        StreamingError, match=r"differ from PyTorch.*matmul of two computed tensors.*forward at"
+    ):
+        torchlower.export(
+            model, (torch.randn(1, 40, 8),), path, dynamic_axes={"x": {1: "T"}}, stream={"T": 8}
+        )
+    assert not path.exists()
+    torchlower.export(model, (torch.randn(1, 40, 8),), path, dynamic_axes={"x": {1: "T"}})
+    with pytest.raises(StreamingError, match="attention"):
+        torchlower.load(path).stream({"T": 8})
+
+
+def test_initial_state_as_an_input_is_refused(tmp_path: Path) -> None:
+    args = (torch.randn(1, 40, 8), torch.randn(1, 1, 16))
+    with pytest.raises(StreamingError, match=r"input 'h0' has no T axis.*register_buffer"):
+        torchlower.export(
+            GRUStateInput(), args, tmp_path / "g.nnef.tgz", dynamic_axes={"x": {1: "T"}}, stream={"T": 8}
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stream_arguments(tmp_path: Path) -> None:
+    x = (torch.randn(1, 4, 64),)
+    with pytest.raises(InvalidArgumentError, match="not a symbol of the dynamic axes"):
+        torchlower.export(
+            CausalTCN(), x, tmp_path / "a.nnef.tgz", dynamic_axes={"x": {2: "T"}}, stream={"S": 16}
+        )
+    with pytest.raises(InvalidArgumentError, match="positive integer"):
+        torchlower.export(
+            CausalTCN(), x, tmp_path / "a.nnef.tgz", dynamic_axes={"x": {2: "T"}}, stream={"T": 0}
+        )
+    with pytest.raises(InvalidPulseError, match="multiples of 32"):
+        torchlower.export(
+            model_of(KeywordSpotter), (torch.randn(1, 1024),), tmp_path / "k.nnef.tgz",
+            dynamic_axes={"x": {1: "T"}}, stream={"T": 48},
+        )  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_archive_without_stream_has_no_streaming_comment(tmp_path: Path) -> None:
+    path = tmp_path / "plain.nnef.tgz"
+    torchlower.export(CausalTCN(), (torch.randn(1, 4, 64),), path, dynamic_axes={"x": {2: "T"}})
+    assert "# streaming" not in torchlower.artifact.io.graph_text(path)
+    assert torchlower.inspect(path, tract=False)["streaming"] is None
