@@ -131,6 +131,6 @@ def check_sum_bounds(env: Mapping[str, int], extensions: Sequence[str], where: o
         if (value < bound) if op == ">=" else (value > bound):
             sizes = ", ".join(f"{n} = {env[n]}" for n in names)
             raise InvalidArgumentError(
-                f"{where}: {' + '.join(names)} = {value} ({sizes}) is outside the archive's bound {m.group(1)} {op}"
-                f" {bound}; an LLM archive holds at most {bound} positions (its max_context)"
+                f"{where}: {' + '.join(names)} = {value} ({sizes}) is outside the archive's bound"
+                f" {m.group(1)} {op} {bound}; an LLM archive holds at most {bound} positions"
             )
