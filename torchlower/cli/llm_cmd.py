@@ -45,6 +45,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="with --precision f16: parts computed in f32, comma-separated from attention,norms,lm_head "
         "(default attention,norms; 'none' for f16 throughout)",
     )
+    p.add_argument(
+        "--part",
+        choices=["decoder"],
+        help="export only this part of a larger checkpoint (e.g. Whisper's decoder, without"
+        " cross-attention); without it a checkpoint that would leave weights unused is refused",
+    )
     p.set_defaults(run=run)
     llm.set_defaults(run=None)
 
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             check=not args.no_check,
             io_samples=args.io_samples,
             f32_parts=_parts(args.f32_parts),
+            part=args.part,
         )
     data = report_json(report)
     out.emit(data, lambda console: render(console, data))
@@ -95,6 +102,8 @@ def report_json(report: Any) -> dict[str, Any]:
         "weight_bytes_by_format": report.weight_bytes_by_format,
         "artifact_bytes": report.archive_bytes,
         "bundled": report.bundled,
+        "part": report.part,
+        "unused_weights": report.unused_weights,
         "seconds": round(report.seconds, 3),
         "checked": bool(report.errors),
         "max_abs_error": report.max_abs_error if report.errors else None,
@@ -114,6 +123,10 @@ def render(console: Console, data: dict[str, Any]) -> None:
                   f"embeddings {data['embeddings']}, lm_head {data['lm_head']}, "
                   f"logits {data['logits']}")  # fmt: skip
     table.add_row("context", f"P + S <= {data['max_context']}")
+    if data["part"]:
+        table.add_row(
+            "part", f"{data['part']} only; {len(data['unused_weights'])} checkpoint tensors left out"
+        )
     formats = ", ".join(f"{k} {v:,}" for k, v in data["weight_bytes_by_format"].items())
     table.add_row("weights", f"{data['weight_bytes']:,} bytes ({formats})")
     for name, why in data["unquantized"].items():

@@ -27,7 +27,7 @@ from torchlower.core.staging import target_of
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks, stages
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype
-from torchlower.llm.source import SourceError
+from torchlower.llm.source import SourceError, WrongModelError
 from torchlower.llm.wrapper import (
     CacheLayout,
     attributes_kept,
@@ -71,6 +71,9 @@ class ExportReport:
     properties: dict[str, str | int | float] = field(default_factory=dict)
     # weights Q4_0 was asked for that stayed float (HF name → why), e.g. a size not a multiple of 32
     unquantized: dict[str, str] = field(default_factory=dict)
+    part: str | None = None  # ``part=`` of export: the part of a larger checkpoint written on purpose
+    # checkpoint tensors the export leaves out (only with ``part``: otherwise refused)
+    unused_weights: list[str] = field(default_factory=list)
 
     @property
     def max_abs_error(self) -> float:
@@ -96,6 +99,7 @@ def export(
     check: bool = True,
     io_samples: bool = False,
     f32_parts: tuple[str, ...] | None = None,
+    part: str | None = None,
 ) -> ExportReport:
     """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract.
 
@@ -111,6 +115,11 @@ def export(
     ``"attention"``, ``"norms"``, ``"lm_head"``; default ``("attention", "norms")``, ``()`` for
     f16 throughout (``precision.keep_f32``).
     ``check`` compares with the model as Hugging Face runs it; a failed export writes nothing.
+    A folder is exported whole or not at all (``WrongModelError``: its config names another
+    class than the causal LM transformers loads, or checkpoint weights would stay unused) unless
+    ``part="decoder"`` asks for the decoder alone (e.g. Whisper's, without cross-attention).
+    The context bound is the smallest of the config's position field and the rows of the
+    model's learned position tables.
     """
     started = time.perf_counter()
     _validate_options(precision, compress, embeddings, lm_head, logits, max_context, check, io_samples)
@@ -118,7 +127,7 @@ def export(
     parts = _f32_parts(precision, f32_parts)
     target = Path(path)
     archive.archive_kind(target)  # a bad suffix fails before the model loads
-    loaded = stages.load(source, max_context)
+    loaded = stages.load(source, max_context, part)
     captured = stages.capture(loaded, logits, precision)
     keep = check or io_samples  # the dequantized weights are needed to check or to sample
     dequantized, left_float = stages.store_tables(loaded, captured, compress, storage, precision, keep)
@@ -175,6 +184,9 @@ def _properties(
         props["torchlower.llm.recompute_cache_at"] = switch
     if precision == "f16":
         props["torchlower.llm.f32_parts"] = ",".join(parts) or "none"
+    if loaded.src.part is not None:
+        props["torchlower.llm.part"] = loaded.src.part
+        props["torchlower.llm.unused_weights"] = len(loaded.src.unused)
     return props
 
 
@@ -203,6 +215,8 @@ def _report(
         bundled=sorted(files),
         properties=props,
         unquantized=left_float,
+        part=loaded.src.part,
+        unused_weights=list(loaded.src.unused),
     )
 
 
@@ -319,4 +333,4 @@ def _size_on_disk(path: Path) -> int:
     return path.stat().st_size
 
 
-__all__ = ["ExportReport", "SourceError", "export"]
+__all__ = ["ExportReport", "SourceError", "WrongModelError", "export"]

@@ -21,6 +21,15 @@ from torchlower.errors import InvalidArgumentError
 KV_MODES = ("auto", "state", "explicit")
 
 
+class ContextLengthError(InvalidArgumentError):
+    """More positions than the archive holds (its ``P + S <= max_context`` bound, which comes
+    from the model's position tables): refused before tract, which would read past them."""
+
+    def __init__(self, message: str, *, max_context: int, needed: int) -> None:
+        super().__init__(message)
+        self.max_context, self.needed = max_context, needed
+
+
 class Decoder:
     """An exported LLM loaded in tract, ready to run steps (one per call of ``step``)."""
 
@@ -58,6 +67,8 @@ class Decoder:
             else:
                 self.mode = "explicit"
         self.recompute_at = _int_property(model, "torchlower.llm.recompute_cache_at")
+        self.max_context = _int_property(model, "torchlower.llm.max_context")
+        self.path = path
         self.runnable = model.into_runnable()
         self.reset()
 
@@ -71,6 +82,17 @@ class Decoder:
         at = self.recompute_at
         return at is not None and 0 < self.length <= at < self.length + new_tokens
 
+    def refuse_past_context(self, needed: int) -> None:
+        """``ContextLengthError`` if ``needed`` positions do not fit the archive's bound."""
+        if self.max_context is not None and needed > self.max_context:
+            raise ContextLengthError(
+                f"{self.path}: {needed} positions (prompt and generated tokens fed back) exceed this"
+                f" archive's P + S <= {self.max_context}, the model's position limit; keep prompt +"
+                f" max_new_tokens - 1 <= {self.max_context}",
+                max_context=self.max_context,
+                needed=needed,
+            )
+
     def step(self, ids: np.ndarray) -> np.ndarray:
         """Logits of the last position after feeding ``ids`` [1, S] (the cache grows by S)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1)
@@ -81,6 +103,7 @@ class Decoder:
                 f"token id {bad} is outside the vocabulary of this model (ids 0..{self.vocab - 1}); "
                 "encode the prompt with the tokenizer the model was exported with"
             )
+        self.refuse_past_context(self.length + ids.shape[1])
         self.length += ids.shape[1]
         if self.mode == "state":
             out = self.state.run([ids])
@@ -115,6 +138,8 @@ def generate(
         raise InvalidArgumentError(f"temperature must be > 0, got {temperature!r}")
     stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
     decoder = Decoder(artifact, kv=kv)
+    if max_new_tokens:  # the last new token is not fed back
+        decoder.refuse_past_context(prompt.shape[1] + max_new_tokens - 1)
     rng = np.random.default_rng(seed)
     tokens: list[int] = []
     feed = prompt

@@ -18,11 +18,11 @@ import contextlib
 import gzip
 import io
 import os
+import re
 import shutil
 import stat
 import tarfile
 import tempfile
-import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
