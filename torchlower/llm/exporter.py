@@ -27,7 +27,7 @@ from torchlower.core.staging import target_of
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks, stages
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype
-from torchlower.llm.source import SourceError, WrongModelError
+from torchlower.llm.source import SourceError, WrongModelError, open_speech_seq2seq
 from torchlower.llm.wrapper import (
     CacheLayout,
     attributes_kept,
@@ -123,6 +123,15 @@ def export(
     """
     started = time.perf_counter()
     _validate_options(precision, compress, embeddings, lm_head, logits, max_context, check, io_samples)
+    speech = open_speech_seq2seq(source) if part is None else None
+    if speech is not None:  # an encoder-decoder: a folder of two archives (seq2seq.py)
+        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts)
+        from torchlower.llm import seq2seq
+
+        return seq2seq.export(  # type: ignore[return-value]
+            speech[0], speech[1], path, precision=precision, compress=compress, max_context=max_context,
+            check=check,
+        )  # fmt: skip
     storage = table_storage(compress, embeddings, lm_head)
     parts = _f32_parts(precision, f32_parts)
     target = Path(path)
@@ -313,6 +322,20 @@ def _validate_options(
     for name, flag in (("check", check), ("io_samples", io_samples)):
         if not isinstance(flag, bool):
             raise InvalidArgumentError(f"{name} must be True or False, got {flag!r}")
+
+
+def _refuse_causal_options(
+    embeddings: str | None, lm_head: str | None, logits: str, io_samples: bool, f32_parts: Any
+) -> None:
+    """Options of the causal-LM export a speech encoder-decoder export does not honour yet."""
+    given = {"embeddings": embeddings, "lm_head": lm_head, "f32_parts": f32_parts}
+    given |= {"logits": logits if logits != "last" else None, "io_samples": io_samples or None}
+    used = [k for k, v in given.items() if v is not None]
+    if used:
+        raise InvalidArgumentError(
+            f"{', '.join(used)}: not available for a speech encoder-decoder export (Whisper); leave them"
+            " out, or export the decoder alone with part='decoder'"
+        )
 
 
 def _f32_parts(precision: str, parts: tuple[str, ...] | None) -> tuple[str, ...]:

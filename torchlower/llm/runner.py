@@ -17,17 +17,9 @@ from typing import Any
 import numpy as np
 
 from torchlower.errors import InvalidArgumentError
+from torchlower.llm.context import ContextLengthError
 
 KV_MODES = ("auto", "state", "explicit")
-
-
-class ContextLengthError(InvalidArgumentError):
-    """More positions than the archive holds (its ``P + S <= max_context`` bound, which comes
-    from the model's position tables): refused before tract, which would read past them."""
-
-    def __init__(self, message: str, *, max_context: int, needed: int) -> None:
-        super().__init__(message)
-        self.max_context, self.needed = max_context, needed
 
 
 class Decoder:
@@ -124,8 +116,13 @@ def generate(
     seed: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     kv: str = "auto",
+    input_features: Any = None,
 ) -> list[int]:
     """The new token ids after ``input_ids`` (a list, or a [1, S] array/tensor), run in tract.
+
+    For a speech encoder-decoder export (a folder with ``manifest.json``, e.g. Whisper),
+    ``input_ids`` are the decoder's start tokens and ``input_features`` the log-mel frames
+    [1, mels, frames] the encoder runs on once; decoding is greedy.
 
     Greedy by default (``do_sample=False``: the arg-max, ties to the lowest id as torch does);
     ``do_sample=True`` samples from softmax(logits / temperature), optionally over the
@@ -137,6 +134,20 @@ def generate(
     if temperature <= 0:
         raise InvalidArgumentError(f"temperature must be > 0, got {temperature!r}")
     stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    from torchlower.llm import seq2seq_runner
+
+    if seq2seq_runner.is_seq2seq(Path(artifact)):
+        if input_features is None or do_sample:
+            raise InvalidArgumentError(
+                f"{artifact}: a speech encoder-decoder needs input_features= (log-mel frames) and decodes"
+                " greedily (do_sample=False)"
+            )
+        runner = seq2seq_runner.Seq2SeqRunner(artifact, kv=kv)
+        if max_new_tokens:  # the last new token is not fed back
+            runner.refuse_past_context(prompt.shape[1] + max_new_tokens - 1)
+        return runner.greedy(prompt[0].tolist(), max_new_tokens, input_features, stops)[0]
+    if input_features is not None:
+        raise InvalidArgumentError(f"{artifact}: input_features= is for speech encoder-decoder exports")
     decoder = Decoder(artifact, kv=kv)
     if max_new_tokens:  # the last new token is not fed back
         decoder.refuse_past_context(prompt.shape[1] + max_new_tokens - 1)

@@ -19,6 +19,11 @@ from torchlower.errors import InvalidArgumentError
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 LEGACY_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = (
+    "preprocessor_config.json",
+    "vocab.json",
+    "merges.txt",
+    "normalizer.json",
+    "added_tokens.json",
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -97,6 +102,41 @@ def open_source(source: str | os.PathLike[str] | nn.Module, part: str | None = N
     if part is None:
         refuse_partial(folder, config, type(model).__name__, unused)
     return Source(model, config, folder, files, mapping, unused, part)
+
+
+def open_speech_seq2seq(
+    source: str | os.PathLike[str] | nn.Module,
+) -> tuple[nn.Module, dict[str, bytes]] | None:
+    """A Whisper ``ForConditionalGeneration`` (folder or model) and its files to bundle; None for
+    anything else. The folder's weights must all be taken (``WrongModelError`` otherwise)."""
+    from torchlower.llm.seq2seq import ARCHITECTURES, is_speech_seq2seq
+
+    if isinstance(source, nn.Module):
+        if type(source).__name__ not in ARCHITECTURES:
+            return None
+        return source, {"config.json": source.config.to_json_string(use_diff=False).encode()}
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    folder = Path(source)
+    config = load_config(folder)
+    if not is_speech_seq2seq(config):
+        return None
+    import torch
+    import transformers
+
+    files = weight_files(folder)
+    check_weights_readable(files)
+    cls = getattr(transformers, ARCHITECTURES[0])
+    try:
+        model, info = cls.from_pretrained(
+            str(folder), local_files_only=True, dtype=torch.float32, output_loading_info=True
+        )
+    except Exception as exc:
+        raise SourceError(f"{files[0]}: transformers cannot load the checkpoint: {exc}") from exc
+    refuse_partial(
+        folder, config, type(model).__name__, sorted(str(k) for k in info.get("unexpected_keys", ()))
+    )
+    return model.eval(), bundled_files(folder)
 
 
 def refuse_partial(folder: Path, config: Any, loaded: str, unused: list[str]) -> None:
