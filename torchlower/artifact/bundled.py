@@ -138,6 +138,35 @@ def check_samples(
     return got[0], errors, points
 
 
+def parts_of(path: Path) -> dict[str, Path] | None:
+    """The archives of a folder torchlower wrote as several graphs (``manifest.json`` beside
+    ``encoder.nnef.tgz`` / ``decoder.nnef.tgz``, no graph of its own), by part; None otherwise."""
+    if not path.is_dir() or (path / "graph.nnef").exists() or not (path / "manifest.json").is_file():
+        return None
+    try:
+        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ArtifactError(f"{path / 'manifest.json'}: not readable JSON ({exc})") from None
+    parts = {}
+    for name, entry in manifest.items() if isinstance(manifest, dict) else []:
+        archive = entry.get("archive") if isinstance(entry, dict) else None
+        if isinstance(archive, str):
+            reader.check_name(archive)  # inside the folder: no absolute path, no ".."
+            parts[name] = path / archive
+    if not parts:
+        raise ArtifactError(f'{path / "manifest.json"}: names no archive (parts with an "archive" entry)')
+    return parts
+
+
+def parts_error(path: Path, parts: Mapping[str, Path]) -> ArtifactError:
+    """``load`` / ``check`` / ``run`` take one graph: name the archives of a multi-graph folder."""
+    listing = ", ".join(f"{name} {p}" for name, p in parts.items())
+    return ArtifactError(
+        f"{path}: a folder of {len(parts)} archives (manifest.json: {listing}); give one of them, or"
+        " use torchlower.llm.generate for the whole model"
+    )
+
+
 def _check(target: Path, name: str, blob: bytes, limits: reader.Limits) -> None:
     if name.endswith(".json"):
         try:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import logging
 import os
-import struct
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,15 +26,14 @@ import numpy as np
 
 from torchlower.artifact import bundled
 from torchlower.artifact.inputs import arrays, check_sum_bounds, dim_text, inputs_for
+from torchlower.artifact.weights import decode_weights
 from torchlower.core import dtypes, progress
 from torchlower.core import tolerance as tolerances
 from torchlower.errors import ArtifactError, CheckError, InvalidArgumentError
-from torchlower.nnef import dat, reader
+from torchlower.nnef import reader
 from torchlower.nnef.parse import Graph, parse
 
 log = logging.getLogger("torchlower")
-
-_KIND_OF_VARIABLE = {"scalar": "f", "integer": "iu", "logical": "b"}
 
 
 @dataclass
@@ -118,6 +117,9 @@ def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LI
         from torchlower.artifact.runner import LatticeArtifact
 
         return LatticeArtifact(target)
+    parts = bundled.parts_of(target)
+    if parts is not None:
+        raise bundled.parts_error(target, parts)
     with named(target):
         return _load(target, target, limits)
 
@@ -146,7 +148,7 @@ def _load(source: Path, target: Path, limits: reader.Limits) -> Artifact:
     formats: dict[str, str] = {}
     stored: dict[str, int] = {}
     with progress.stage("decoding weights", total=len(graph.variables), unit="tensors"):
-        _decode_weights(target, graph, members, weights, formats, stored)
+        decode_weights(target, graph, members, weights, formats, stored)
     unused = sorted(members)
     if unused:
         log.warning("%s: %d .dat file(s) no variable refers to, e.g. %s", target, len(unused), unused[0])
@@ -190,52 +192,6 @@ def graph_text(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFA
     raise ArtifactError(f"{path}: no graph.nnef at the top level of the artifact")
 
 
-def _decode_weights(
-    target: Path,
-    graph: Graph,
-    members: dict[str, bytes],
-    weights: dict[str, np.ndarray],
-    formats: dict[str, str],
-    stored: dict[str, int],
-) -> None:
-    """Decode the ``.dat`` of every variable (popped from ``members``), checked against the graph."""
-    for var in graph.variables:
-        member = f"{var.label}.dat"
-        if var.label in weights:
-            continue
-        blob = members.pop(member, None)
-        if blob is None:
-            raise ArtifactError(
-                f"{target}: graph.nnef line {var.line}: variable {var.label!r} has no {member!r}"
-                " in the artifact"
-            )
-        array = dat.decode(blob, member)
-        if tuple(array.shape) != var.shape:
-            raise ArtifactError(
-                f"{target}: {member}: shape {list(array.shape)} differs from graph.nnef line {var.line}"
-                f" shape {list(var.shape)}"
-            )
-        quantized = blob[48] in (dat.QUINT, dat.QINT)  # real values as integer codes (graph.quant)
-        if array.dtype.kind not in _KIND_OF_VARIABLE[var.kind] and not (quantized and var.kind == "scalar"):
-            raise ArtifactError(f"{target}: {member}: dtype {array.dtype} cannot back a variable<{var.kind}>")
-        weights[var.label] = array
-        formats[var.label] = dat_format(blob)
-        stored[var.label] = len(blob) - dat.HEADER_SIZE
-        progress.advance()
-
-
-def dat_format(blob: bytes) -> str:
-    """Storage format of a ``.dat`` from its header: the dtype's name (``float32``; ``qint8`` for
-    linearly quantized codes) or a vendor block format (``q4_0``)."""
-    bits, code, vendor = struct.unpack_from("<IHH", blob, 44)
-    if blob[48:52] == b"\x40\x30\x52\x54":
-        return "q4_0"
-    if vendor != 0:
-        return f"vendor_{vendor:04x}_{code}"
-    names = {dat.FLOAT: "float", dat.INT: "int", dat.UINT: "uint", dat.QUINT: "quint", dat.QINT: "qint"}
-    return "bool" if code == dat.BOOL else f"{names.get(code, f'type{code}_')}{bits}"  # float32, qint8…
-
-
 def inspect(
     path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS, *, tract: bool = True
 ) -> dict[str, Any]:
@@ -250,6 +206,11 @@ def inspect(
     target = Path(path)
     if _is_lattice(target):
         return _lattice().inspect(target)
+    parts = bundled.parts_of(target)
+    if parts is not None:  # a folder of archives (an encoder-decoder): each part's summary
+        manifest = json.loads((target / "manifest.json").read_text(encoding="utf-8"))
+        summaries = {n: inspect(p, limits, tract=tract) for n, p in parts.items()}
+        return {"path": str(target), "format": "parts", "manifest": manifest, "parts": summaries}
     art = load(target, limits)
     outputs: list[dict[str, Any]] = [{"name": n, "shape": None, "dtype": None} for n in art.output_names]
     if tract:
@@ -354,6 +315,9 @@ def check(
         return _lattice().check(target, inputs, expected, model, tolerance, seed=seed)
     if expected is not None and model is not None:
         raise InvalidArgumentError("give either expected= or model=, not both")
+    parts = bundled.parts_of(target)
+    if parts is not None:
+        raise bundled.parts_error(target, parts)
     # tract reads exactly the bytes we validated; every error names the user's path
     with named(target), reader.extracted(target) as folder:
         art = _load(folder, target, reader.DEFAULT_LIMITS)

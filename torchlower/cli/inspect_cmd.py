@@ -110,6 +110,11 @@ def _print_graph(target: Path, out: Output) -> int:
 
 
 def render(console: Console, data: dict[str, Any]) -> None:
+    if data.get("format") == "parts":  # a folder of archives (an encoder-decoder export)
+        console.print(f"{data['path']}: {len(data['parts'])} archives ({data['manifest'].get('format')})")
+        for part in data["parts"].values():
+            render(console, part)
+        return
     if data.get("format") != "nnef":
         _render_generic(console, data)
         return
