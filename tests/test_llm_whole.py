@@ -30,24 +30,38 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     return speech_models.whisper_folder(tmp_path_factory.mktemp("whisper") / "hf")
 
 
-def test_whisper_folder_refused_naming_class_and_unused_weights(
-    whisper: tuple[Path, Any], tmp_path: Path
+@pytest.fixture(scope="module")
+def bart(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """An encoder-decoder torchlower.llm does not export whole: AutoModelForCausalLM gives BartForCausalLM."""
+    import transformers
+
+    config = transformers.BartConfig(
+        vocab_size=120, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BartForConditionalGeneration(config).eval()
+    path = tmp_path_factory.mktemp("bart") / "hf"
+    model.save_pretrained(path)
+    return path, model
+
+
+def test_encoder_decoder_folder_refused_naming_class_and_unused_weights(
+    bart: tuple[Path, Any], tmp_path: Path
 ) -> None:
-    out = tmp_path / "w.nnef.tgz"
+    out = tmp_path / "b.nnef.tgz"
     with pytest.raises(llm.WrongModelError) as err:
-        llm.export(whisper[0], out, part=None)
+        llm.export(bart[0], out)
     e = err.value
-    assert e.config_class == "WhisperForConditionalGeneration" and e.loaded_class == "WhisperForCausalLM"
-    encoder = sorted(k for k, _ in whisper[1].named_parameters() if k.startswith("model.encoder."))
-    assert set(encoder) <= set(e.unused) and encoder
-    assert not any(k.startswith("model.decoder.") for k in e.unused)
+    assert e.config_class == "BartForConditionalGeneration" and e.loaded_class == "BartForCausalLM"
+    encoder = sorted(k for k, _ in bart[1].named_parameters() if k.startswith("model.encoder.layers."))
+    assert encoder and set(encoder) <= set(e.unused)
+    assert not any(k.startswith("model.decoder.layers.") for k in e.unused)
     message = str(e)
-    assert (
-        str(whisper[0]) in message and "model.encoder.conv1.weight" in message and "--part decoder" in message
-    )
+    assert str(bart[0]) in message and "model.encoder.layers.0.fc1" in message and "--part decoder" in message
     assert not out.exists()
-    proc = cli("llm", "export", whisper[0], "-o", out)
-    assert proc.returncode != 0 and "WhisperForConditionalGeneration" in proc.stderr
+    proc = cli("llm", "export", bart[0], "-o", out)
+    assert proc.returncode != 0 and "BartForConditionalGeneration" in proc.stderr
     assert "--part decoder" in proc.stderr and not out.exists()
 
 
