@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -35,6 +35,9 @@ from torchlower.llm.wrapper import (
 )
 from torchlower.nnef import archive
 from torchlower.pipeline import write
+
+if TYPE_CHECKING:
+    from torchlower.llm.seq2seq import Seq2SeqReport
 
 log = logging.getLogger("torchlower")
 
@@ -100,8 +103,10 @@ def export(
     io_samples: bool = False,
     f32_parts: tuple[str, ...] | None = None,
     part: str | None = None,
-) -> ExportReport:
-    """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract.
+) -> ExportReport | Seq2SeqReport:
+    """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract; a
+    ``WhisperForConditionalGeneration`` becomes a folder of two archives (``seq2seq.export``,
+    a ``Seq2SeqReport``).
 
     Graph inputs ``input_ids`` [1, S] and per layer ``in_cache_key_{i}``/``in_cache_value_{i}``
     [1, kv_heads, P, head_dim]; outputs ``outputs`` (logits: [1, 1, vocab] with
@@ -128,7 +133,7 @@ def export(
         _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts)
         from torchlower.llm import seq2seq
 
-        return seq2seq.export(  # type: ignore[return-value]
+        return seq2seq.export(
             speech[0], speech[1], path, precision=precision, compress=compress, max_context=max_context,
             check=check,
         )  # fmt: skip
