@@ -65,7 +65,7 @@ class Seq2SeqRunner:
                     f"{decoder_path}: tract's detect_kv_cache did not take every cache"
                 )
         self.decoder = model.into_runnable()
-        self.cross: list[np.ndarray] = []
+        self.cross: list[Any] = []  # tract tensors
         self.reset()
 
     def reset(self) -> None:
@@ -87,7 +87,9 @@ class Seq2SeqRunner:
                 f"input_features must be float [{', '.join(map(str, want))}] (log-mel frames, padded as"
                 f" the model's feature extractor pads them); got {array.dtype} {list(array.shape)}"
             )
-        self.cross = [t.to_numpy() for t in self.encoder.run([np.ascontiguousarray(array, np.float32)])]
+        # kept as tract tensors: fed every step without a copy through numpy (22 of 63 ms/token
+        # for whisper-tiny's 8 cross tensors of [1, 6, 1500, 64])
+        self.cross = list(self.encoder.run([np.ascontiguousarray(array, np.float32)]))
         self.reset()
 
     def refuse_past_context(self, needed: int) -> None:
