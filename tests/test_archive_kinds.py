@@ -117,6 +117,9 @@ def test_inspect_check_run_on_every_kind(archives: dict[str, Path], kind: str) -
         assert bundle["properties"]["torchlower.llm.precision"] == want
         text = cli("inspect", path, "--no-shapes").stdout
         assert "bundled config.json" in text and "property torchlower.llm.max_context" in text
+        picture = path.with_name(f"{kind}.svg")
+        drawn = _json("inspect", path, "--svg", picture, "--no-shapes")["picture"]
+        assert drawn["nodes"] > 5 and picture.read_text().startswith("<")
     if kind in ("llm_f32", "llm_f16"):  # bundled samples: the check compares with them
         assert checked["reference"] == "bundled samples"
         labels = {p["label"] for p in checked["points"]}
