@@ -158,3 +158,27 @@ def test_cli_export(whisper: tuple[Path, Any], tmp_path: Path) -> None:
     assert data["parts"]["decoder"]["checked"] and data["max_context"] == 64
     proc = cli("llm", "export", whisper[0], "-o", tmp_path / "w.nnef.tgz")
     assert proc.returncode != 0 and "folder" in proc.stderr
+
+
+def test_generate_applies_the_generation_config_as_hf(tmp_path: Path) -> None:
+    """``suppress_tokens``, ``begin_suppress_tokens`` and the end-of-text id from the folder's
+    generation config: the same tokens as HF's Whisper ``generate``, which applies them."""
+    plain = speech_models.whisper()
+    features = speech_models.features(plain, 5)
+    chain = _hf_generate(plain, features, 32)  # without processors: 84, 55, 91, 55, 9, 9, …, 4
+    suppress, first, eos = [9, 42], chain[0], 4
+    assert {9, 42, eos} <= set(chain)
+    model = speech_models.whisper(suppress_tokens=suppress, begin_suppress_tokens=[first], eos_token_id=eos)
+    model.save_pretrained(tmp_path / "hf")
+    report = llm.export(tmp_path / "hf", tmp_path / "w")
+    assert json.loads((report.path / "manifest.json").read_text())["generation"] == {
+        "suppress_tokens": suppress, "begin_suppress_tokens": [first], "eos_token_id": [eos]
+    }  # fmt: skip
+    with torch.no_grad():
+        want = model.generate(
+            features, decoder_input_ids=torch.tensor([START]), max_new_tokens=32, do_sample=False,
+            return_dict_in_generate=True,
+        ).sequences[0, len(START) :].tolist()  # fmt: skip
+    tokens = llm.generate(report.path, START, 32, input_features=features)
+    assert tokens == want and tokens[-1] == eos and len(tokens) < 32  # stopped at the end of text
+    assert not set(tokens) & set(suppress) and tokens[0] != first

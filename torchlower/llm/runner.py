@@ -122,7 +122,9 @@ def generate(
 
     For a speech encoder-decoder export (a folder with ``manifest.json``, e.g. Whisper),
     ``input_ids`` are the decoder's start tokens and ``input_features`` the log-mel frames
-    [1, mels, frames] the encoder runs on once; decoding is greedy.
+    [1, mels, frames] the encoder runs on once; decoding is greedy with the generation config's
+    ``suppress_tokens`` / ``begin_suppress_tokens`` applied and its end-of-text id as the stop,
+    as HF's Whisper ``generate`` does (timestamps and language detection are not done).
 
     Greedy by default (``do_sample=False``: the arg-max, ties to the lowest id as torch does);
     ``do_sample=True`` samples from softmax(logits / temperature), optionally over the
@@ -145,7 +147,9 @@ def generate(
         runner = seq2seq_runner.Seq2SeqRunner(artifact, kv=kv)
         if max_new_tokens:  # the last new token is not fed back
             runner.refuse_past_context(prompt.shape[1] + max_new_tokens - 1)
-        return runner.greedy(prompt[0].tolist(), max_new_tokens, input_features, stops)[0]
+        if eos_token_id is None:  # HF's default: the generation config's end of text
+            stops = set(runner.manifest.get("generation", {}).get("eos_token_id", []))
+        return runner.greedy(prompt[0].tolist(), max_new_tokens, input_features, stops, processors=True)[0]
     if input_features is not None:
         raise InvalidArgumentError(f"{artifact}: input_features= is for speech encoder-decoder exports")
     decoder = Decoder(artifact, kv=kv)

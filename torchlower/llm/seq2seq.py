@@ -291,6 +291,22 @@ def _properties(
     }
 
 
+def _generation(model: nn.Module) -> dict[str, Any]:
+    """What ``generate`` applies as HF's Whisper ``generate`` does: suppressed tokens (every
+    step), tokens suppressed at the first generated position, the end-of-text id."""
+    gen = getattr(model, "generation_config", None)
+
+    def ids(value: Any) -> list[int]:
+        return [int(v) for v in (value or [])]
+
+    eos = getattr(gen, "eos_token_id", None)
+    return {
+        "suppress_tokens": ids(getattr(gen, "suppress_tokens", None)),
+        "begin_suppress_tokens": ids(getattr(gen, "begin_suppress_tokens", None)),
+        "eos_token_id": ids([eos] if isinstance(eos, int) else eos),
+    }
+
+
 def _manifest(
     model: nn.Module, layout: Seq2SeqLayout, context: int, precision: str, compress: str | None
 ) -> dict[str, Any]:
@@ -313,6 +329,7 @@ def _manifest(
             "cross_inputs": layout.encoder_outputs(),
         },
         "max_context": context,
+        "generation": _generation(model),
         "decoder_start_token_id": config.decoder_start_token_id,
         "eos_token_id": config.eos_token_id,
         "vocab_size": layout.vocab,

@@ -117,17 +117,32 @@ class Seq2SeqRunner:
         return out[0].to_numpy()[0, -1]
 
     def greedy(
-        self, start: list[int], steps: int, input_features: Any, stops: set[int] | None = None
+        self,
+        start: list[int],
+        steps: int,
+        input_features: Any,
+        stops: set[int] | None = None,
+        processors: bool = False,
     ) -> tuple[list[int], list[np.ndarray]]:
-        """Arg-max tokens after ``start`` and the logits that chose each."""
+        """Arg-max tokens after ``start`` and the (raw) logits that chose each. With
+        ``processors``, the manifest's ``generation`` suppressions apply as HF's Whisper
+        ``generate`` applies them (``suppress_tokens`` every step, ``begin_suppress_tokens`` at
+        the first generated position)."""
+        gen = self.manifest.get("generation", {}) if processors else {}
+        always = np.array(gen.get("suppress_tokens", []), dtype=np.int64)
+        begin = np.array(gen.get("begin_suppress_tokens", []), dtype=np.int64)
         self.encode(input_features)
         tokens: list[int] = []
         logits: list[np.ndarray] = []
         feed = np.array([start], dtype=np.int64)
-        for _ in range(steps):
+        for i in range(steps):
             row = self.step(feed)
             logits.append(row)
-            tokens.append(int(np.argmax(row)))
+            scores = row.copy()
+            scores[always[always < scores.size]] = -np.inf
+            if i == 0:
+                scores[begin[begin < scores.size]] = -np.inf
+            tokens.append(int(np.argmax(scores)))
             if stops and tokens[-1] in stops:
                 break
             feed = np.array([[tokens[-1]]], dtype=np.int64)
