@@ -94,6 +94,27 @@ def test_affine_grid_under_jit(align_corners: bool, tmp_path: Path) -> None:
     assert report.max_abs_error < 1e-5 and "affine_grid_generator" not in str(report.notes)
 
 
+class PositionIds(nn.Module):
+    """transformers' ``create_position_ids_from_input_ids`` (Speech2Text, RoBERTa): a cumsum of a
+    padding mask over the dynamic axis, and a float cumsum over it."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = (x[..., 0] > 0).int()
+        positions = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + 1
+        return positions, torch.cumsum(x, 1)
+
+
+@pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
+def test_cumsum_over_a_dynamic_dim(frontend: str, tmp_path: Path) -> None:
+    report = _export(PositionIds(), torch.randn(2, 7, 3), {1: "T"}, frontend, tmp_path)
+    assert report.max_abs_error < 1e-5 and report.op_histogram["matmul"] == 2
+    x = torch.randn(2, 61, 3)
+    got = torchlower.load(report.path).run([x.numpy()])
+    want = PositionIds()(x)
+    assert (got["output_0"] == want[0].numpy()).all(), "integer positions are exact"
+    assert abs(got["output_1"] - want[1].numpy()).max() < 1e-4
+
+
 class StarArgs(nn.Module):
     """ultralytics' ``forward(self, x, *args, **kwargs)``, called with ``x`` alone."""
 

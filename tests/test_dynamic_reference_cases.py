@@ -174,25 +174,11 @@ def _last_nonpad_example() -> torch.Tensor:
     return x
 
 
-PINS_ONE = "size-1 example pins the axis under torch.export (issue 28 item 2)"
-# x[:, -3:] / x[:, :1000]: besides pinning the size-1 example, torch.export asks for S >= 3 /
-# S <= 999 at any other example, bounds PyTorch does not need (the slice clamps); a
-# size-oblivious export takes every S (issue 28 item 2, frontends/export_bounds.py)
-CLAMPED = PINS_ONE + "; at other sizes it asks for bounds the clamped slice does not need"
-# torch.export asks for S = 2*_S although PyTorch runs at odd S (x[..., : S // 2]); a
-# size-oblivious export succeeds (issue 28 item 1, frontends/export_bounds.py)
-MULTIPLE = "torch.export suggests S = 2*_S, a multiple the model does not need (issue 28 item 1)"
-# torch.export asks for S >= 4 (the window count S - 2 is not 1); PyTorch runs at S = 3 and a
-# size-oblivious export takes S >= 3 (frontends/export_bounds.py)
-WINDOW_ONE = "torch.export asks S >= 4 so that S - 2 != 1; PyTorch runs at S = 3 (issue 28 item 2)"
-
-
 @dataclass(frozen=True)
 class Case:
     model: Callable[[], nn.Module]
     example: Callable[[], tuple[torch.Tensor, ...]]
     axes: Axes
-    export_limit: str | None = None  # why torch.export refuses it today (an expected failure)
     refused: bool = False  # PyTorch itself runs the model at the example size only
 
 
@@ -219,25 +205,18 @@ CASES: dict[str, Case] = {
         lambda: Lambda(lambda x: x[..., : x.shape[-1] // 2]),
         lambda: (torch.arange(1, 9, dtype=torch.float32).reshape(1, 2, 1, 4),),
         _x(3),
-        export_limit=MULTIPLE,
     ),
     "slice_from_half": Case(
         lambda: Lambda(lambda x: x[..., x.shape[-1] // 2 :]),
         lambda: (torch.arange(1, 9, dtype=torch.float32).reshape(1, 2, 1, 4),),
         _x(3),
-        export_limit=MULTIPLE,
     ),
-    "slice_last_three": Case(
-        lambda: Lambda(lambda x: x[:, -3:]), lambda: (torch.rand(2, 1),), _x(1), export_limit=CLAMPED
-    ),
-    "slice_past_the_end": Case(
-        lambda: Lambda(lambda x: x[:, :1000]), lambda: (torch.rand(2, 1),), _x(1), export_limit=CLAMPED
-    ),
+    "slice_last_three": Case(lambda: Lambda(lambda x: x[:, -3:]), lambda: (torch.rand(2, 1),), _x(1)),
+    "slice_past_the_end": Case(lambda: Lambda(lambda x: x[:, :1000]), lambda: (torch.rand(2, 1),), _x(1)),
     "repeat_by_own_size": Case(
         lambda: Lambda(lambda x: x.repeat(1, x.shape[-1])),
         lambda: (torch.rand(2, 1),),
         _x(1),
-        export_limit=PINS_ONE,
     ),
     "expand_to_twice_size": Case(
         lambda: Lambda(lambda x: x.expand([2, x.shape[1] * 2])),
@@ -263,14 +242,11 @@ CASES: dict[str, Case] = {
         lambda: Lambda(lambda x: x.unfold(1, 3, 1)),
         lambda: (torch.arange(96.0).reshape(2, 12, 4),),
         _x(1),
-        export_limit=WINDOW_ONE,
     ),
     "split_static_axis": Case(StaticHalves, lambda: (torch.arange(192.0).reshape(2, 12, 8),), _x(1)),
     # tests/test_dynamic_axes_multisize.py
     "split_static_axis_batch1": Case(StaticHalves, lambda: (torch.rand(1, 12, 8),), _x(1)),
-    "reshape_from_sizes_batch1": Case(
-        ReshapeFromSizes, lambda: (torch.rand(1, 4, 3),), _x(0, "B"), export_limit=PINS_ONE
-    ),
+    "reshape_from_sizes_batch1": Case(ReshapeFromSizes, lambda: (torch.rand(1, 4, 3),), _x(0, "B")),
     "transpose_conv_reshape": Case(TransposeConvReshape, lambda: (torch.rand(1, 1000, 10),), _x(1)),
     "two_attention_layers": Case(TwoAttentionLayers, lambda: (torch.rand(1, 8, 16),), _x(1)),
     "flatten_unflatten_static_batch": Case(FlattenUnflatten, lambda: (torch.rand(4, 16, 8),), _x(1)),
@@ -332,16 +308,7 @@ def _run_at_more_sizes(case: Case, model: nn.Module, report: torchlower.ExportRe
 @pytest.mark.parametrize("name", [n for n, c in CASES.items() if not c.refused])
 def test_reference_dynamic_case(name: str, frontend: str, tmp_path: Path) -> None:
     case = CASES[name]
-    try:
-        model, report = _export(name, frontend, tmp_path)
-    except DynamicAxisError as exc:
-        if frontend != "export" or case.export_limit is None:
-            raise
-        input_name, axes = next(iter(case.axes.items()))
-        axis, symbol = next(iter(axes.items()))
-        assert f"input {input_name!r} axis {axis} ({symbol}) cannot be dynamic" in str(exc)
-        assert "To export:" in str(exc)  # the typed refusal names the axis and a fix
-        pytest.xfail(case.export_limit)
+    model, report = _export(name, frontend, tmp_path)
     for info in report.inputs:  # the archive's inputs really are symbolic
         for axis, symbol in case.axes.get(info.name, {}).items():
             assert info.shape[axis] == symbol, (info.name, info.shape)

@@ -73,3 +73,12 @@ def test_yolov8n_any_batch_and_multiple_of_32(tmp_path: Path) -> None:
     model = DetectionModel("yolov8n.yaml", verbose=False).eval()
     axes = {0: "B", 2: "32*h", 3: "32*w"}
     _export(model, torch.randn(1, 3, 128, 160), axes, tmp_path, [(2, 3, 96, 128), (1, 3, 224, 96)])
+
+
+def test_smp_segformer_any_batch_and_multiple_of_32(tmp_path: Path) -> None:
+    smp = pytest.importorskip("segmentation_models_pytorch")
+    torchvision_shim.install()
+    torch.manual_seed(0)
+    model = smp.Segformer("mit_b0", encoder_weights=None, classes=2, decoder_segmentation_channels=32)
+    axes = {0: "B", 2: "32*h", 3: "32*w"}
+    _export(model.eval(), torch.randn(1, 3, 64, 96), axes, tmp_path, [(2, 3, 96, 64), (1, 3, 128, 160)])

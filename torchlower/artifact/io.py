@@ -52,6 +52,7 @@ class Artifact:
     bundled: dict[str, bytes] = field(default_factory=dict, repr=False)
     properties: dict[str, str | int | float] = field(default_factory=dict)  # tract_core_properties
     _session: Any = field(default=None, repr=False, compare=False)  # nnef.session.Session
+    _sized: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # sizes -> Session
 
     @property
     def input_names(self) -> list[str]:
@@ -61,7 +62,9 @@ class Artifact:
     def output_names(self) -> list[str]:
         return list(self.graph.outputs)
 
-    def run(self, inputs: Any, *, threads: int | None = None, isolated: bool = True) -> dict[str, np.ndarray]:
+    def run(
+        self, inputs: Any, *, threads: int | None = None, isolated: bool = True, specialize: bool = False
+    ) -> dict[str, np.ndarray]:
         """Run in tract: ``{"x": array}`` or ``[arrays]`` in, ``{output name: array}`` out.
 
         Inputs are checked against the declaration first (dtype, rank, fixed sizes, one size
@@ -69,17 +72,26 @@ class Artifact:
         unless ``isolated=False``); later calls reuse it. ``threads`` sets tract's pool size
         for that child (tract's Python API has no thread setting of its own); a different
         ``threads`` than the running child's starts a new one.
+
+        ``specialize=True`` optimizes the graph for these inputs' sizes (as fast as a static
+        export; one load+optimize per new size, the last few kept): for a server that sees a
+        handful of sizes. Without it one model serves every size.
         """
         from torchlower.artifact import runner
 
         arrays = runner.as_list(inputs, self.graph.inputs)
-        env = runner.bind(self.graph.inputs, arrays, self.graph.symbols, self.graph.extensions)
-        check_sum_bounds(env, self.graph.extensions, self.path)
-        session = self._session
-        if session is None or (session.threads, session.isolated) != (threads, isolated):
-            self.close()
-            with progress.stage("tract load+optimize"), named(self.path):
-                session = self._session = runner.session_for(self.path, threads, isolated)
+        sizes = runner.bind(self.graph.inputs, arrays, self.graph.symbols, self.graph.extensions)
+        check_sum_bounds(sizes, self.graph.extensions, self.path)
+        if specialize and sizes:
+            with named(self.path):
+                session = runner.sized_session(self._sized, self.path, threads, isolated, sizes)
+        else:
+            session = self._session
+            if session is None or (session.threads, session.isolated) != (threads, isolated):
+                if session is not None:
+                    session.close()
+                with progress.stage("tract load+optimize"), named(self.path):
+                    session = self._session = runner.session_for(self.path, threads, isolated)
         with progress.stage("running"), named(self.path):
             return runner.outputs_by_name(self.output_names, session.run(arrays))
 
@@ -97,6 +109,9 @@ class Artifact:
         if self._session is not None:
             self._session.close()
             self._session = None
+        for session in self._sized.values():
+            session.close()
+        self._sized.clear()
 
     def __enter__(self) -> Artifact:
         return self

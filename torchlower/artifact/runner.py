@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from torchlower.core import dtypes
+from torchlower.core import dtypes, progress
 from torchlower.core.dynamic_forms import Form
 from torchlower.errors import InvalidArgumentError
 from torchlower.nnef.graph_model import Expr, Ident, Input
@@ -223,13 +223,35 @@ def statistics(array: np.ndarray) -> dict[str, Any]:
     return out
 
 
-def session_for(path: Path, threads: int | None, isolated: bool) -> Any:
-    """A tract session of the checked bytes of ``path`` (archives are extracted privately)."""
+def session_for(
+    path: Path, threads: int | None, isolated: bool, sizes: Mapping[str, int] | None = None
+) -> Any:
+    """A tract session of the checked bytes of ``path`` (archives are extracted privately);
+    ``sizes`` fixes symbols before tract optimizes."""
     from torchlower.nnef import reader
     from torchlower.nnef.session import Session
 
     with reader.extracted(path) as folder:  # tract reads exactly the bytes we validated
-        return Session(folder, threads, isolated)
+        return Session(folder, threads, isolated, sizes)
+
+
+SIZED_KEPT = 4  # sessions optimized for one size assignment kept per artifact
+
+
+def sized_session(
+    cache: dict[Any, Any], path: Path, threads: int | None, isolated: bool, sizes: Mapping[str, int]
+) -> Any:
+    """The session optimized for ``sizes`` from ``cache`` (most recent last), loading it on a
+    miss and closing the least recently used beyond ``SIZED_KEPT``."""
+    key = (threads, isolated, tuple(sorted(sizes.items())))
+    session = cache.pop(key, None)
+    if session is None:
+        with progress.stage("tract load+optimize at " + ", ".join(f"{k}={v}" for k, v in key[2])):
+            session = session_for(path, threads, isolated, sizes)
+    cache[key] = session
+    while len(cache) > SIZED_KEPT:
+        cache.pop(next(iter(cache))).close()
+    return session
 
 
 # ---- lattice folders ----------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 ``MODULE`` is a dotted module name (importable from the current folder) or a path to a ``.py``
 file; ``FACTORY`` a function or class (dotted attributes allowed) called without arguments.
+A saved TorchScript file (``model.jit``, as silero-vad ships) is loaded with ``torch.jit.load``;
+``model.jit:_model`` picks a submodule of it.
 Weights are read with ``torch.load(weights_only=True)`` (tensors only, no code runs) or from
 ``.safetensors``; a full pickle needs ``--trust`` because unpickling can run arbitrary code.
 """
@@ -21,6 +23,11 @@ def build_model(spec: str, weights: str | None = None, trust: bool = False) -> A
     """The ``nn.Module`` named by ``spec`` with ``weights`` loaded into it."""
     from torch import nn
 
+    scripted = _torchscript(spec)
+    if scripted is not None:
+        if weights is not None:
+            load_weights(scripted, weights, trust)
+        return scripted
     module_name, _, attr = spec.rpartition(":")
     if not module_name or not attr:
         raise usage_error(
@@ -43,6 +50,33 @@ def build_model(spec: str, weights: str | None = None, trust: bool = False) -> A
     if weights is not None:
         load_weights(model, weights, trust)
     return model
+
+
+def _torchscript(spec: str) -> Any:
+    """The module of a saved TorchScript file ``spec`` (``PATH`` or ``PATH:sub.module``), else None.
+
+    A TorchScript archive is a zip holding ``code/`` and ``constants.pkl``; ``torch.jit.load``
+    reads it with TorchScript's own restricted unpickler (no arbitrary Python runs)."""
+    import zipfile
+
+    path, _, attr = spec.partition(":") if not Path(spec).is_file() else (spec, "", "")
+    if not Path(path).is_file() or not zipfile.is_zipfile(path):
+        return None
+    with zipfile.ZipFile(path) as archive:
+        if not any(n.split("/", 1)[-1].startswith("code/") for n in archive.namelist()):
+            return None
+    import torch
+
+    try:
+        module = torch.jit.load(path, map_location="cpu")
+    except Exception as exc:
+        raise usage_error(f"{path}: torch.jit.load failed: {type(exc).__name__}: {exc}") from exc
+    for name in [a for a in attr.split(".") if a]:
+        if not hasattr(module, name):
+            children = ", ".join(n for n, _ in module.named_children()) or "none"
+            raise usage_error(f"{spec}: the TorchScript module has no {name!r} (submodules: {children})")
+        module = getattr(module, name)
+    return module
 
 
 def _import(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""``torchlower run ARCHIVE [--inputs in.npz] [--out out.npz] [--time N] [--threads N] [--json]``"""
+"""``torchlower run ARCHIVE [--inputs in.npz] [--out out.npz] [--time N] [--threads N] [--specialize]``"""
 
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, metavar="N", help="tract threads (default: tract's own choice)")
     p.add_argument("--symbol", action="append", default=[], metavar="SYM=SIZE", help="size of a symbolic dim")
     p.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    p.add_argument(
+        "--specialize",
+        action="store_true",
+        help="optimize for these inputs' sizes first (a dynamic archive then runs as fast as a static one)",
+    )
     p.set_defaults(run=run)
 
 
@@ -59,9 +64,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
             given = io.inputs_for(art, None, specs.symbol_sizes(args.symbol), args.seed)
         elif args.symbol:
             raise usage_error("--symbol sizes random inputs; with --inputs the sizes come from the arrays")
+        options = {"specialize": True} if args.specialize and not lattice else {}
         try:
-            outputs = art.run(given, threads=args.threads)
-            times = _latency(art, given, args.threads, args.time)
+            outputs = art.run(given, threads=args.threads, **options)
+            times = _latency(art, given, args.threads, args.time, options)
         finally:
             art.close()
     if args.out:
@@ -88,12 +94,12 @@ def run(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _latency(art: Any, given: Any, threads: int | None, runs: int) -> list[float]:
+def _latency(art: Any, given: Any, threads: int | None, runs: int, options: dict[str, bool]) -> list[float]:
     """Wall time of ``runs`` calls after the first (which loaded and optimized the model)."""
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        art.run(given, threads=threads)
+        art.run(given, threads=threads, **options)
         times.append((time.perf_counter() - start) * 1000)
     return times
 

@@ -211,6 +211,9 @@ class SizeFitter:
                 return got
         if m in self.known:
             return self.known[m]
+        got = self._via_known(m, target, what)
+        if got is not _NOFIT:
+            return got
         deps = self._symbols(m)
         got = self._forms(m, target, [(self.known[self._obs(s)], self.columns[s]) for s in deps], what)
         return got if got is not _NOFIT else self._global(m, target, deps, what)
@@ -218,32 +221,60 @@ class SizeFitter:
     def _forms(
         self, m: tuple[int, ...], target: np.ndarray, inputs: list[tuple[Size, np.ndarray]], what: str
     ) -> Any:
-        """One input size through ``floor((a·u + r) / c) + d``: proven when every candidate
-        gives the same sizes at every probe."""
-        found: list[tuple[Size, forms.Form]] = []
+        """One input size through ``floor((a·u + r) / c) + d`` (or, when none fits, through
+        ``e·floor((u + r) / c) + d``): proven when every candidate gives the same sizes at every
+        probe."""
+        found: list[tuple[Size, forms.Scaled]] = []
         for size, u in inputs:
             got, work = forms.floor_forms(u, target)
             self._spend(work)
-            found += [(size, f) for f in got]
+            found += [(size, (f, 1, 0)) for f in got]
+        for size, u in inputs if not found else ():
+            more, work = forms.scaled_forms(u, target)
+            self._spend(work)
+            found += [(size, f) for f in more]
         if not found:
             return _NOFIT
         if len(found) == 1:
-            return self._settle(m, forms.floor_of(*found[0]), what)
+            return self._settle(m, _sized(*found[0]), what)
         if len(found) <= forms.MAX_FORMS:  # (more: the search stopped early, some are missing)
             first = self._rows(found[:1])[0]
             if all((self._rows(found[k : k + 256]) == first).all() for k in range(1, len(found), 256)):
-                return self._settle(m, forms.floor_of(*found[0]), what)  # one function wherever probed
+                return self._settle(m, _sized(*found[0]), what)  # one function wherever probed
         pick = np.unique(np.linspace(0, len(found) - 1, min(SPLIT_ROWS, len(found))).astype(int))
-        sizes = [forms.floor_of(*f) for f in found[:2]]
+        sizes = [_sized(*f) for f in found[:2]]
         return self._pend(what, m, sizes, self._rows([found[k] for k in pick]), len(found))
 
-    def _rows(self, found: Sequence[tuple[Size, forms.Form]]) -> np.ndarray:
+    def _rows(self, found: Sequence[tuple[Size, forms.Scaled]]) -> np.ndarray:
         rows = []
-        for size, (a, c, r, d) in found:
-            rows.append((a * size.at(self.probes) + r) // c + d)
+        for size, ((a, c, r, d), e, d0) in found:
+            rows.append(e * ((a * size.at(self.probes) + r) // c + d) + d0)
         out = np.stack(rows)
         self._spend(out.size)
         return out
+
+    def _via_known(self, m: tuple[int, ...], target: np.ndarray, what: str) -> Any:
+        """``a·k + d`` of a size ``k`` fitted elsewhere in the graph: a table sliced to ``2·L - 1``
+        rows in Python from L frames (wav2vec2-conformer's relative positions) has no input that
+        carries L, and over the symbol alone many divisors near the true one fit the captures."""
+        found: list[Size] = []
+        for values, size in list(self.known.items()):
+            u = np.array(values, dtype=np.int64)
+            i, j = int(np.argmin(u)), int(np.argmax(u))
+            du, dm = int(u[j] - u[i]), int(target[j] - target[i])
+            if du == 0 or dm == 0 or dm % du:
+                continue
+            a = dm // du
+            d = int(target[i]) - a * int(u[i])
+            if np.array_equal(a * u + d, target):
+                found.append(forms.combination([size, forms.constant(1)], [a, d]))
+        self._spend(len(self.known) * len(target))
+        if not found:
+            return _NOFIT
+        rows = np.stack([f.at(self.probes) for f in found])
+        if (rows == rows[0]).all():
+            return self._settle(m, found[0], what)
+        return self._pend(what, m, found[:2], rows, len(found))
 
     def _combined(self, m: tuple[int, ...], target: np.ndarray, sizes: list[Size], what: str) -> Any:
         """Sums and products of input sizes: a concatenation, a flattening reshape."""
@@ -346,6 +377,11 @@ class SizeFitter:
                 f" ({len(self.cache)} distinct sizes): the model has more distinct sizes than fitting"
                 " handles; use frontend='export' or make some axes static"
             )
+
+
+def _sized(size: Size, scaled: forms.Scaled) -> Size:
+    form, e, d0 = scaled
+    return forms.floor_of(size, form) if (e, d0) == (1, 0) else forms.scaled_size(size, scaled)
 
 
 def _names(size: Size) -> list[str]:

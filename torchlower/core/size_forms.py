@@ -207,6 +207,40 @@ def floor_forms(u: np.ndarray, m: np.ndarray) -> tuple[list[Form], int]:
     return forms, work
 
 
+MAX_SCALE = 64  # e in e·floor((u + r) / c) + d: padding to a multiple, 2·L - 1 relative positions
+Scaled = tuple[Form, int, int]  # (form, e, d0): e·form(u) + d0
+
+
+def scaled_forms(u: np.ndarray, m: np.ndarray) -> tuple[list[Scaled], int]:
+    """Every ``e·floor((u + r) / c) + d`` (``2 <= e <= MAX_SCALE``, c >= 2) equal to ``m`` at each
+    observation: ``F.pad`` to a multiple of e (``e·ceil(u / e)``), relative-position tables of
+    ``2·L - 1`` rows. e divides every difference of m; the floor is searched as in
+    ``floor_forms`` on ``(m - d0) / e``."""
+    g = int(np.gcd.reduce(np.abs(m - m[0]))) if len(m) > 1 else 0
+    found: list[Scaled] = []
+    work = 0
+    for e in range(2, min(g, MAX_SCALE) + 1):
+        if g % e:
+            continue
+        d0 = int(m[0] % e)
+        got, spent = floor_forms(u, (m - d0) // e)
+        work += spent
+        found += [(f, e, d0) for f in got if f[1] > 1]  # c = 1 is linear: floor_forms has it already
+    return found, work
+
+
+def scaled_size(u: Size, scaled: Scaled) -> Size:
+    """``e·floor((a·u + r) / c) + d`` as a size (``scaled_forms``)."""
+    (a, c, r, d), e, d0 = scaled
+    inner = floor_of(u, (a, c, r, d))
+
+    def build() -> Dim:
+        e_inner = inner.expr.expr if isinstance(inner.expr, SymDim) else inner.expr
+        return SymDim.wrap(e * e_inner + d0)
+
+    return Size(lambda p: e * inner.of(p) + d0, build)
+
+
 def solve(columns: Sequence[np.ndarray], m: np.ndarray) -> list[int] | None:
     """Integer coefficients reproducing ``m`` exactly, if the columns determine them uniquely."""
     rows = np.stack([np.broadcast_to(c, m.shape) for c in columns], axis=1)

@@ -8,7 +8,7 @@ the concrete tensor so rules and front ends can fold instead of emitting ops.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +38,8 @@ class SymDim:
         import sympy
 
         expr = sympy.sympify(expr)
+        if expr.has(sympy.Min, sympy.Max):
+            expr = expr.replace(lambda e: isinstance(e, (sympy.Min, sympy.Max)), _decided)
         return int(expr) if expr.is_Integer else SymDim(expr)
 
     @staticmethod
@@ -102,6 +104,10 @@ def tdim_text(expr: object) -> str:
         return f"({tdim_text(expr.args[0])} / {tdim_text(expr.args[1])})"
     if isinstance(expr, sympy.floor):
         num, den = sympy.fraction(sympy.together(expr.args[0]))
+        negative = at_least(-num)
+        if den.is_Integer and den > 0 and negative is not None and negative >= 0:
+            # tract's TDim division truncates toward zero: floor(-m / d) is -((m + d - 1) / d)
+            return f"-1 * ({tdim_text(sympy.expand(-num + den - 1))} / {tdim_text(den)})"
         return f"({tdim_text(num)} / {tdim_text(den)})"
     if expr.is_Add:
         terms = sorted(expr.args, key=sympy.default_sort_key)
@@ -198,3 +204,86 @@ class Missing:
 
 
 MISSING = Missing()
+
+
+def _decided(e: Any) -> Any:
+    """``min(1, 2*floor((T + 7) / 8))`` → ``1``: a min/max whose arguments' order holds for every
+    positive symbol, by interval arithmetic (sympy cannot order floors; tract 0.23 then fails to
+    equate such sizes, e.g. a relative-position slice ``[:, 1:]`` of a length that is ≥ 1)."""
+    import sympy
+
+    sign = 1 if isinstance(e, sympy.Min) else -1  # min: the argument every other one is >= to
+    for a in e.args:
+        lows = [at_least(sign * (b - a)) for b in e.args if b is not a]
+        if all(low is not None and low >= 0 for low in lows):
+            return a
+    return e
+
+
+def at_least(e: Any) -> Any:
+    """A lower bound of the size expression ``e`` over positive integer symbols (None: unknown).
+
+    Term by term first (``2*floor((T + 7) / 8) - 1 >= 1``); then with each floor replaced by a
+    bound of it, ``c·floor(x) >= c·x`` for c < 0 and ``>= c·(x - (d - 1) / d)`` for c > 0 (d the
+    denominator of x), so terms can cancel (``-T - 4*floor(-T / 4) >= 0``, padding to a multiple
+    of 4). The larger of the two bounds.
+    """
+    import sympy
+
+    e = sympy.sympify(e)
+    low = _at_least(e)
+    if not e.has(sympy.floor):
+        return low
+    bounded = sympy.expand(e).replace(
+        lambda t: isinstance(t, sympy.Mul) and any(isinstance(f, sympy.floor) for f in t.args),
+        _floor_bound,
+    )
+    lows = [x for x in (low, _at_least(sympy.expand(bounded))) if x is not None]
+    return max(lows) if lows else None
+
+
+def _floor_bound(term: Any) -> Any:
+    import sympy
+
+    c = sympy.Mul(*[f for f in term.args if f.is_Number])
+    rest = [f for f in term.args if not f.is_Number]
+    if len(rest) != 1 or not isinstance(rest[0], sympy.floor):
+        return term
+    x = rest[0].args[0]
+    if c < 0:
+        return c * x
+    num, den = sympy.fraction(sympy.together(x))
+    gap = (den - 1) / den if den.is_Integer and den > 0 and num.is_integer else 1  # floor(n/d) >= (n-d+1)/d
+    return c * (x - gap)
+
+
+def _at_least(e: Any) -> Any:
+    import sympy
+
+    if e.is_Number:
+        return e
+    if e.is_Symbol:
+        return sympy.Integer(1) if e.is_positive else None
+    if isinstance(e, sympy.Add):
+        lows = [_at_least(t) for t in e.args]
+        return None if any(x is None for x in lows) else sympy.Add(*lows)
+    if isinstance(e, sympy.Mul):
+        consts = [t for t in e.args if t.is_Number]
+        rest = [t for t in e.args if not t.is_Number]
+        c = sympy.Mul(*consts)
+        if c < 0:
+            return None
+        lows = [_at_least(t) for t in rest]
+        if any(x is None or x < 0 for x in lows):
+            return None
+        return c * sympy.Mul(*lows)
+    if isinstance(e, sympy.floor):
+        low = _at_least(e.args[0])
+        return None if low is None else sympy.floor(low)
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        lows = [_at_least(t) for t in e.args]
+        if isinstance(e, sympy.Max):
+            known = [x for x in lows if x is not None]
+            return max(known) if known else None
+        return None if any(x is None for x in lows) else min(lows)
+    return None

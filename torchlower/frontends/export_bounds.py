@@ -32,29 +32,36 @@ _CONSTRAINTS = re.compile(r"Constraints violated \(([\w, ]+)\)")
 
 
 def export_again(
-    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, exc: LoweringError, rounds: int = 2
-) -> ExportedProgram:
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, exc: LoweringError,
+    rounds: int = 2, oblivious: bool = False,
+) -> ExportedProgram:  # fmt: skip
     """The program after ``exc`` (torch.export's refusal), or the error that explains it.
-    ``rounds``: how many more times a multiple may be adopted (each export can suggest more)."""
+    ``rounds``: how many more times a multiple may be adopted (each export can suggest more);
+    ``oblivious``: the refused export already reasoned size-obliviously."""
     text = getattr(exc, "torch_message", "")
     pinned = sorted({s for g in _CONSTRAINTS.findall(text) for s in g.split(", ")})
     if not pinned:
         raise exc
     multiples = _multiples(text, pinned)
-    if multiples and rounds > 0:
-        return _export_multiples(builder, module, example, spec, multiples, text, rounds)
+    if multiples and rounds > 0 and _models_multiples(module, spec, example, multiples):
+        return _export_multiples(builder, module, example, spec, multiples, rounds, oblivious)
     tightened = _model_bounds(spec, pinned, text, module, example)
     if tightened is not None:
-        return _export_within(builder, module, example, spec, tightened, text)
-    if _only_size_one_guards(text):
-        return _export_size_oblivious(builder, module, example, spec, pinned, text)
+        return _export_within(builder, module, example, spec, tightened, text, oblivious)
+    if not oblivious and not _pins_a_size(text, pinned, module, spec, example):
+        return _export_size_oblivious(builder, module, example, spec, pinned, text, rounds)
     raise _pinned(spec, pinned, text, module, example) from exc
 
 
-def _export(builder: Any, module: nn.Module, example: Sequence[Any], spec: Any) -> ExportedProgram:
-    return export_program(
-        module, example, None, builder.rules, dynamic_shapes=spec.export_dims(example, module)
-    )
+def _export(
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, oblivious: bool = False
+) -> ExportedProgram:
+    import torch.fx.experimental._config as fx_config
+
+    with fx_config.patch(backed_size_oblivious=oblivious):
+        return export_program(
+            module, example, None, builder.rules, dynamic_shapes=spec.export_dims(example, module)
+        )
 
 
 _FIX = re.compile(r"(\w+) = (?:Dim\('\w+'(?:, min=(\d+))?(?:, max=(\d+))?\)|(\d+)(?![\d*]))")
@@ -79,12 +86,11 @@ def _runs(module: nn.Module, spec: Any, example: Sequence[Any], sym: str, value:
     return True
 
 
-def _export_multiples(
-    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any,
-    multiples: dict[str, tuple[int, int]], text: str, rounds: int,
-) -> ExportedProgram:  # fmt: skip
-    """Adopt torch.export's multiples where they are the model's (PyTorch fails one size up and
-    runs a multiple up), export again; otherwise the error naming the multiple and its spelling."""
+def _models_multiples(
+    module: nn.Module, spec: Any, example: Sequence[Any], multiples: dict[str, tuple[int, int]]
+) -> bool:
+    """Whether every multiple torch.export asks for is the model's own: the example is one,
+    PyTorch fails one size up and runs a multiple up."""
     for sym, (k, c) in multiples.items():
         v = spec.base[sym]
         if (
@@ -92,7 +98,15 @@ def _export_multiples(
             or _runs(module, spec, example, sym, v + 1)
             or not _runs(module, spec, example, sym, v + k)
         ):
-            raise _pinned(spec, sorted(multiples), text, module, example)
+            return False
+    return True
+
+
+def _export_multiples(
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any,
+    multiples: dict[str, tuple[int, int]], rounds: int, oblivious: bool,
+) -> ExportedProgram:  # fmt: skip
+    """Adopt torch.export's multiples (the model's own, ``_models_multiples``), export again."""
     for sym, (k, _) in sorted(multiples.items()):
         where, form = spec.where([sym]), adopt_multiple(spec, sym, k)
         builder.notes.append(
@@ -102,9 +116,9 @@ def _export_multiples(
     probe_checks(spec, lambda inputs: module(*inputs), example)
     example = spec.example_at(example, spec.capture_point())
     try:
-        return _export(builder, module, example, spec)
+        return _export(builder, module, example, spec, oblivious)
     except LoweringError as exc:
-        return export_again(builder, module, example, spec, exc, rounds - 1)
+        return export_again(builder, module, example, spec, exc, rounds - 1, oblivious)
 
 
 def _model_bounds(
@@ -140,53 +154,58 @@ def _model_bounds(
 _GUARD = re.compile(r"satisfy the generated guard (.+?)\.(?:\s|$)")
 
 
-_NOT_ONE = re.compile(r"^\(?1 % \(.+\)\)? != 0$")  # ``1 % n != 0``, torch's spelling of ``n != 1``
-
-
-def _only_size_one_guards(text: str) -> bool:
-    """torch.export's 0/1 specialization: every guard says a size is not 1 (``expr != 1``, or
-    ``1 % expr != 0`` for a frame count) and nothing is suggested."""
-    guards = [g.strip() for g in _GUARD.findall(text)]
-    return (
-        bool(guards)
-        and "Suggested fixes:" not in text
-        and all(g.endswith("!= 1") or _NOT_ONE.match(g) for g in guards)
-    )
+def _pins_a_size(text: str, symbols: list[str], module: nn.Module, spec: Any, example: Sequence[Any]) -> bool:
+    """torch.export found the model fixes a symbol to one size (``S = 2``) and PyTorch agrees:
+    it fails at the sizes next to it. (``x[:, -3:]`` at ``S = 2`` is pinned too, yet runs.)"""
+    for sym, _, _, const in _FIX.findall(text.split("Suggested fixes:")[-1]):
+        if sym in symbols and const:
+            v = int(const)
+            if not (_runs(module, spec, example, sym, v + 1) and _runs(module, spec, example, sym, v + 3)):
+                return True
+    return False
 
 
 def _export_size_oblivious(
-    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, symbols: list[str], text: str
-) -> ExportedProgram:
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, symbols: list[str], text: str,
+    rounds: int,
+) -> ExportedProgram:  # fmt: skip
     """Export again with size-oblivious guards, then check the artifact where they were.
 
-    torch.export pins a symbol when the model's code asks whether a size derived from it is 1
-    (a ResNet stem's conv and pool outputs); size-oblivious reasoning answers "no" for every size,
-    so the program may differ from the model exactly where that size is 1. The check therefore
-    also runs with the symbols at their lower bounds, where such a derived size is smallest.
+    torch.export restricts a symbol when the model's code asks about a size derived from it
+    that PyTorch does not need answered: whether a conv output is 1 (a ResNet stem), whether
+    ``S // 2`` is exact (``x[..., : S // 2]`` → ``S = 2*_S``), whether ``S >= 3`` for
+    ``x[:, -3:]`` (the slice clamps). Size-oblivious reasoning answers for every size, so the
+    program may differ from the model exactly at small sizes: the check therefore also runs
+    with the symbols at their lower bounds. Bounds and multiples the size-oblivious export still
+    asks for are adopted as above when they are the model's.
     """
-    import torch.fx.experimental._config as fx_config
-
     floor = {**spec.base, **{s: spec.bounds.get(s, (1, None))[0] for s in symbols}}
+    kept = len(spec.extra_checks), len(spec.skipped)
     try:
         with torch.no_grad(), state_kept(module):
             module(*spec.example_at(example, floor))
         spec.extra_checks.append(floor)
     except Exception as exc:  # PyTorch itself refuses that size: nothing to compare there
         spec.skipped.append((floor, f"PyTorch fails there ({type(exc).__name__})"))
+    notes = len(builder.notes)
     builder.notes.append(
-        f"dynamic axes {spec.where(symbols)}: torch.export asked whether sizes derived from them are 1;"
+        f"dynamic axes {spec.where(symbols)}: torch.export restricted sizes PyTorch runs at;"
         f" exported size-oblivious and checked at {', '.join(f'{s}={floor[s]}' for s in symbols)} as well"
     )
     try:
-        with fx_config.patch(backed_size_oblivious=True):
-            return _export(builder, module, example, spec)
+        return _export(builder, module, example, spec, oblivious=True)
     except LoweringError as exc:
-        raise _pinned(spec, symbols, getattr(exc, "torch_message", text), module, example) from exc
+        try:
+            return export_again(builder, module, example, spec, exc, rounds, oblivious=True)
+        except LoweringError:
+            del builder.notes[notes:], spec.extra_checks[kept[0] :], spec.skipped[kept[1] :]
+            raise _pinned(spec, symbols, text, module, example) from exc
 
 
 def _export_within(
-    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, bounds: dict[str, Any], text: str
-) -> ExportedProgram:
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, bounds: dict[str, Any], text: str,
+    oblivious: bool,
+) -> ExportedProgram:  # fmt: skip
     """Export again with the model's own bounds declared; they become tract assertions. When
     torch.export still refuses, the first refusal (with its suggestion) is the one reported."""
     before, notes = dict(spec.bounds), len(builder.notes)
@@ -197,11 +216,13 @@ def _export_within(
             f"dynamic axis {spec.where([sym])}: {span} (torch.export's bound; PyTorch fails outside it)"
         )
     try:
-        return _export(builder, module, example, spec)
+        return _export(builder, module, example, spec, oblivious)
     except LoweringError as exc:
-        again = getattr(exc, "torch_message", "")
-        if _only_size_one_guards(again):  # within the bounds only "is a size 1?" is left (STFT frames)
-            return _export_size_oblivious(builder, module, example, spec, sorted(bounds), again)
+        if not oblivious:  # within the bounds something else is asked (STFT frames: "is a size 1?")
+            try:
+                return _export_size_oblivious(builder, module, example, spec, sorted(bounds), text, 1)
+            except LoweringError:
+                pass
         spec.bounds.clear()
         spec.bounds.update(before)
         del builder.notes[notes:]

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from torchlower.errors import LoweringError, TraceError, ValueDependentTraceError
 from torchlower.frontends.export_inplace import functional_in_place
-from torchlower.frontends.provenance import REWRITES
+from torchlower.frontends.provenance import REWRITES, raised_at
 from torchlower.frontends.torch_noise import torch_output_to_debug_log
 from torchlower.rules.recurrent_modules import recurrent_as_one_op
 from torchlower.rules.registry import Registry
@@ -152,9 +152,13 @@ def _export(
             pinned = LoweringError(f"torch.export found that the model restricts a dynamic axis: {first}")
             pinned.torch_message = str(exc)  # type: ignore[attr-defined]  # read by ``lower_export``
             raise pinned from exc
-        raise TraceError(f"torch.export failed on {type(module).__qualname__}: {first}") from exc
+        line = raised_at(exc)
+        raise TraceError(
+            f"torch.export failed on {type(module).__qualname__}{f' at {line}' if line else ''}:"
+            f" {type(exc).__name__}: {first}"
+        ) from exc
     functional_in_place(program)
-    if all(_lowerable(n.target, rules) for n in program.graph.nodes if n.op == "call_function"):
+    if _all_lowerable(program, rules):
         return program
     table = torch.export.default_decompositions()
     for op in list(table.keys()):
@@ -163,10 +167,21 @@ def _export(
     try:
         decomposed = program.run_decompositions(table)
     except Exception:  # decomposition is a second chance; the original names what is missing
+        decomposed = None
+    if decomposed is not None and _all_lowerable(decomposed, rules):
+        return decomposed
+    # functionalized only (no op decomposed): in-place writes through views (``h[..., -1] += 1``
+    # on a padded tensor) become scatters; the raw program would lose them. Its missing ops keep
+    # their high-level names, the better error message.
+    try:
+        functional = program.run_decompositions({})
+    except Exception:
         return program
-    nodes = [n for n in decomposed.graph.nodes if n.op == "call_function"]
-    # when ops are still missing, the original's high-level names make the better error message
-    return decomposed if all(_lowerable(n.target, rules) for n in nodes) else program
+    return functional
+
+
+def _all_lowerable(program: ExportedProgram, rules: Registry) -> bool:
+    return all(_lowerable(n.target, rules) for n in program.graph.nodes if n.op == "call_function")
 
 
 _DATA_DEPENDENT = ("GuardOnDataDependentSymNode",)

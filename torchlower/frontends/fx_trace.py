@@ -24,6 +24,8 @@ from torch.utils import _pytree as pytree
 from torchlower.core.values import Value
 from torchlower.errors import TorchlowerError, TraceError
 from torchlower.frontends import pycalls
+from torchlower.frontends.autograd_inline import functions_inlined
+from torchlower.frontends.provenance import raised_at
 from torchlower.rules.registry import Registry
 
 EXAMPLE = "torchlower_example"  # node.meta key: real inputs of a call lowered through torch.export
@@ -143,11 +145,15 @@ def trace(
     """``model`` as a ``GraphModule`` traced with ``Tracer`` (``example``: the real inputs, if known)."""
     tracer = Tracer(rules, example=example)
     try:
-        with torch.no_grad(), _packed_sizes():
+        with torch.no_grad(), _packed_sizes(), functions_inlined():
             graph = tracer.trace(model, concrete_args=_defaulted(model, example))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        raise TraceError(f"FX tracing failed on {type(model).__qualname__}: {first}") from exc
+        line = raised_at(exc)
+        raise TraceError(
+            f"FX tracing failed on {type(model).__qualname__}{f' at {line}' if line else ''}:"
+            f" {type(exc).__name__}: {first}"
+        ) from exc
     return fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 

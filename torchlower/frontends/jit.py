@@ -6,10 +6,8 @@ every ``aten::`` node becomes one rule call through the shared session.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,25 +23,10 @@ from torchlower.errors import (
     TraceError,
     ValueDependentTraceError,
 )
-from torchlower.frontends import jit_trace, provenance, views
+from torchlower.frontends import jit_script, jit_trace, provenance, views
+from torchlower.frontends.jit_nodes import is_tensor, meta, normalize_args, scope_of, source_location
 from torchlower.frontends.jit_trace import FastTrace, dynamic_overrides, maybe_quantize_args, trace
-from torchlower.frontends.session import Meta, Session
-
-_SCALAR_TYPES = {
-    "Float": torch.float32, "Double": torch.float64, "Half": torch.float16,
-    "BFloat16": torch.bfloat16, "Long": torch.int64, "Int": torch.int32, "Short": torch.int16,
-    "Char": torch.int8, "Byte": torch.uint8, "Bool": torch.bool, "UInt16": torch.uint16,
-    "UInt32": torch.uint32, "UInt64": torch.uint64, "ComplexFloat": torch.complex64,
-}  # fmt: skip
-# ScalarType enum values, as traced graphs store dtype arguments
-_DTYPE_OF_CODE = {
-    0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
-    5: torch.float16, 6: torch.float32, 7: torch.float64, 8: torch.complex32, 9: torch.complex64,
-    10: torch.complex128, 11: torch.bool, 12: torch.qint8, 13: torch.quint8, 14: torch.qint32,
-    15: torch.bfloat16, 23: torch.float8_e5m2, 24: torch.float8_e4m3fn, 27: torch.uint16,
-    28: torch.uint32, 29: torch.uint64,
-}  # fmt: skip
-
+from torchlower.frontends.session import Session
 
 OPT_IN = "allow_value_dependent_trace=True"
 
@@ -162,30 +145,53 @@ def lower_jit(
         tensor_inputs = graph_inputs[1:]
         dyn = dynamic_overrides(tracer.mod, tracer.fn_name, tracer.args or (), graph, spec) if spec else None
     progress.retotal(sum(n.kind().startswith("aten::") for n in graph.nodes()), "lowering")
+    if isinstance(tracer.mod, torch.jit.ScriptModule) and len(tensor_inputs) > len(inputs):
+        rest = jit_script.defaults(tracer, len(inputs))
+        for value, default in zip(tensor_inputs[len(inputs) :], rest, strict=True):
+            env[value] = constant(default) if isinstance(default, torch.Tensor) else default
+        tensor_inputs = tensor_inputs[: len(inputs)]
     if len(tensor_inputs) != len(inputs):
         raise InvalidArgumentError(
             f"the traced graph takes {len(tensor_inputs)} tensor inputs, {len(inputs)} were given"
         )
     env.update(zip(tensor_inputs, inputs, strict=True))
-    for index, node in enumerate(graph.nodes()):
-        outputs = list(node.outputs())
-        if dyn is not None and index in dyn.constants:
-            env[outputs[0]] = dyn.constants[index]
-            continue
-        shapes = dyn.shapes.get(index) if dyn is not None else None
-        results = _lower_node(node, [env[i] for i in node.inputs()], session, shapes)
-        if len(outputs) == 1 and node.kind() in _UNPACK and results is not MISSING:
-            results = results[0]  # unpacking a one-element list (split into one chunk)
-        if len(outputs) == 1:
-            env[outputs[0]] = results
-            if _is_inplace(node.kind()):
-                _write_through(node, env, results, session)
-        else:
-            if results is MISSING:
-                results = [MISSING] * len(outputs)
-            env.update(zip(outputs, results, strict=True))
+
+    def walk(nodes: Any, env: dict[Any, Any], top: bool = False) -> None:
+        for index, node in enumerate(nodes):
+            _step(node, env, session, walk, dyn if top else None, index)
+
+    walk(graph.nodes(), env, top=True)
     returned = [env[v] for v in graph.return_node().inputs()]
     return _flatten(returned[0] if len(returned) == 1 else returned)
+
+
+def _step(
+    node: torch._C.Node, env: dict[Any, Any], session: Session, walk: Any, dyn: Any, index: int
+) -> None:
+    """Lower one node into ``env``; a scripted ``prim::If`` / ``prim::Loop`` runs its blocks."""
+    outputs = list(node.outputs())
+    if dyn is not None and index in dyn.constants:
+        env[outputs[0]] = dyn.constants[index]
+        return
+    if node.kind() in ("prim::If", "prim::Loop"):
+        where = source_location(node, scope_of(node)) or scope_of(node) or "<top level>"
+        if dyn is not None:
+            raise LoweringError(f"{node.kind()} at {where}: scripted control flow with dynamic axes")
+        run = jit_script.run_if if node.kind() == "prim::If" else jit_script.run_loop
+        env.update(zip(outputs, run(node, env, walk, where), strict=True))
+        return
+    shapes = dyn.shapes.get(index) if dyn is not None else None
+    results = _lower_node(node, [env[i] for i in node.inputs()], session, shapes)
+    if len(outputs) == 1 and node.kind() in _UNPACK and results is not MISSING:
+        results = results[0]  # unpacking a one-element list (split into one chunk)
+    if len(outputs) == 1:
+        env[outputs[0]] = results
+        if _is_inplace(node.kind()):
+            _write_through(node, env, results, session)
+    else:
+        if results is MISSING:
+            results = [MISSING] * len(outputs)
+        env.update(zip(outputs, results, strict=True))
 
 
 _UNPACK = ("prim::ListUnpack", "prim::TupleUnpack")
@@ -196,8 +202,8 @@ def _lower_node(
     node: torch._C.Node, args: list[Any], session: Session, shapes: list[Any] | None = None
 ) -> Any:
     kind = node.kind()
-    where = _scope(node)
-    session.location = _source_location(node, where)
+    where = scope_of(node)
+    session.location = source_location(node, where)
     if kind == "prim::Constant":
         value = node.output().toIValue()
         return constant(value, name="const") if isinstance(value, torch.Tensor) else value
@@ -222,6 +228,9 @@ def _lower_node(
         if isinstance(x, Value) and x.size_value is not None and kind in _SIZE_READS:
             return x.size_value  # a size that went through a tensor (an element of an arange)
         return x
+    scripted = jit_script.python_op(node, args, session.location or where or "<top level>")
+    if scripted is not NotImplemented:
+        return scripted
     if kind.startswith("prim::") and kind not in ("prim::device", "prim::dtype"):
         session.record_missing(kind, where)
         return MISSING
@@ -229,13 +238,13 @@ def _lower_node(
     if sized is not NotImplemented:  # integer math on symbolic sizes stays symbolic
         return sized
     args = [
-        dynamic.materialize(session.builder, a) if isinstance(a, SymDim) and _is_tensor(v) else a
+        dynamic.materialize(session.builder, a) if isinstance(a, SymDim) and is_tensor(v) else a
         for a, v in zip(args, node.inputs(), strict=True)
     ]
     schema = node.schema() if kind.startswith("aten::") else ""
     key = schema.split("(", 1)[0] if schema and schema != "(no schema)" else kind
-    args = _normalize_args(schema, args)
-    metas = [_meta(o) for o in node.outputs()]
+    args = normalize_args(schema, args)
+    metas = [meta(o) for o in node.outputs()]
     if shapes is not None:
         metas = [(m[0], s if s is not None else m[1]) for m, s in zip(metas, shapes, strict=True)]
     fold = _folder(kind, schema)
@@ -286,15 +295,15 @@ def _write_through(node: torch._C.Node, env: dict[Any, Any], result: Any, sessio
     while _is_view(value, env):
         producer, op = value.node(), views.op_name(value.node().kind())
         base = next(iter(producer.inputs()))
-        args = _normalize_args(producer.schema(), [env[i] for i in producer.inputs()])[1:]
-        new = views.write_back(session, _scope(producer), env[base], op, args, new)
+        args = normalize_args(producer.schema(), [env[i] for i in producer.inputs()])[1:]
+        new = views.write_back(session, scope_of(producer), env[base], op, args, new)
         value = base
     producer = value.node()
     if producer.kind() in _VIEW_OPS or producer.kind() == "prim::ListUnpack":
         base = next(iter(producer.inputs()))
         if any(u.user.isAfter(node) for u in base.uses()):
             raise LoweringError(
-                f"in-place {node.kind()} at {_scope(node) or '<top level>'} writes through a view "
+                f"in-place {node.kind()} at {scope_of(node) or '<top level>'} writes through a view "
                 f"({producer.kind()}) into a tensor read later, and that view has no functional "
                 "inverse; write into the tensor itself instead"
             )
@@ -367,68 +376,6 @@ def _get_attr(owner: Any, name: str) -> Any:
     if isinstance(item, nn.Module):
         return _ModuleRef(path, item)
     return item
-
-
-def _is_tensor(value: torch._C.Value) -> bool:
-    return isinstance(value.type(), torch._C.TensorType)
-
-
-def _meta(output: torch._C.Value) -> Meta:
-    ty = output.type()
-    if not isinstance(ty, torch._C.TensorType):
-        return (None, None)
-    sizes = ty.sizes()
-    return _SCALAR_TYPES.get(ty.scalarType() or ""), tuple(sizes) if sizes is not None else None
-
-
-_ARG_TYPE = re.compile(r"^\s*([A-Za-z]+)")
-
-
-def _normalize_args(schema: str, args: list[Any]) -> list[Any]:
-    """Turn ScalarType ints into torch dtypes, using the node's schema."""
-    if not schema or "ScalarType" not in schema:
-        return args
-    params = schema.split("(", 1)[1].rsplit(") ->", 1)[0]
-    types = [m.group(1) if (m := _ARG_TYPE.match(p)) else "" for p in _split_params(params)]
-    return [
-        _DTYPE_OF_CODE.get(a, a) if t == "ScalarType" and isinstance(a, int) else a
-        for t, a in zip(types, args, strict=False)
-    ]
-
-
-def _split_params(params: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for ch in params:
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    parts.append(current)
-    return [p for p in (p.strip() for p in parts) if p and p != "*"]
-
-
-_JIT_FRAME = re.compile(r"^(.*)\((\d+)\): (\S+)$", re.MULTILINE)
-
-
-def _source_location(node: torch._C.Node, scope: str) -> str | None:
-    """``block.1 (model.py:12 in forward)``: the innermost frame of the trace's recorded stack that
-    is the user's code (not torch's or torchlower's), so errors name the model's line."""
-    for path, line, fn in _JIT_FRAME.findall(node.sourceRange()):
-        if not provenance.is_library(path):
-            where = f"{Path(path).name}:{line} in {fn}"
-            return f"{scope} ({where})" if scope else where
-    return scope or None
-
-
-def _scope(node: torch._C.Node) -> str:
-    """``__module.features/__module.features.0`` → ``features.0``."""
-    scope = node.scopeName().split("/")[-1]
-    return scope.removeprefix("__module.").removeprefix("__module")
 
 
 def _flatten(item: Any) -> list[Any]:

@@ -16,6 +16,7 @@ from torchlower.core.dynamic import Spec
 from torchlower.core.size_fit import SizeFitter
 from torchlower.errors import DynamicAxisError, LoweringError
 from torchlower.frontends import jit_sizes
+from torchlower.frontends.autograd_inline import functions_inlined
 from torchlower.frontends.provenance import raised_at
 
 
@@ -60,6 +61,8 @@ def trace(
     """``torch.jit.trace``; ``python_values`` collects where the model turned a tensor (or a
     size) into a Python value, which the trace then holds as a constant (``file.py:12``);
     ``conversions`` gets the tracer's "Converting a tensor to a Python …" warnings."""
+    if isinstance(module, torch.jit.ScriptModule):  # already a graph: read as scripted (jit_script)
+        return module
     inputs = () if args is None else args
     options: dict[str, Any] = {"check_trace": False}
     if "strict" in torch.jit.trace.__code__.co_varnames:
@@ -67,10 +70,11 @@ def trace(
     with warnings.catch_warnings(record=True) as caught:  # jit.trace is deprecated upstream
         warnings.simplefilter("always", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
-        if fn_name == "forward":
-            traced = torch.jit.trace(module, inputs, **options)
-        else:
-            traced = torch.jit.trace_module(module, {fn_name: inputs}, **options)
+        with functions_inlined():
+            if fn_name == "forward":
+                traced = torch.jit.trace(module, inputs, **options)
+            else:
+                traced = torch.jit.trace_module(module, {fn_name: inputs}, **options)
     for w in caught:  # the model's own warnings still reach the user
         if not issubclass(w.category, torch.jit.TracerWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -133,7 +137,8 @@ def fast_trace(module: nn.Module, args: tuple[Any, ...]) -> FastTrace | None:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", category=torch.jit.TracerWarning)
-            graph, out = torch.jit._get_trace_graph(module, args, strict=False)
+            with functions_inlined():
+                graph, out = torch.jit._get_trace_graph(module, args, strict=False)
     except (RuntimeError, TypeError, ValueError):
         return None  # the full route reports the failure with its own message
     finally:

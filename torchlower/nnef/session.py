@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,11 +35,19 @@ from torchlower.errors import CheckError, InvalidArgumentError
 _WIRE_DTYPES = frozenset(CANONICAL) - {"bfloat16"}  # numpy has no bfloat16 to send
 
 
-def tract_model(folder: str) -> Any:
-    """Load ``folder`` with every registry torchlower may use (the model is not optimized yet)."""
+def tract_model(folder: str, sizes: Mapping[str, int] | None = None) -> Any:
+    """Load ``folder`` with every registry torchlower may use (the model is not optimized yet).
+
+    ``sizes`` fixes symbols before tract optimizes (its ``SetSymbols``): tract 0.23 lowers a
+    convolution over symbolic spatial sizes to im2col + matmul, up to 3x slower than the direct
+    kernels it picks once the sizes are known.
+    """
     import tract
 
-    return tract.nnef().with_tract_extra().with_tract_transformers().load(folder)
+    model = tract.nnef().with_tract_extra().with_tract_transformers().load(folder)
+    if sizes:
+        model.transform(tract.SetSymbols(dict(sizes)))
+    return model
 
 
 def facts(model: Any) -> dict[str, list[str]]:
@@ -95,13 +103,13 @@ def receive(stream: IO[bytes]) -> tuple[dict[str, Any], list[np.ndarray]] | None
 
 
 # ---- child side --------------------------------------------------------------------------
-def serve(folder: str) -> int:
+def serve(folder: str, sizes: Mapping[str, int] | None = None) -> int:
     """Load and optimize once, report the facts, then answer run requests until stdin closes."""
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a stray print in a library must not corrupt the protocol
     requests = os.fdopen(0, "rb")
     try:
-        model = tract_model(folder)
+        model = tract_model(folder, sizes)
         known = facts(model)
         runnable = model.into_runnable()
     except Exception as exc:  # tract raises TractError; reported as text to the parent
@@ -127,10 +135,17 @@ def _short(exc: BaseException) -> str:
 class Session:
     """An optimized tract model of one artifact folder; ``run`` is called many times.
 
-    ``folder`` may be deleted once the constructor returns (tract has read it all).
+    ``folder`` may be deleted once the constructor returns (tract has read it all). ``sizes``
+    fixes symbols before optimizing (see ``tract_model``): the session then runs only at them.
     """
 
-    def __init__(self, folder: Path, threads: int | None = None, isolated: bool = True) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        threads: int | None = None,
+        isolated: bool = True,
+        sizes: Mapping[str, int] | None = None,
+    ) -> None:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise InvalidArgumentError(f"threads must be a positive integer, got {threads!r}")
         if threads is not None and not isolated:
@@ -139,6 +154,7 @@ class Session:
                 " process; set that variable before the first run instead"
             )
         self.folder, self.threads, self.isolated = folder, threads, isolated
+        self.sizes = dict(sizes or {})
         self.lock = threading.Lock()
         self.proc: subprocess.Popen[bytes] | None = None
         self.stderr: IO[bytes] | None = None
@@ -149,7 +165,7 @@ class Session:
     def _start(self) -> None:
         if not self.isolated:
             try:
-                model = tract_model(str(self.folder))
+                model = tract_model(str(self.folder), self.sizes)
                 self.facts = facts(model)
                 self.runnable = model.into_runnable()
             except Exception as exc:
@@ -162,7 +178,7 @@ class Session:
                 env["TRACT_FLASH_SDPA_ST"] = "1"  # tract's flash attention has its own pool
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the child)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torchlower.nnef.session", str(self.folder)],
+            [sys.executable, "-m", "torchlower.nnef.session", str(self.folder), json.dumps(self.sizes)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
@@ -271,4 +287,4 @@ def _print_facts(folder: str) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--facts"]:
         sys.exit(_print_facts(sys.argv[2]))
-    sys.exit(serve(sys.argv[1]))
+    sys.exit(serve(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else None))

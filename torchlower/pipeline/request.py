@@ -36,11 +36,14 @@ class Request:
     check: bool
     tolerance: float | None
     allow_value_dependent: bool
+    scripted: bool = False  # a TorchScript module: only the jit front end reads its graph
 
     @property
     def candidates(self) -> tuple[str, ...]:
         """The front ends to try, in order."""
-        return AUTO_ORDER if self.frontend == "auto" else (self.frontend,)
+        if self.frontend == "auto":
+            return ("jit",) if self.scripted else AUTO_ORDER
+        return (self.frontend,)
 
     @property
     def example_sizes(self) -> dict[str, int]:
@@ -78,6 +81,13 @@ def request(
         tolerance=tolerance,
     )
     validate.value_dependent_argument(allow_value_dependent_trace, frontend)
+    scripted = isinstance(model, torch.jit.ScriptModule)
+    if scripted and frontend not in ("jit", "auto"):
+        raise InvalidArgumentError(
+            f"frontend={frontend!r} cannot read a TorchScript module ({type(model).__name__}, from"
+            " torch.jit.script or torch.jit.load): its graph is read by the jit front end; use"
+            " frontend='jit' (or 'auto')"
+        )
     compression_options(precision, compress)
     example = model_io.as_tuple(args)
     names_in = model_io.input_names(model, example, input_names)
@@ -104,6 +114,7 @@ def request(
         check,
         tolerance,
         allow_value_dependent_trace,
+        scripted,
     )
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torchlower.core.values import Shape, Value, constant
+from torchlower.core.values import Dim, Shape, SymDim, Value, at_least, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of
+from torchlower.rules.creation import filled
+from torchlower.rules.layout import concat
 
 Pairs = list[tuple[int, int]]
 _BORDER = {"constant": "constant", "reflect": "reflect", "replicate": "replicated"}
@@ -196,10 +198,14 @@ def pad_pairs(pad: Sequence[int], rank: int) -> Pairs:
     """torch's flat ``(last_lo, last_hi, prev_lo, prev_hi, ...)`` as NNEF pairs for every dim."""
     if len(pad) % 2 or len(pad) // 2 > rank:
         raise LoweringError(f"pad: expected an even number of at most {2 * rank} entries, got {list(pad)}")
-    pairs = [(0, 0)] * rank
+    pairs: Pairs = [(0, 0)] * rank
     for i in range(len(pad) // 2):
-        pairs[rank - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+        pairs[rank - 1 - i] = (_amount(pad[2 * i]), _amount(pad[2 * i + 1]))
     return pairs
+
+
+def _amount(p: Dim) -> Dim:
+    return p if isinstance(p, SymDim) else int(p)
 
 
 @rule("aten::pad")
@@ -241,6 +247,8 @@ def pad_circular(b: Builder, x: Value, pad: Sequence[int]) -> Value:
 
 def _pad(b: Builder, x: Value, pairs: Pairs, mode: str, value: float) -> Value:
     """NNEF pad for the positive part; negative entries (constant mode) crop with a slice."""
+    if any(isinstance(p, SymDim) for pair in pairs for p in pair):
+        return _pad_by_symbols(b, x, pairs, mode, value)
     if any(p < 0 for pair in pairs for p in pair):
         if mode != "constant":
             raise LoweringError(f"pad: negative padding is only supported in constant mode, got {pairs}")
@@ -252,6 +260,31 @@ def _pad(b: Builder, x: Value, pairs: Pairs, mode: str, value: float) -> Value:
     shape = tuple(d + lo + hi for d, (lo, hi) in zip(shape_of(x), pairs, strict=True))
     attrs = {"padding": pairs, "border": _BORDER[mode], "value": float(value)}
     return b.call("pad", [x], attrs, dtype=x.dtype, shape=shape)
+
+
+def _pad_by_symbols(b: Builder, x: Value, pairs: Pairs, mode: str, value: float) -> Value:
+    """Padding by a size expression (``F.pad(x, (0, (4 - T % 4) % 4))``, EnCodec's padding to a
+    multiple): tract's ``pad`` takes integers only, so the filled parts are concatenated."""
+    for axis, (lo, hi) in enumerate(pairs):
+        for amount in (lo, hi):
+            low = at_least(amount.expr) if isinstance(amount, SymDim) else amount
+            if mode != "constant" or low is None or low < 0:
+                raise LoweringError(
+                    f"pad: padding axis {axis} by {amount} needs mode 'constant' and an amount that is"
+                    f" never negative (mode {mode!r}); make that axis static"
+                )
+    static = [(p if isinstance(p, int) else 0 for p in pair) for pair in pairs]
+    x = _pad(b, x, [tuple(p) for p in static], mode, value)  # type: ignore[misc]
+    for axis, (lo, hi) in enumerate(pairs):
+        parts = [x]
+        for amount, at in ((lo, 0), (hi, 1)):
+            if isinstance(amount, SymDim):
+                shape = list(shape_of(x))
+                shape[axis] = amount
+                parts.insert(at * len(parts), filled(b, value, shape, x.dtype))
+        if len(parts) > 1:
+            x = concat(b, parts, axis)
+    return x
 
 
 def _slice(b: Builder, x: Value, axis: int, begin: int, end: int) -> Value:

@@ -33,6 +33,8 @@ def clamp_index(i: Dim | None, n: Dim, default: Dim) -> Dim:
     """
     if i is None:
         return default
+    if isinstance(i, int) and i == 0:  # a size is never negative: no clamp (sympy cannot tell)
+        return 0
     if isinstance(i, SymDim) or isinstance(n, SymDim):
         if isinstance(i, int) and i >= 2**31:
             return n

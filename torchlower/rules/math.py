@@ -13,7 +13,7 @@ import operator
 
 import torch
 
-from torchlower.core.values import Shape, SymDim, Value, constant, normalize_dim
+from torchlower.core.values import Shape, SymDim, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import (
@@ -360,44 +360,3 @@ def atan2(b: Builder, y: Value, x: Value) -> Value:
     # at the origin the zeros' signs decide: x = -0 gives ±pi (by y's sign), x = +0 gives y (±0)
     at_origin = select(b, binary(b, "lt", unary(b, "recip", x), 0.0), turn, y)
     return select(b, origin, at_origin, shifted)
-
-
-# ---- cumulative -----------------------------------------------------------------------------
-
-
-def emit_scan(b: Builder, x: Value, dim: int, op: str, identity: float) -> Value:
-    """Inclusive scan in ceil(log2 n) shift-and-combine steps (Hillis–Steele)."""
-    axis = normalize_dim(dim, x.rank)
-    n = shape_of(x)[axis]
-    if not isinstance(n, int):
-        raise LoweringError(f"cumulative op: dim {dim} must have a static size, got {n!r}")
-    step = 1
-    while step < n:
-        head = b.call("slice", [x], {"axes": [axis], "begin": [0], "end": [n - step]}, dtype=x.dtype)
-        padding = [(0, 0)] * x.rank
-        padding[axis] = (step, 0)
-        attrs = {"padding": padding, "border": "constant", "value": identity}
-        shifted = b.call("pad", [head], attrs, dtype=x.dtype, shape=x.shape)
-        x = b.call(op, [x, shifted], dtype=x.dtype, shape=x.shape)
-        step *= 2
-    return x
-
-
-def _scan_input(b: Builder, x: Value, dtype: torch.dtype | None) -> Value:
-    if dtype is None and x.dtype is not None and not x.dtype.is_floating_point:
-        dtype = torch.int64  # torch accumulates integers and bools in int64
-    return cast(b, x, dtype) if dtype is not None else x
-
-
-@rule("aten::cumsum", "aten::cumsum_")
-def cumsum(b: Builder, x: Value, dim: int, dtype: torch.dtype | None = None) -> Value:
-    """cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"""
-    x = _scan_input(b, x, dtype)
-    return emit_scan(b, x, dim, "add", 0.0 if x.dtype is None or x.dtype.is_floating_point else 0)
-
-
-@rule("aten::cumprod", "aten::cumprod_")
-def cumprod(b: Builder, x: Value, dim: int, dtype: torch.dtype | None = None) -> Value:
-    """cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"""
-    x = _scan_input(b, x, dtype)
-    return emit_scan(b, x, dim, "mul", 1.0 if x.dtype is None or x.dtype.is_floating_point else 1)
