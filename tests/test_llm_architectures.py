@@ -24,6 +24,7 @@ from tests import llm_models
 
 pytest.importorskip("transformers")
 from torchlower import llm
+from torchlower.llm import stages
 from torchlower.llm.runner import Decoder
 
 ARCHITECTURES = [
@@ -50,6 +51,12 @@ def test_tokens_equal_hf(name: str, tmp_path: Path) -> None:
     assert len(set(want)) > 3  # the chain moves: a repeated token would hide errors
     tables = _matrices(report.path)  # a tied embedding is stored once (llm.compress.share_tied_table)
     assert len(set(tables.values())) == len(tables), sorted(tables)
+    # the bound is the model's own (config field, learned table rows), and one token past it is refused
+    limit = stages.max_positions(model.config.get_text_config(decoder=True), model)[0]
+    assert report.max_context <= (limit or stages.UNBOUNDED_CONTEXT)
+    fits = report.max_context - PROMPT.shape[1] + 1  # prompt + fits - 1 == max_context
+    with pytest.raises(llm.ContextLengthError, match=rf"{report.max_context + 1} positions"):
+        llm.generate(report.path, PROMPT, fits + 1)
 
 
 def test_mpt_context_bounded_by_its_alibi_table(tmp_path: Path) -> None:

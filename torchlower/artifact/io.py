@@ -11,45 +11,29 @@ Lattice folders (``graph.mlir`` + ``weights.safetensors``) are handed to
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
 import logging
 import os
-import struct
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from torchlower.artifact import bundled
+from torchlower.artifact.inputs import arrays, check_sum_bounds, dim_text, inputs_for
+from torchlower.artifact.weights import decode_weights
 from torchlower.core import dtypes, progress
 from torchlower.core import tolerance as tolerances
 from torchlower.errors import ArtifactError, CheckError, InvalidArgumentError
-from torchlower.nnef import dat, reader
-from torchlower.nnef.parse import Expr, Graph, Input, parse
+from torchlower.nnef import reader
+from torchlower.nnef.parse import Graph, parse
 
 log = logging.getLogger("torchlower")
-
-SYMBOL_SIZE = 2  # size given to each symbolic dim when inputs are generated
-_KIND_OF_VARIABLE = {"scalar": "f", "integer": "iu", "logical": "b"}
-_NUMPY_OF_DATUM = {
-    "f16": np.float16,
-    "f32": np.float32,
-    "f64": np.float64,
-    "scalar": np.float32,
-    "i8": np.int8,
-    "i16": np.int16,
-    "i32": np.int32,
-    "i64": np.int64,
-    "integer": np.int64,
-    "u8": np.uint8,
-    "u16": np.uint16,
-    "u32": np.uint32,
-    "u64": np.uint64,
-    "bool": np.bool_,
-    "logical": np.bool_,
-}
 
 
 @dataclass
@@ -64,6 +48,9 @@ class Artifact:
     stored_bytes: dict[str, int]  # label -> bytes of tensor data in the file
     quant: str | None = None  # graph.quant text, if any
     unused: list[str] = field(default_factory=list)  # .dat members no variable refers to
+    # what torchlower bundled beside the graph (config.json, tokenizer, io/*.npz), name → bytes
+    bundled: dict[str, bytes] = field(default_factory=dict, repr=False)
+    properties: dict[str, str | int | float] = field(default_factory=dict)  # tract_core_properties
     _session: Any = field(default=None, repr=False, compare=False)  # nnef.session.Session
     _sized: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # sizes -> Session
 
@@ -94,16 +81,18 @@ class Artifact:
 
         arrays = runner.as_list(inputs, self.graph.inputs)
         sizes = runner.bind(self.graph.inputs, arrays, self.graph.symbols, self.graph.extensions)
+        check_sum_bounds(sizes, self.graph.extensions, self.path)
         if specialize and sizes:
-            session = runner.sized_session(self._sized, self.path, threads, isolated, sizes)
+            with named(self.path):
+                session = runner.sized_session(self._sized, self.path, threads, isolated, sizes)
         else:
             session = self._session
             if session is None or (session.threads, session.isolated) != (threads, isolated):
                 if session is not None:
                     session.close()
-                with progress.stage("tract load+optimize"):
+                with progress.stage("tract load+optimize"), named(self.path):
                     session = self._session = runner.session_for(self.path, threads, isolated)
-        with progress.stage("running"):
+        with progress.stage("running"), named(self.path):
             return runner.outputs_by_name(self.output_names, session.run(arrays))
 
     def stream(self, pulses: Mapping[str, int], *, threads: int | None = None, isolated: bool = True) -> Any:
@@ -118,7 +107,7 @@ class Artifact:
     def tract_facts(self) -> dict[str, list[str]]:
         """tract's input and output facts (``"B,10,f32"``), loading the model if needed."""
         if self._session is None:
-            with progress.stage("tract load+optimize"):
+            with progress.stage("tract load+optimize"), named(self.path):
                 from torchlower.artifact import runner
 
                 self._session = runner.session_for(self.path, None, True)
@@ -141,106 +130,98 @@ class Artifact:
 
 
 def load(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS) -> Any:
-    """Read and validate the artifact at ``path``; weights come back as numpy arrays."""
+    """Read and validate the artifact at ``path``; weights come back as numpy arrays.
+
+    Besides ``graph.nnef``, ``graph.quant`` and ``.dat`` tensors, an archive may bundle what
+    torchlower writes beside the graph (``reader.is_bundled``: configs, tokenizer, manifest,
+    ``io/*.npz`` samples); they are checked and kept in ``Artifact.bundled``.
+    """
     target = Path(path)
     if _is_lattice(target):  # runs in the reference executor (runner.LatticeArtifact)
         from torchlower.artifact.runner import LatticeArtifact
 
         return LatticeArtifact(target)
+    parts = bundled.parts_of(target)
+    if parts is not None:
+        raise bundled.parts_error(target, parts)
+    with named(target):
+        return _load(target, target, limits)
+
+
+def _load(source: Path, target: Path, limits: reader.Limits) -> Artifact:
+    """``load`` of the bytes at ``source`` (a private copy of ``target``), errors naming ``target``."""
     members: dict[str, bytes] = {}
     with progress.stage("reading", unit="bytes"):
-        for name, blob in reader.iter_members(target, limits):
+        for name, blob in reader.iter_members(source, limits):
             members[name] = blob
             progress.advance(len(blob))
     if "graph.nnef" not in members:
         raise ArtifactError(f"{target}: no graph.nnef at the top level of the artifact")
+    extras = bundled.split(target, members, limits)
     extra = [n for n in members if n not in reader.TEXT_MEMBERS and not n.endswith(".dat")]
     if extra:
         raise ArtifactError(
-            f"{target}: unexpected member {extra[0]!r} (an NNEF artifact holds graph.nnef, graph.quant"
-            " and .dat tensors)"
+            f"{target}: unexpected member {extra[0]!r} (an NNEF artifact holds graph.nnef, graph.quant,"
+            f" .dat tensors and what torchlower bundles: {', '.join(reader.BUNDLED_FILES)},"
+            f" {reader.SAMPLES_FOLDER}/*.npz)"
         )
-    graph = parse(members.pop("graph.nnef"))
+    text = members.pop("graph.nnef")
+    graph = parse(text)
     quant = members.pop("graph.quant", None)
     weights: dict[str, np.ndarray] = {}
     formats: dict[str, str] = {}
     stored: dict[str, int] = {}
     with progress.stage("decoding weights", total=len(graph.variables), unit="tensors"):
-        _decode_weights(target, graph, members, weights, formats, stored)
+        decode_weights(target, graph, members, weights, formats, stored)
     unused = sorted(members)
     if unused:
         log.warning("%s: %d .dat file(s) no variable refers to, e.g. %s", target, len(unused), unused[0])
     return Artifact(
         target,
-        reader.artifact_kind(target),
+        reader.artifact_kind(source),
         graph,
         weights,
         formats,
         stored,
         quant.decode("utf-8", "replace") if quant is not None else None,
         unused,
+        extras,
+        bundled.properties(text),
     )
+
+
+@contextlib.contextmanager
+def named(target: Path) -> Iterator[None]:
+    """Errors raised inside name the user's ``target``: a private copy's folder is replaced by it,
+    and a message naming only a member gets ``target: `` in front."""
+    try:
+        yield
+    except (ArtifactError, CheckError) as exc:
+        message = reader.shown_as(str(exc), target)
+        if not message.startswith(str(target)) and str(target) not in message:
+            message = f"{target}: {message}"
+        if message == str(exc):
+            raise
+        renamed = CheckError(message, exc.errors) if isinstance(exc, CheckError) else ArtifactError(message)
+        raise renamed.with_traceback(exc.__traceback__) from None
 
 
 def graph_text(path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS) -> str:
     """The ``graph.nnef`` text of an artifact, after the container's checks (weights not decoded)."""
-    for name, blob in reader.iter_members(Path(path), limits):
-        if name == "graph.nnef":
-            parse(blob)  # the text must be one we would load
-            return blob.decode("utf-8")
+    with named(Path(path)):
+        for name, blob in reader.iter_members(Path(path), limits):
+            if name == "graph.nnef":
+                parse(blob)  # the text must be one we would load
+                return blob.decode("utf-8")
     raise ArtifactError(f"{path}: no graph.nnef at the top level of the artifact")
-
-
-def _decode_weights(
-    target: Path,
-    graph: Graph,
-    members: dict[str, bytes],
-    weights: dict[str, np.ndarray],
-    formats: dict[str, str],
-    stored: dict[str, int],
-) -> None:
-    """Decode the ``.dat`` of every variable (popped from ``members``), checked against the graph."""
-    for var in graph.variables:
-        member = f"{var.label}.dat"
-        if var.label in weights:
-            continue
-        blob = members.pop(member, None)
-        if blob is None:
-            raise ArtifactError(
-                f"{target}: graph.nnef line {var.line}: variable {var.label!r} has no {member!r}"
-                " in the artifact"
-            )
-        array = dat.decode(blob, member)
-        if tuple(array.shape) != var.shape:
-            raise ArtifactError(
-                f"{target}: {member}: shape {list(array.shape)} differs from graph.nnef line {var.line}"
-                f" shape {list(var.shape)}"
-            )
-        quantized = blob[48] in (dat.QUINT, dat.QINT)  # real values as integer codes (graph.quant)
-        if array.dtype.kind not in _KIND_OF_VARIABLE[var.kind] and not (quantized and var.kind == "scalar"):
-            raise ArtifactError(f"{target}: {member}: dtype {array.dtype} cannot back a variable<{var.kind}>")
-        weights[var.label] = array
-        formats[var.label] = dat_format(blob)
-        stored[var.label] = len(blob) - dat.HEADER_SIZE
-        progress.advance()
-
-
-def dat_format(blob: bytes) -> str:
-    """Storage format of a ``.dat`` from its header: the dtype's name (``float32``; ``qint8`` for
-    linearly quantized codes) or a vendor block format (``q4_0``)."""
-    bits, code, vendor = struct.unpack_from("<IHH", blob, 44)
-    if blob[48:52] == b"\x40\x30\x52\x54":
-        return "q4_0"
-    if vendor != 0:
-        return f"vendor_{vendor:04x}_{code}"
-    names = {dat.FLOAT: "float", dat.INT: "int", dat.UINT: "uint", dat.QUINT: "quint", dat.QINT: "qint"}
-    return "bool" if code == dat.BOOL else f"{names.get(code, f'type{code}_')}{bits}"  # float32, qint8…
 
 
 def inspect(
     path: str | os.PathLike[str], limits: reader.Limits = reader.DEFAULT_LIMITS, *, tract: bool = True
 ) -> dict[str, Any]:
-    """A JSON-serializable summary: I/O, symbols, op histogram, weight bytes, extensions.
+    """A JSON-serializable summary: I/O, symbols, op histogram, weight bytes, extensions, and
+    what the archive bundles (``bundled``: files, ``config.json``'s identity, the ``io/*.npz``
+    samples' arrays, the graph's ``tract_core_properties``).
 
     With ``tract`` (the default) every output gets the shape and dtype tract derives when it
     loads the graph (symbolic where the graph is dynamic, e.g. ``["B", 10]``); without it, or
@@ -249,6 +230,11 @@ def inspect(
     target = Path(path)
     if _is_lattice(target):
         return _lattice().inspect(target)
+    parts = bundled.parts_of(target)
+    if parts is not None:  # a folder of archives (an encoder-decoder): each part's summary
+        manifest = json.loads((target / "manifest.json").read_text(encoding="utf-8"))
+        summaries = {n: inspect(p, limits, tract=tract) for n, p in parts.items()}
+        return {"path": str(target), "format": "parts", "manifest": manifest, "parts": summaries}
     art = load(target, limits)
     outputs: list[dict[str, Any]] = [{"name": n, "shape": None, "dtype": None} for n in art.output_names]
     if tract:
@@ -266,7 +252,7 @@ def inspect(
         "container": art.kind,
         "graph": g.name,
         "inputs": [
-            {"name": i.name, "shape": [_dim_text(d) for d in i.shape], "dtype": dtypes.name(i.dtype)}
+            {"name": i.name, "shape": [dim_text(d) for d in i.shape], "dtype": dtypes.name(i.dtype)}
             for i in g.inputs
         ],
         "outputs": outputs,
@@ -285,6 +271,8 @@ def inspect(
             "bytes_by_format": dict(sorted(by_format.items())),
             "unused_files": list(art.unused),
         },
+        # what torchlower bundled beside the graph: files, the config's identity, samples, properties
+        "bundled": bundled.summary(art.bundled, art.properties),
     }
 
 
@@ -293,7 +281,7 @@ def _output_facts(target: Path, limits: reader.Limits) -> list[tuple[list[Any], 
     from torchlower.nnef import session
 
     try:
-        with progress.stage("tract load"), reader.extracted(target, limits) as folder:
+        with progress.stage("tract load"), named(target), reader.extracted(target, limits) as folder:
             known = session.query_facts(folder)
     except CheckError as exc:
         log.info("output shapes unknown: %s", exc)
@@ -340,6 +328,8 @@ def check(
     With ``model``, the check also runs at random inputs resembling those, and compares the
     way ``export`` does (a compressed archive against the dequantized model, an f16 one with
     the f16 tolerance): ``torchlower/model_check.py``.
+    With none of ``inputs``, ``expected`` and ``model``, an archive that bundles ``io/*.npz``
+    samples (``torchlower llm export --io-samples``) is compared with the outputs they recorded.
     Raises ``CheckError`` when an output differs beyond ``tolerance``.
     """
     from torchlower.core.comparison import compare
@@ -350,10 +340,18 @@ def check(
         return _lattice().check(target, inputs, expected, model, tolerance, seed=seed)
     if expected is not None and model is not None:
         raise InvalidArgumentError("give either expected= or model=, not both")
-    with reader.extracted(target) as folder:  # tract reads exactly the bytes we validated
-        art = load(folder)
-        art.path = target
+    parts = bundled.parts_of(target)
+    if parts is not None:
+        raise bundled.parts_error(target, parts)
+    # tract reads exactly the bytes we validated; every error names the user's path
+    with named(target), reader.extracted(target) as folder:
+        art = _load(folder, target, reader.DEFAULT_LIMITS)
+        recorded = bundled.samples(art.bundled, art.input_names, art.output_names)
+        if recorded and inputs is None and expected is None and model is None:
+            outs, errors, points = bundled.check_samples(folder, target, art.properties, recorded, tolerance)
+            return CheckResult(recorded[0].inputs, outs, errors, points, comparison=bundled.COMPARISON)
         ins = inputs_for(art, inputs, symbol_sizes, seed)
+        check_sum_bounds(_sizes(art.graph, ins), art.graph.extensions, target)
         if model is not None:
             from torchlower.artifact import model_check
 
@@ -364,7 +362,7 @@ def check(
         outs = run_in_tract(folder, ins)
     names = art.output_names
     if expected is not None:
-        want = _arrays(expected, names, "expected")
+        want = arrays(expected, names, "expected")
     else:
         return CheckResult(ins, outs, [])
     tol = (
@@ -378,88 +376,14 @@ def check(
     return CheckResult(ins, outs, errors, comparison="expected outputs")
 
 
-def inputs_for(
-    art: Artifact, given: Sequence[Any] | Mapping[str, Any] | None, sizes: Mapping[str, int] | None, seed: int
-) -> list[np.ndarray]:
-    decls = art.graph.inputs
-    if given is None:
-        rng = np.random.default_rng(seed)
-        known = {**art.graph.example_sizes, **(sizes or {})}  # the export's sizes unless told
-        env = {s: int(known.get(s, SYMBOL_SIZE)) for s in art.graph.symbols}
-        return [_random(rng, d, [_dim_value(x, env, d) for x in d.shape]) for d in decls]
-    arrays = _arrays(given, [d.name for d in decls], "inputs")
-    for decl, array in zip(decls, arrays, strict=True):
-        want = _NUMPY_OF_DATUM.get(decl.dtype)
-        if want is not None and array.dtype != np.dtype(want):
-            raise InvalidArgumentError(
-                f"input {decl.name!r} is declared {decl.dtype} but got {array.dtype}; convert it with"
-                f" .astype(np.{np.dtype(want).name})"
-            )
-        if len(array.shape) != len(decl.shape) or any(
-            isinstance(d, int) and d != s for d, s in zip(decl.shape, array.shape, strict=True)
-        ):
-            raise InvalidArgumentError(
-                f"input {decl.name!r} has shape {list(array.shape)}, the graph declares"
-                f" {[_dim_text(d) for d in decl.shape]}"
-            )
-    return arrays
-
-
-def _random(rng: np.random.Generator, decl: Input, shape: list[int]) -> np.ndarray:
-    dtype = np.dtype(_NUMPY_OF_DATUM.get(decl.dtype, np.float32))
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(bool)
-    return rng.integers(0, 2, shape).astype(dtype)
-
-
-def _dim_value(dim: Any, env: Mapping[str, int], decl: Input) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, (int, str, Expr)):
-        raise ArtifactError(f"input {decl.name!r}: dimension {dim!r} is not an integer or symbol")
-    if isinstance(dim, int):
-        return dim
-    if isinstance(dim, str):
-        if dim not in env:
-            raise ArtifactError(
-                f"input {decl.name!r}: symbol {dim!r} is not declared (extension tract_symbol)"
-            )
-        return env[dim]
-    values = [_dim_value(a.name if hasattr(a, "name") else a, env, decl) for a in dim.args]
-    if dim.op in ("min", "max"):
-        return min(values) if dim.op == "min" else max(values)
-    if len(values) == 1:
-        return -values[0] if dim.op == "-" else values[0]
-    a, b = values
-    ops = {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0, "^": a**b if b < 64 else 0}
-    return ops[dim.op]
-
-
-def _dim_text(dim: Any) -> int | str:
-    return dim if isinstance(dim, int) else str(dim)
-
-
-def _arrays(values: Sequence[Any] | Mapping[str, Any], names: Sequence[str], what: str) -> list[np.ndarray]:
-    if isinstance(values, Mapping):
-        missing = [n for n in names if n not in values]
-        extra = [k for k in values if k not in names]
-        if missing or extra:
-            raise InvalidArgumentError(
-                f"{what} keys must be {list(names)}; missing {missing}, unexpected {extra}"
-            )
-        values = [values[n] for n in names]
-    if isinstance(values, np.ndarray) or hasattr(values, "numpy"):
-        values = [values]
-    items = [_to_numpy(v) for v in values]
-    if len(items) != len(names):
-        raise InvalidArgumentError(f"{len(items)} {what} for {len(names)} graph tensors {list(names)}")
-    return items
-
-
-def _to_numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):  # torch.Tensor
-        return value.detach().cpu().numpy().copy()
-    return np.asarray(value)
+def _sizes(graph: Graph, arrays: Sequence[np.ndarray]) -> dict[str, int]:
+    """The size each plain symbol takes in these inputs (the first axis declared with it)."""
+    env: dict[str, int] = {}
+    for decl, array in zip(graph.inputs, arrays, strict=False):
+        for dim, size in zip(decl.shape, array.shape, strict=False):
+            if isinstance(dim, str):
+                env.setdefault(dim, int(size))
+    return env
 
 
 def _is_lattice(path: Path) -> bool:

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             _array_json(n, a) for n, a in zip(_input_names(target, result.inputs), result.inputs, strict=True)
         ],
         "outputs": [_array_json(n, a) for n, a in zip(names, result.outputs, strict=True)],
-        "reference": "model" if model is not None else "expected" if expected is not None else None,
+        "reference": _reference(model, expected, result),
         "random_inputs": inputs is None,
         "compared": [output_error(e) for e in result.errors],
         "max_abs_error": result.max_abs_error if result.errors else None,
@@ -87,6 +87,15 @@ def run(args: argparse.Namespace, out: Output) -> int:
     }
     out.emit(data, lambda console: render(console, data))
     return 0
+
+
+def _reference(model: Any, expected: Any, result: Any) -> str | None:
+    """What the outputs were compared with: the model, the expected arrays, the bundled samples."""
+    if model is not None:
+        return "model"
+    if expected is not None:
+        return "expected"
+    return "bundled samples" if result.errors else None
 
 
 def _output_names(target: Path, count: int) -> list[str]:

@@ -110,6 +110,11 @@ def _print_graph(target: Path, out: Output) -> int:
 
 
 def render(console: Console, data: dict[str, Any]) -> None:
+    if data.get("format") == "parts":  # a folder of archives (an encoder-decoder export)
+        console.print(f"{data['path']}: {len(data['parts'])} archives ({data['manifest'].get('format')})")
+        for part in data["parts"].values():
+            render(console, part)
+        return
     if data.get("format") != "nnef":
         _render_generic(console, data)
         return
@@ -137,6 +142,7 @@ def render(console: Console, data: dict[str, Any]) -> None:
         t.add_row(f"  stored {fmt}", f"{n:,} bytes")
     if w["unused_files"]:
         t.add_row("unused files", ", ".join(w["unused_files"]))
+    _render_bundled(t, data.get("bundled") or {})
     modules = data.get("modules") or {}
     if modules:
         tops: Counter[str] = Counter()
@@ -156,6 +162,19 @@ def render(console: Console, data: dict[str, Any]) -> None:
             f" drawn by {p['renderer']})",
         )
     console.print(t)
+
+
+def _render_bundled(t: Table, bundle: dict[str, Any]) -> None:
+    """Files bundled beside the graph, the config's identity, the samples' arrays, properties."""
+    for f in bundle.get("files", []):
+        t.add_row(f"bundled {f['name']}", f"{f['kind']}, {f['bytes']:,} bytes")
+    for key, value in (bundle.get("config") or {}).items():
+        t.add_row(f"  config {key}", str(value))
+    for name, arrays in (bundle.get("samples") or {}).items():
+        shapes = ", ".join(f"{k} {a['shape']}" for k, a in arrays.items())
+        t.add_row(f"  sample {name}", shapes)
+    for key, value in (bundle.get("properties") or {}).items():
+        t.add_row(f"property {key}", str(value))
 
 
 def _render_generic(console: Console, data: dict[str, Any]) -> None:

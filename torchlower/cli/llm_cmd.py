@@ -45,6 +45,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="with --precision f16: parts computed in f32, comma-separated from attention,norms,lm_head "
         "(default attention,norms; 'none' for f16 throughout)",
     )
+    p.add_argument(
+        "--part",
+        choices=["decoder"],
+        help="export only this part of a larger checkpoint (e.g. Whisper's decoder, without"
+        " cross-attention); without it a checkpoint that would leave weights unused is refused",
+    )
     p.set_defaults(run=run)
     llm.set_defaults(run=None)
 
@@ -65,10 +71,72 @@ def run(args: argparse.Namespace, out: Output) -> int:
             check=not args.no_check,
             io_samples=args.io_samples,
             f32_parts=_parts(args.f32_parts),
+            part=args.part,
         )
+    if hasattr(report, "encoder"):  # a speech encoder-decoder: a folder of two archives
+        data = seq2seq_json(report)
+        out.emit(data, lambda console: render_seq2seq(console, data))
+        return 0
     data = report_json(report)
     out.emit(data, lambda console: render(console, data))
     return 0
+
+
+def seq2seq_json(report: Any) -> dict[str, Any]:
+    parts = {}
+    for name in ("encoder", "decoder"):
+        part = getattr(report, name)
+        parts[name] = {
+            "path": str(part.path),
+            "weight_bytes": part.weight_bytes,
+            "weight_bytes_by_format": part.weight_bytes_by_format,
+            "checked": bool(part.errors),
+            "max_abs_error": part.max_abs_error if part.errors else None,
+            "outputs_checked": [output_error(e) for e in part.errors],
+        }
+    return {
+        "ok": True,
+        "path": str(report.path),
+        "kind": "speech_seq2seq",
+        "model_type": report.model_type,
+        "architecture": report.architecture,
+        "parameters": report.parameters,
+        "layers": report.layers,
+        "max_context": report.max_context,
+        "precision": report.precision,
+        "compress": report.compress,
+        "parts": parts,
+        "artifact_bytes": report.archive_bytes,
+        "bundled": report.bundled,
+        "tokens": report.tokens,
+        "reference_tokens": report.reference_tokens,
+        "logit_error_vs_original": report.logit_error if report.tokens else None,
+        "seconds": round(report.seconds, 3),
+    }
+
+
+def render_seq2seq(console: Console, data: dict[str, Any]) -> None:
+    table = Table(title=f"exported {data['path']}", show_header=False, title_justify="left")
+    table.add_column("item", style="bold")
+    table.add_column("value")
+    table.add_row(
+        "model", f"{data['architecture']}, {data['parameters']:,} parameters, {data['layers']} layers"
+    )
+    table.add_row("options", f"precision {data['precision']}, compress {data['compress'] or 'none'}")
+    table.add_row("context", f"decoder P + S <= {data['max_context']}")
+    for name, part in data["parts"].items():
+        formats = ", ".join(f"{k} {v:,}" for k, v in part["weight_bytes_by_format"].items())
+        checked = f"; vs PyTorch max abs {short(part['max_abs_error'])} ✓" if part["checked"] else ""
+        table.add_row(name, f"{part['path']} ({formats}){checked}")
+    if data["tokens"]:
+        same = sum(a == b for a, b in zip(data["tokens"], data["reference_tokens"], strict=False))
+        table.add_row("greedy tokens", f"{same}/{len(data['tokens'])} equal to Hugging Face")
+        table.add_row("logits vs original", short(data["logit_error_vs_original"]))
+    table.add_row("artifact", f"{data['artifact_bytes']:,} bytes; bundled {', '.join(data['bundled'])}")
+    table.add_row("time", f"{data['seconds']:.1f} s")
+    console.print(table)
+    if not data["tokens"]:
+        console.print("not checked (--no-check)")
 
 
 def _parts(text: str | None) -> tuple[str, ...] | None:
@@ -95,6 +163,8 @@ def report_json(report: Any) -> dict[str, Any]:
         "weight_bytes_by_format": report.weight_bytes_by_format,
         "artifact_bytes": report.archive_bytes,
         "bundled": report.bundled,
+        "part": report.part,
+        "unused_weights": report.unused_weights,
         "seconds": round(report.seconds, 3),
         "checked": bool(report.errors),
         "max_abs_error": report.max_abs_error if report.errors else None,
@@ -114,6 +184,10 @@ def render(console: Console, data: dict[str, Any]) -> None:
                   f"embeddings {data['embeddings']}, lm_head {data['lm_head']}, "
                   f"logits {data['logits']}")  # fmt: skip
     table.add_row("context", f"P + S <= {data['max_context']}")
+    if data["part"]:
+        table.add_row(
+            "part", f"{data['part']} only; {len(data['unused_weights'])} checkpoint tensors left out"
+        )
     formats = ", ".join(f"{k} {v:,}" for k, v in data["weight_bytes_by_format"].items())
     table.add_row("weights", f"{data['weight_bytes']:,} bytes ({formats})")
     for name, why in data["unquantized"].items():

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["ExportReport", "SourceError", "export", "generate"]
+__all__ = ["ContextLengthError", "ExportReport", "SourceError", "WrongModelError", "export", "generate"]
 
 if TYPE_CHECKING:
     from torchlower.llm.exporter import ExportReport, export
-    from torchlower.llm.runner import generate
-    from torchlower.llm.source import SourceError
+    from torchlower.llm.runner import ContextLengthError, generate
+    from torchlower.llm.source import SourceError, WrongModelError
 
 
 def __getattr__(name: str) -> Any:
@@ -21,12 +21,12 @@ def __getattr__(name: str) -> Any:
         from torchlower.llm import exporter as module
 
         return getattr(module, name)
-    if name == "generate":
-        from torchlower.llm.runner import generate
+    if name in ("generate", "ContextLengthError"):
+        from torchlower.llm import runner
 
-        return generate
-    if name == "SourceError":
-        from torchlower.llm.source import SourceError
+        return getattr(runner, name)
+    if name in ("SourceError", "WrongModelError"):
+        from torchlower.llm import source
 
-        return SourceError
+        return getattr(source, name)
     raise AttributeError(f"module 'torchlower.llm' has no attribute {name!r}")

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,7 +27,7 @@ from torchlower.core.staging import target_of
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks, stages
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype
-from torchlower.llm.source import SourceError
+from torchlower.llm.source import SourceError, WrongModelError, open_speech_seq2seq
 from torchlower.llm.wrapper import (
     CacheLayout,
     attributes_kept,
@@ -35,6 +35,9 @@ from torchlower.llm.wrapper import (
 )
 from torchlower.nnef import archive
 from torchlower.pipeline import write
+
+if TYPE_CHECKING:
+    from torchlower.llm.seq2seq import Seq2SeqReport
 
 log = logging.getLogger("torchlower")
 
@@ -71,6 +74,9 @@ class ExportReport:
     properties: dict[str, str | int | float] = field(default_factory=dict)
     # weights Q4_0 was asked for that stayed float (HF name → why), e.g. a size not a multiple of 32
     unquantized: dict[str, str] = field(default_factory=dict)
+    part: str | None = None  # ``part=`` of export: the part of a larger checkpoint written on purpose
+    # checkpoint tensors the export leaves out (only with ``part``: otherwise refused)
+    unused_weights: list[str] = field(default_factory=list)
 
     @property
     def max_abs_error(self) -> float:
@@ -96,8 +102,11 @@ def export(
     check: bool = True,
     io_samples: bool = False,
     f32_parts: tuple[str, ...] | None = None,
-) -> ExportReport:
-    """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract.
+    part: str | None = None,
+) -> ExportReport | Seq2SeqReport:
+    """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract; a
+    ``WhisperForConditionalGeneration`` becomes a folder of two archives (``seq2seq.export``,
+    a ``Seq2SeqReport``).
 
     Graph inputs ``input_ids`` [1, S] and per layer ``in_cache_key_{i}``/``in_cache_value_{i}``
     [1, kv_heads, P, head_dim]; outputs ``outputs`` (logits: [1, 1, vocab] with
@@ -111,14 +120,28 @@ def export(
     ``"attention"``, ``"norms"``, ``"lm_head"``; default ``("attention", "norms")``, ``()`` for
     f16 throughout (``precision.keep_f32``).
     ``check`` compares with the model as Hugging Face runs it; a failed export writes nothing.
+    A folder is exported whole or not at all (``WrongModelError``: its config names another
+    class than the causal LM transformers loads, or checkpoint weights would stay unused) unless
+    ``part="decoder"`` asks for the decoder alone (e.g. Whisper's, without cross-attention).
+    The context bound is the smallest of the config's position field and the rows of the
+    model's learned position tables.
     """
     started = time.perf_counter()
     _validate_options(precision, compress, embeddings, lm_head, logits, max_context, check, io_samples)
+    speech = open_speech_seq2seq(source) if part is None else None
+    if speech is not None:  # an encoder-decoder: a folder of two archives (seq2seq.py)
+        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts)
+        from torchlower.llm import seq2seq
+
+        return seq2seq.export(
+            speech[0], speech[1], path, precision=precision, compress=compress, max_context=max_context,
+            check=check,
+        )  # fmt: skip
     storage = table_storage(compress, embeddings, lm_head)
     parts = _f32_parts(precision, f32_parts)
     target = Path(path)
     archive.archive_kind(target)  # a bad suffix fails before the model loads
-    loaded = stages.load(source, max_context)
+    loaded = stages.load(source, max_context, part)
     captured = stages.capture(loaded, logits, precision)
     keep = check or io_samples  # the dequantized weights are needed to check or to sample
     dequantized, left_float = stages.store_tables(loaded, captured, compress, storage, precision, keep)
@@ -175,6 +198,9 @@ def _properties(
         props["torchlower.llm.recompute_cache_at"] = switch
     if precision == "f16":
         props["torchlower.llm.f32_parts"] = ",".join(parts) or "none"
+    if loaded.src.part is not None:
+        props["torchlower.llm.part"] = loaded.src.part
+        props["torchlower.llm.unused_weights"] = len(loaded.src.unused)
     return props
 
 
@@ -203,6 +229,8 @@ def _report(
         bundled=sorted(files),
         properties=props,
         unquantized=left_float,
+        part=loaded.src.part,
+        unused_weights=list(loaded.src.unused),
     )
 
 
@@ -301,6 +329,20 @@ def _validate_options(
             raise InvalidArgumentError(f"{name} must be True or False, got {flag!r}")
 
 
+def _refuse_causal_options(
+    embeddings: str | None, lm_head: str | None, logits: str, io_samples: bool, f32_parts: Any
+) -> None:
+    """Options of the causal-LM export a speech encoder-decoder export does not honour yet."""
+    given = {"embeddings": embeddings, "lm_head": lm_head, "f32_parts": f32_parts}
+    given |= {"logits": logits if logits != "last" else None, "io_samples": io_samples or None}
+    used = [k for k, v in given.items() if v is not None]
+    if used:
+        raise InvalidArgumentError(
+            f"{', '.join(used)}: not available for a speech encoder-decoder export (Whisper); leave them"
+            " out, or export the decoder alone with part='decoder'"
+        )
+
+
 def _f32_parts(precision: str, parts: tuple[str, ...] | None) -> tuple[str, ...]:
     if parts is None:
         return DEFAULT_F32_PARTS if precision == "f16" else ()
@@ -319,4 +361,4 @@ def _size_on_disk(path: Path) -> int:
     return path.stat().st_size
 
 
-__all__ = ["ExportReport", "SourceError", "export"]
+__all__ = ["ExportReport", "SourceError", "WrongModelError", "export"]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from torchlower.errors import InvalidArgumentError
+from torchlower.llm.context import ContextLengthError
 
 KV_MODES = ("auto", "state", "explicit")
 
@@ -58,6 +59,8 @@ class Decoder:
             else:
                 self.mode = "explicit"
         self.recompute_at = _int_property(model, "torchlower.llm.recompute_cache_at")
+        self.max_context = _int_property(model, "torchlower.llm.max_context")
+        self.path = path
         self.runnable = model.into_runnable()
         self.reset()
 
@@ -71,6 +74,17 @@ class Decoder:
         at = self.recompute_at
         return at is not None and 0 < self.length <= at < self.length + new_tokens
 
+    def refuse_past_context(self, needed: int) -> None:
+        """``ContextLengthError`` if ``needed`` positions do not fit the archive's bound."""
+        if self.max_context is not None and needed > self.max_context:
+            raise ContextLengthError(
+                f"{self.path}: {needed} positions (prompt and generated tokens fed back) exceed this"
+                f" archive's P + S <= {self.max_context}, the model's position limit; keep prompt +"
+                f" max_new_tokens - 1 <= {self.max_context}",
+                max_context=self.max_context,
+                needed=needed,
+            )
+
     def step(self, ids: np.ndarray) -> np.ndarray:
         """Logits of the last position after feeding ``ids`` [1, S] (the cache grows by S)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1)
@@ -81,6 +95,7 @@ class Decoder:
                 f"token id {bad} is outside the vocabulary of this model (ids 0..{self.vocab - 1}); "
                 "encode the prompt with the tokenizer the model was exported with"
             )
+        self.refuse_past_context(self.length + ids.shape[1])
         self.length += ids.shape[1]
         if self.mode == "state":
             out = self.state.run([ids])
@@ -101,8 +116,15 @@ def generate(
     seed: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     kv: str = "auto",
+    input_features: Any = None,
 ) -> list[int]:
     """The new token ids after ``input_ids`` (a list, or a [1, S] array/tensor), run in tract.
+
+    For a speech encoder-decoder export (a folder with ``manifest.json``, e.g. Whisper),
+    ``input_ids`` are the decoder's start tokens and ``input_features`` the log-mel frames
+    [1, mels, frames] the encoder runs on once; decoding is greedy with the generation config's
+    ``suppress_tokens`` / ``begin_suppress_tokens`` applied and its end-of-text id as the stop,
+    as HF's Whisper ``generate`` does (timestamps and language detection are not done).
 
     Greedy by default (``do_sample=False``: the arg-max, ties to the lowest id as torch does);
     ``do_sample=True`` samples from softmax(logits / temperature), optionally over the
@@ -114,7 +136,25 @@ def generate(
     if temperature <= 0:
         raise InvalidArgumentError(f"temperature must be > 0, got {temperature!r}")
     stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
+    from torchlower.llm import seq2seq_runner
+
+    if seq2seq_runner.is_seq2seq(Path(artifact)):
+        if input_features is None or do_sample:
+            raise InvalidArgumentError(
+                f"{artifact}: a speech encoder-decoder needs input_features= (log-mel frames) and decodes"
+                " greedily (do_sample=False)"
+            )
+        runner = seq2seq_runner.Seq2SeqRunner(artifact, kv=kv)
+        if max_new_tokens:  # the last new token is not fed back
+            runner.refuse_past_context(prompt.shape[1] + max_new_tokens - 1)
+        if eos_token_id is None:  # HF's default: the generation config's end of text
+            stops = set(runner.manifest.get("generation", {}).get("eos_token_id", []))
+        return runner.greedy(prompt[0].tolist(), max_new_tokens, input_features, stops, processors=True)[0]
+    if input_features is not None:
+        raise InvalidArgumentError(f"{artifact}: input_features= is for speech encoder-decoder exports")
     decoder = Decoder(artifact, kv=kv)
+    if max_new_tokens:  # the last new token is not fed back
+        decoder.refuse_past_context(prompt.shape[1] + max_new_tokens - 1)
     rng = np.random.default_rng(seed)
     tokens: list[int] = []
     feed = prompt

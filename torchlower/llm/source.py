@@ -19,6 +19,11 @@ from torchlower.errors import InvalidArgumentError
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 LEGACY_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = (
+    "preprocessor_config.json",
+    "vocab.json",
+    "merges.txt",
+    "normalizer.json",
+    "added_tokens.json",
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -26,8 +31,25 @@ TOKENIZER_FILES = (
 )
 
 
+PARTS = ("decoder",)  # what ``part=`` may name: export that part of a larger checkpoint
+
+
 class SourceError(InvalidArgumentError):
     """The model folder cannot be used: missing or unreadable config / weights / tokenizer."""
+
+
+class WrongModelError(SourceError):
+    """The checkpoint would not be exported whole: its config names another class than the one
+    torchlower can load, or loading leaves checkpoint weights unused (a Whisper encoder behind
+    ``WhisperForCausalLM``). ``part="decoder"`` (``--part decoder``) exports the part on purpose."""
+
+    def __init__(
+        self, message: str, *, config_class: str | None, loaded_class: str, unused: list[str]
+    ) -> None:
+        super().__init__(message)
+        self.config_class = config_class  # config.json's ``architectures[0]``
+        self.loaded_class = loaded_class  # the causal-LM class transformers maps the config to
+        self.unused = unused  # checkpoint tensors no parameter of the loaded model took
 
 
 @dataclass
@@ -39,6 +61,8 @@ class Source:
     folder: Path | None = None
     files: dict[str, bytes] = field(default_factory=dict)  # bundled as-is: config, tokenizer
     mapping: Any = None  # stream.Mapping when the weights are memory-mapped
+    unused: list[str] = field(default_factory=list)  # checkpoint tensors the model did not take
+    part: str | None = None  # the part of the checkpoint exported on purpose (``PARTS``)
 
     @property
     def model_type(self) -> str:
@@ -49,8 +73,15 @@ class Source:
         return self.config.get_text_config(decoder=True)
 
 
-def open_source(source: str | os.PathLike[str] | nn.Module) -> Source:
-    """A ``Source`` from a folder path or a loaded ``PreTrainedModel`` (never downloads)."""
+def open_source(source: str | os.PathLike[str] | nn.Module, part: str | None = None) -> Source:
+    """A ``Source`` from a folder path or a loaded ``PreTrainedModel`` (never downloads).
+
+    A folder must be exported whole: ``WrongModelError`` when its config names a class other
+    than the causal LM transformers loads, or when checkpoint tensors stay unused, unless
+    ``part`` names the part exported on purpose (``"decoder"``).
+    """
+    if part is not None and part not in PARTS:
+        raise InvalidArgumentError(f"part must be one of {', '.join(PARTS)} (or None); got {part!r}")
     if isinstance(source, nn.Module):
         config = getattr(source, "config", None)
         if config is None or not hasattr(config, "model_type"):
@@ -67,8 +98,67 @@ def open_source(source: str | os.PathLike[str] | nn.Module) -> Source:
     folder = Path(source)
     config = load_config(folder)
     files = bundled_files(folder)
-    model, mapping = load_model(folder, config)
-    return Source(model, config, folder, files, mapping)
+    model, mapping, unused = load_model(folder, config)
+    if part is None:
+        refuse_partial(folder, config, type(model).__name__, unused)
+    return Source(model, config, folder, files, mapping, unused, part)
+
+
+def open_speech_seq2seq(
+    source: str | os.PathLike[str] | nn.Module,
+) -> tuple[nn.Module, dict[str, bytes]] | None:
+    """A Whisper ``ForConditionalGeneration`` (folder or model) and its files to bundle; None for
+    anything else. The folder's weights must all be taken (``WrongModelError`` otherwise)."""
+    from torchlower.llm.seq2seq import ARCHITECTURES, is_speech_seq2seq
+
+    if isinstance(source, nn.Module):
+        if type(source).__name__ not in ARCHITECTURES:
+            return None
+        return source, {"config.json": source.config.to_json_string(use_diff=False).encode()}
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    folder = Path(source)
+    config = load_config(folder)
+    if not is_speech_seq2seq(config):
+        return None
+    import torch
+    import transformers
+
+    files = weight_files(folder)
+    check_weights_readable(files)
+    cls = getattr(transformers, ARCHITECTURES[0])
+    try:
+        model, info = cls.from_pretrained(
+            str(folder), local_files_only=True, dtype=torch.float32, output_loading_info=True
+        )
+    except Exception as exc:
+        raise SourceError(f"{files[0]}: transformers cannot load the checkpoint: {exc}") from exc
+    refuse_partial(
+        folder, config, type(model).__name__, sorted(str(k) for k in info.get("unexpected_keys", ()))
+    )
+    return model.eval(), bundled_files(folder)
+
+
+def refuse_partial(folder: Path, config: Any, loaded: str, unused: list[str]) -> None:
+    """``WrongModelError`` when the checkpoint is not the loaded class, or not all of it is used."""
+    named = [str(a) for a in (getattr(config, "architectures", None) or [])]
+    other = bool(named) and loaded not in named
+    if not other and not unused:
+        return
+    shown = ", ".join(unused[:8]) + (f", … ({len(unused)} in all)" if len(unused) > 8 else "")
+    why = []
+    if other:
+        why.append(f"config.json names {named[0]} but transformers loads it as {loaded}")
+    if unused:
+        why.append(f"{len(unused)} checkpoint tensor(s) would not be exported: {shown}")
+    raise WrongModelError(
+        f"{folder}: not exported whole — {'; '.join(why)}. An archive of it would lack what those "
+        f"weights compute. Export the {loaded} part on purpose with --part decoder "
+        "(torchlower.llm.export(..., part='decoder')).",
+        config_class=named[0] if named else None,
+        loaded_class=loaded,
+        unused=unused,
+    )
 
 
 def load_config(folder: Path) -> Any:
@@ -139,8 +229,9 @@ def check_weights_readable(files: list[Path]) -> None:
             ) from exc
 
 
-def load_model(folder: Path, config: Any) -> tuple[nn.Module, Any]:
-    """``AutoModelForCausalLM`` from the folder in f32 eval mode, offline, and its memory map.
+def load_model(folder: Path, config: Any) -> tuple[nn.Module, Any, list[str]]:
+    """``AutoModelForCausalLM`` from the folder in f32 eval mode, offline, its memory map, and
+    the checkpoint tensors it did not take.
 
     All-f32 safetensors checkpoints are memory-mapped (``stream.py``: nothing is read until
     written); others load into memory through transformers.
@@ -158,16 +249,17 @@ def load_model(folder: Path, config: Any) -> tuple[nn.Module, Any]:
     from torchlower.llm import stream
 
     try:
-        return stream.mapped_model(files, config)
+        model, mapping = stream.mapped_model(files, config)
+        return model, mapping, list(mapping.unused)
     except stream.NotStreamable:
         pass
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(folder), local_files_only=True, dtype=torch.float32
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            str(folder), local_files_only=True, dtype=torch.float32, output_loading_info=True
         )
     except Exception as exc:
         raise SourceError(f"{files[0]}: transformers cannot load the checkpoint: {exc}") from exc
-    return model.eval(), None
+    return model.eval(), None, sorted(str(k) for k in info.get("unexpected_keys", ()))
 
 
 def bundled_files(folder: Path) -> dict[str, bytes]:

@@ -46,7 +46,9 @@ _POSITION_FIELDS = (
     "max_sequence_length",
     "seq_length",
     "max_seq_len",  # MPT: the rows of its ALiBi table
+    "max_target_positions",  # Whisper, Speech2Text, Moonshine's decoders
 )
+_POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings", "embed_position", "pos_embed")
 
 
 @dataclass
@@ -69,13 +71,13 @@ class Captured:
     builder: NNEFBuilder
 
 
-def load(source: Any, max_context: int | None) -> Loaded:
+def load(source: Any, max_context: int | None, part: str | None = None) -> Loaded:
     """Open the checkpoint, bound the context by its position tables, read its cache layout."""
     with progress.stage("loading model"):
-        src = open_source(source)
+        src = open_source(source, part)
     model = eval_view(src.model)
     config = src.text_config
-    limit, why = max_positions(config)
+    limit, why = max_positions(config, model)
     rope_limit = dynamic_rope_limit(model)
     if rope_limit is not None and (limit is None or rope_limit < limit):
         limit, why = rope_limit, "dynamic RoPE rescales beyond original_max_position_embeddings"
@@ -181,13 +183,35 @@ def context_fix(exc: DynamicAxisError, context: int) -> DynamicAxisError:
     )
 
 
-def max_positions(config: Any) -> tuple[int | None, str]:
-    """The config's position limit and the field it came from (MPT: its ALiBi table's rows)."""
+def max_positions(config: Any, model: nn.Module | None = None) -> tuple[int | None, str]:
+    """The model's position limit and where it came from: the config's field (MPT: its ALiBi
+    table's rows; Whisper: ``max_target_positions``) and the rows of a learned position table
+    (GPT-2's ``wpe``, OPT's ``embed_positions`` less its offset), whichever is smaller."""
+    found: list[tuple[int, str]] = []
     for attr in _POSITION_FIELDS:
         value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value, attr
-    return None, "no position limit"
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            found.append((value, attr))
+            break
+    if model is not None:
+        found += position_tables(model)
+    if not found:
+        return None, "no position limit"
+    return min(found)
+
+
+def position_tables(model: nn.Module) -> list[tuple[int, str]]:
+    """(positions, why) of every learned position table: an ``nn.Embedding`` named as one."""
+    out = []
+    for name, module in model.named_modules():
+        leaf = name.rpartition(".")[2]
+        if isinstance(module, nn.Embedding) and leaf in _POSITION_TABLES:
+            offset = getattr(module, "offset", 0)
+            offset = offset if isinstance(offset, int) else 0
+            rows = int(module.num_embeddings) - offset
+            extra = f" less its offset {offset}" if offset else ""
+            out.append((rows, f"{name} has {module.num_embeddings} rows{extra}"))
+    return out
 
 
 def trace_example(layout: CacheLayout, vocab: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:

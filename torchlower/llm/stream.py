@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import re
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +47,7 @@ class Mapping:
         self.files: list[tuple[Any, mmap.mmap]] = []
         self.by_pointer: dict[int, _Mapped] = {}
         self._bases: list[tuple[int, int, mmap.mmap]] = []
+        self.unused: list[str] = []  # checkpoint tensors no parameter or buffer of the model took
 
     def tensor(
         self, path: Path, key: str, meta: dict[str, Any], data_start: int, memory: mmap.mmap
@@ -155,20 +157,24 @@ def mapped_model(files: list[Path], config: Any) -> tuple[nn.Module, Mapping]:
             tensors[key] = mapping.tensor(path, key, meta, start, memory)
     with empty_parameters():
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _assign(model, tensors)
+    used = _assign(model, tensors)
+    ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []]
+    mapping.unused = sorted(k for k in tensors if k not in used and not any(p.search(k) for p in ignored))
     return model.eval(), mapping
 
 
-def _assign(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Put each checkpoint tensor in its parameter; tied parameters follow the tensor they share."""
+def _assign(model: nn.Module, tensors: dict[str, torch.Tensor]) -> set[str]:
+    """Put each checkpoint tensor in its parameter; tied parameters follow the tensor they share.
+    Returns the checkpoint keys used."""
     params = dict(model.named_parameters(remove_duplicate=False))
     owners: dict[int, list[str]] = {}
     for name, p in params.items():
         owners.setdefault(id(p), []).append(name)
+    used: set[str] = set()
     for names in owners.values():
-        source = next((tensors[n] for n in names if n in tensors), None)
-        if source is None:
-            source = next((tensors[k] for n in names for k in _aliases(n) if k in tensors), None)
+        keys = [n for n in names if n in tensors] or [k for n in names for k in _aliases(n) if k in tensors]
+        used.update(keys)
+        source = tensors[keys[0]] if keys else None
         if source is None:
             raise NotStreamable(f"no checkpoint tensor for {names[0]}")
         shape = tuple(params[names[0]].shape)
@@ -184,6 +190,8 @@ def _assign(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         if name in tensors and tuple(tensors[name].shape) == tuple(buffer.shape):  # persistent, saved
             owner, _, attr = name.rpartition(".")
             model.get_submodule(owner)._buffers[attr] = tensors[name]
+            used.add(name)
+    return used
 
 
 def _aliases(name: str) -> list[str]:

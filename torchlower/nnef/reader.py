@@ -18,6 +18,7 @@ import contextlib
 import gzip
 import io
 import os
+import re
 import shutil
 import stat
 import tarfile
@@ -31,6 +32,7 @@ from typing import IO
 from torchlower.errors import ArtifactError
 
 GiB = 2**30
+_TEMP_FOLDER = re.compile(r"(?:/[^\s/'\"]+)*/torchlower-artifact-[A-Za-z0-9_]+")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,35 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 TEXT_MEMBERS = ("graph.nnef", "graph.quant")
+# what torchlower bundles beside the graph (llm/bundle.py, llm/source.py): the model's configs,
+# its tokenizer, a manifest, and I/O samples ``io/<name>.npz``; tract ignores all of them
+BUNDLED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "normalizer.json",
+    "tokenizer.model",
+    "manifest.json",
+)
+SAMPLES_FOLDER = "io"
+TEMP_PREFIX = "torchlower-artifact-"  # the private folders ``extracted`` makes
+
+
+def is_bundled(name: str) -> bool:
+    """A member torchlower writes beside the graph (config, tokenizer, manifest, ``io/*.npz``)."""
+    folder, _, leaf = name.rpartition("/")
+    return name in BUNDLED_FILES or (folder == SAMPLES_FOLDER and leaf.endswith(".npz") and len(leaf) > 4)
+
+
+def shown_as(message: str, target: str | os.PathLike[str]) -> str:
+    """``message`` with any private folder of ``extracted`` replaced by the user's path."""
+    return _TEMP_FOLDER.sub(lambda _m: str(target), message)
 
 
 def artifact_kind(path: Path) -> str:
@@ -83,7 +114,7 @@ def iter_members(
 @contextlib.contextmanager
 def extracted(path: str | os.PathLike[str], limits: Limits = DEFAULT_LIMITS) -> Iterator[Path]:
     """A private (0700) temporary folder holding the checked members; always removed on exit."""
-    tmp = Path(tempfile.mkdtemp(prefix="torchlower-artifact-"))
+    tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
     try:
         base = tmp.resolve()
         for name, blob in iter_members(path, limits):

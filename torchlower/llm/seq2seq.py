@@ -1,0 +1,338 @@
+"""``torchlower.llm.export`` of a speech encoder-decoder (Whisper): a folder of two archives.
+
+``OUT/encoder.nnef.tgz`` maps ``input_features`` to every decoder layer's cross-attention keys
+and values (computed once per utterance); ``OUT/decoder.nnef.tgz`` is one decoder step with the
+self-attention KV cache in tract's naming and the cross keys/values as inputs
+(``seq2seq_parts.py``); ``OUT/manifest.json`` says how they connect. Each part is lowered and
+checked by the pipeline's stages (export front end, passes, staged write, tract vs the part at
+several sizes); then the two run together in tract (``seq2seq_runner.py``) against Hugging
+Face's ``WhisperForConditionalGeneration``: greedy tokens and the logits of every step. A failed
+check writes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from torchlower import __version__
+from torchlower.core import progress
+from torchlower.core import tolerance as tolerances
+from torchlower.core.staging import staged
+from torchlower.errors import CheckError, InvalidArgumentError
+from torchlower.llm import bundle
+from torchlower.llm.seq2seq_parts import DecoderPart, EncoderPart, Seq2SeqLayout, layout_of
+from torchlower.nnef import archive
+from torchlower.pipeline import capture, optimize, reference, report, request, write
+from torchlower.pipeline import check as checks
+
+MANIFEST = "manifest.json"
+FORMAT = "torchlower.speech_seq2seq"
+ENCODER, DECODER = "encoder.nnef.tgz", "decoder.nnef.tgz"
+ARCHITECTURES = ("WhisperForConditionalGeneration",)
+CHECK_TOKENS = 8  # greedy steps the export runs against HF
+F16_TOLERANCE = 3e-2  # of the output scale (llm.exporter.F16_TOLERANCE)
+
+
+@dataclass
+class Seq2SeqReport:
+    """What was written and how far tract is from Hugging Face (parts and end to end)."""
+
+    path: Path
+    model_type: str
+    architecture: str
+    parameters: int
+    layers: int
+    max_context: int
+    precision: str
+    compress: str | None
+    encoder: report.ExportReport
+    decoder: report.ExportReport
+    archive_bytes: int
+    seconds: float = 0.0
+    bundled: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # tract's greedy tokens in the check
+    reference_tokens: list[int] = field(default_factory=list)  # HF's
+    logit_error: float = float("nan")  # max |HF − tract| over the logits of every checked step
+
+    @property
+    def errors(self) -> list[Any]:
+        return [*self.encoder.errors, *self.decoder.errors]
+
+
+def is_speech_seq2seq(config: Any) -> bool:
+    names = [str(a) for a in (getattr(config, "architectures", None) or [])]
+    return getattr(config, "model_type", None) == "whisper" and any(n in ARCHITECTURES for n in names)
+
+
+def export(
+    model: nn.Module,
+    files: dict[str, bytes],
+    path: str | os.PathLike[str],
+    *,
+    precision: str = "f32",
+    compress: str | None = None,
+    max_context: int | None = None,
+    check: bool = True,
+) -> Seq2SeqReport:
+    """Write ``path`` (a folder) with the encoder and decoder archives and their manifest."""
+    started = time.perf_counter()
+    target = Path(path)
+    if target.name.endswith(archive.ARCHIVE_SUFFIXES):
+        raise InvalidArgumentError(
+            f"{target}: a speech encoder-decoder exports as a folder of two archives and a manifest;"
+            f" give a folder path (e.g. {target.name.split('.')[0]}_tract)"
+        )
+    if not target.parent.is_dir():
+        raise InvalidArgumentError(f"output folder {str(target.parent)!r} does not exist")
+    model = model.eval()
+    layout = layout_of(model)
+    limit = int(model.config.max_target_positions)
+    rows = int(model.model.decoder.embed_positions.num_embeddings)
+    limit = min(limit, rows)
+    context = max_context or limit
+    if context > limit:
+        raise InvalidArgumentError(
+            f"max_context={max_context} exceeds the decoder's {limit} positions (max_target_positions,"
+            f" a {rows}-row position table); pass max_context <= {limit}"
+        )
+    props = _properties(model, layout, context, precision, compress)
+    with staged(target) as folder, _naming(folder, target):
+        folder.mkdir()
+        with progress.stage("encoder"):
+            enc, enc_weights = _export_part(
+                EncoderPart(model, layout).eval(), (_features(layout),), folder / ENCODER, ["input_features"],
+                layout.encoder_outputs(), None, precision, compress, check, [],
+                props | {"torchlower.llm.part": "encoder"}, {},
+            )  # fmt: skip
+        with progress.stage("decoder"):
+            dec, dec_weights = _export_part(
+                DecoderPart(model, layout).eval(), _decoder_example(layout), folder / DECODER,
+                layout.decoder_inputs(), layout.decoder_outputs(), _decoder_axes(layout, context), precision,
+                compress, check, _bounds(context), props | {"torchlower.llm.part": "decoder"}, files,
+            )  # fmt: skip
+        (folder / MANIFEST).write_text(
+            json.dumps(_manifest(model, layout, context, precision, compress), indent=1)
+        )
+        result = Seq2SeqReport(
+            folder, "whisper", type(model).__name__, sum(p.numel() for p in model.parameters()),
+            layout.layers, context, precision, compress, enc, dec, 0, bundled=sorted(files),
+        )  # fmt: skip
+        if check:
+            reference_model = _dequantized(model, enc_weights, dec_weights)
+            with progress.stage("checking against Hugging Face"):
+                _check_end_to_end(result, model, reference_model, layout, precision)
+        result.archive_bytes = sum(f.stat().st_size for f in folder.iterdir())
+    result.path = target
+    result.encoder.path, result.decoder.path = target / ENCODER, target / DECODER
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+@contextlib.contextmanager
+def _naming(folder: Path, target: Path) -> Iterator[None]:
+    """Errors raised while the parts are staged name the user's folder, not the staging one."""
+    try:
+        yield
+    except CheckError as exc:
+        raise CheckError(str(exc).replace(str(folder), str(target)), exc.errors) from exc
+
+
+def _export_part(
+    module: nn.Module, example: tuple[torch.Tensor, ...], target: Path, names_in: list[str],
+    names_out: list[str], axes: dict[str, Any] | None, precision: str, compress: str | None,
+    check: bool, extensions: list[str], props: dict[str, Any], files: dict[str, bytes],
+) -> tuple[report.ExportReport, dict[str, torch.Tensor] | None]:  # fmt: skip
+    """``torchlower.export``'s stages, with the graph's bounds, properties and bundled files."""
+    req = request.request(
+        module, example, target, input_names=names_in, output_names=names_out, frontend="export",
+        check=check, tolerance=None, precision=precision, compress=compress, dynamic_axes=axes,
+        dynamic_shapes=None, allow_value_dependent_trace=False,
+    )  # fmt: skip
+    ref = reference.run_reference(module, req, names_out)
+    # torch itself in f16 is this far from f32 on these models (docs/llm.md), as the causal-LM check
+    tolerance = (
+        F16_TOLERANCE * tolerances.output_scale([t.numpy() for t in ref.expected])
+        if precision == "f16"
+        else None
+    )
+    captured = capture.capture(req, ref)
+    builder = captured.builder
+    dequantized = optimize.compress(builder, ref.module, compress)
+    optimize.optimize(builder)
+    weights = builder.live_weights()
+    builder.example_sizes = req.example_sizes
+    graph = bundle.with_header(builder.graph_text(), extensions, bundle.properties_fragment(props))
+    with write.staging(req.target, check) as staging:
+        written = archive.write(staging, graph, weights, builder.quant_text(), files, huffman_only=True)
+        result = report.export_report(written, req, ref, captured, weights)
+        if check:
+            outcome = checks.check_export(
+                written, ref.module, req.example, ref.expected, ref.output_names, req.spec, tolerance,
+                builder, dequantized, req.target,
+            )  # fmt: skip
+            report.record_check(result, outcome)
+    result.path = req.target
+    return result, dequantized
+
+
+def _check_end_to_end(
+    result: Seq2SeqReport, model: nn.Module, reference_model: nn.Module, layout: Seq2SeqLayout, precision: str
+) -> None:
+    """Greedy tokens and every step's logits of tract (encoder once, decoder step by step) vs HF
+    running the weights the archive holds (q4_0: dequantized). f16 is reported, not bounded:
+    the reference runs in f32 and a tiny random model's greedy chain may flip on an f16 step."""
+    from torchlower.llm.seq2seq_runner import Seq2SeqRunner
+
+    features = _features(layout, seed=1)
+    start = [int(model.config.decoder_start_token_id or 0)]
+    steps = min(CHECK_TOKENS, result.max_context - len(start))
+    tokens, logits = Seq2SeqRunner(result.path).greedy(start, steps, features.numpy())
+    with torch.no_grad():
+        seq = torch.tensor([start + tokens[:-1]])
+        want = reference_model(input_features=features, decoder_input_ids=seq).logits[0].numpy()
+        ref_tokens = _hf_greedy(reference_model, features, start, steps)
+        original = model(input_features=features, decoder_input_ids=seq).logits[0].numpy()
+    result.tokens, result.reference_tokens = tokens, ref_tokens
+    error = float(np.abs(np.stack(logits) - want[len(start) - 1 :]).max())
+    result.logit_error = float(np.abs(np.stack(logits) - original[len(start) - 1 :]).max())
+    tol = (1e-3 if reference_model is not model else 1e-4) * max(1.0, float(np.abs(want).max()))
+    if precision != "f16" and (tokens != ref_tokens or error > tol):
+        raise CheckError(
+            f"{result.path}: tract's encoder + decoder disagree with Hugging Face (nothing"
+            f" written): tokens {tokens} vs {ref_tokens}, max logit error {error:.3g} > {tol:.3g}"
+        )
+
+
+def _dequantized(
+    model: nn.Module, encoder: dict[str, torch.Tensor] | None, decoder: dict[str, torch.Tensor] | None
+) -> nn.Module:
+    """``model`` itself, or a copy running the dequantized weights of the compressed parts."""
+    if not encoder and not decoder:
+        return model
+    import copy
+
+    state: dict[str, torch.Tensor] = {}
+    for prefix, weights in (
+        ("encoder.", encoder or {}),
+        ("layers.", encoder or {}),
+        ("decoder.", decoder or {}),
+    ):
+        for name, tensor in weights.items():
+            if name.startswith(prefix):
+                state[("model.decoder." if prefix == "layers." else "model.") + name] = tensor
+    for name, tensor in (decoder or {}).items():
+        if name.startswith("proj_out."):
+            state[name] = tensor
+    clone = copy.deepcopy(model)
+    missing = [k for k in state if k not in dict(clone.named_parameters(remove_duplicate=False))]
+    if missing:
+        raise CheckError(f"dequantized weights {missing[:3]} have no parameter in {type(model).__name__}")
+    with torch.no_grad():
+        params = dict(clone.named_parameters(remove_duplicate=False))
+        for name, tensor in state.items():
+            params[name].copy_(tensor)
+    return clone.eval()
+
+
+def _hf_greedy(model: nn.Module, features: torch.Tensor, start: list[int], steps: int) -> list[int]:
+    """Arg-max decoding with HF's own forward (what ``generate`` does without logits processors)."""
+    seq = list(start)
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(input_features=features, decoder_input_ids=torch.tensor([seq])).logits
+            seq.append(int(logits[0, -1].argmax()))
+    return seq[len(start) :]
+
+
+def _features(layout: Seq2SeqLayout, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, layout.mels, layout.frames, generator=g)
+
+
+def _decoder_example(layout: Seq2SeqLayout) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, layout.vocab, (1, 3), generator=g)
+    past = [torch.randn(t.shape, generator=g) for t in layout.empty_cache(5)]
+    cross = [torch.randn(1, layout.heads, layout.source, layout.head_dim, generator=g) for _ in past]
+    return (ids, *past, *cross)
+
+
+def _decoder_axes(layout: Seq2SeqLayout, context: int) -> dict[str, Any]:
+    cache = [f"in_cache_{t}_{i}" for i in range(layout.layers) for t in ("key", "value")]
+    return {"input_ids": {1: ("S", 1, context)}} | {n: {2: ("P", 1, context)} for n in cache}
+
+
+def _bounds(context: int) -> list[str]:
+    return [f"tract_assert P + S <= {context}", "tract_assert S >= 1", "tract_assert P >= 0"]
+
+
+def _properties(
+    model: nn.Module, layout: Seq2SeqLayout, context: int, precision: str, compress: str | None
+) -> dict[str, str | int | float]:
+    return {
+        "torchlower.version": __version__,
+        "torchlower.llm.model_type": str(model.config.model_type),
+        "torchlower.llm.architecture": type(model).__name__,
+        "torchlower.llm.layers": layout.layers,
+        "torchlower.llm.max_context": context,
+        "torchlower.llm.precision": precision,
+        "torchlower.llm.compress": compress or "none",
+    }
+
+
+def _generation(model: nn.Module) -> dict[str, Any]:
+    """What ``generate`` applies as HF's Whisper ``generate`` does: suppressed tokens (every
+    step), tokens suppressed at the first generated position, the end-of-text id."""
+    gen = getattr(model, "generation_config", None)
+
+    def ids(value: Any) -> list[int]:
+        return [int(v) for v in (value or [])]
+
+    eos = getattr(gen, "eos_token_id", None)
+    return {
+        "suppress_tokens": ids(getattr(gen, "suppress_tokens", None)),
+        "begin_suppress_tokens": ids(getattr(gen, "begin_suppress_tokens", None)),
+        "eos_token_id": ids([eos] if isinstance(eos, int) else eos),
+    }
+
+
+def _manifest(
+    model: nn.Module, layout: Seq2SeqLayout, context: int, precision: str, compress: str | None
+) -> dict[str, Any]:
+    """How the archives connect (docs/llm.md): the encoder's outputs are the decoder's cross inputs."""
+    config = model.config
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "model_type": str(config.model_type),
+        "architecture": type(model).__name__,
+        "encoder": {
+            "archive": ENCODER,
+            "inputs": {"input_features": [1, layout.mels, layout.frames]},
+            "outputs": layout.encoder_outputs(),
+        },
+        "decoder": {
+            "archive": DECODER,
+            "inputs": layout.decoder_inputs(),
+            "outputs": layout.decoder_outputs(),
+            "cross_inputs": layout.encoder_outputs(),
+        },
+        "max_context": context,
+        "generation": _generation(model),
+        "decoder_start_token_id": config.decoder_start_token_id,
+        "eos_token_id": config.eos_token_id,
+        "vocab_size": layout.vocab,
+        "precision": precision,
+        "compress": compress or "none",
+    }
