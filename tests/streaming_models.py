@@ -202,6 +202,24 @@ class MFCCdBSpotter(MFCCSpotter):
     log_mels = False
 
 
+class MelDB(nn.Module):
+    """torchaudio's ``MelSpectrogram(center=False)`` → ``AmplitudeToDB(top_db=None)`` alone, as
+    shipped (without ``top_db`` the dB scale is elementwise)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from tests import torchvision_shim
+
+        torchvision_shim.install_torchaudio()
+        import torchaudio
+
+        self.mel = torchaudio.transforms.MelSpectrogram(16000, 400, hop_length=160, n_mels=40, center=False)
+        self.db = torchaudio.transforms.AmplitudeToDB(top_db=None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.db(self.mel(x))
+
+
 class CenteredSTFT(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -23,6 +23,7 @@ from tests.streaming_models import (
     KeywordSpotter,
     LSTMTagger,
     LSTMWithState,
+    MelDB,
     MFCCdBSpotter,
     MFCCSpotter,
     NormPoolSlice,
@@ -49,6 +50,7 @@ ZOO = [
     ("convstft_denoiser", ConvSTFTDenoiser, (1, 1, 512), {"x": {2: "T"}}, 64, 32, 48),
     ("stft_denoiser", STFTDenoiser, (1, 512), {"x": {1: "T"}}, 64, 32, 48),  # torch.stft / torch.istft
     ("torchaudio_mfcc", MFCCSpotter, (1, 4000), {"x": {1: "T"}}, 160, 320, 2),  # 10 and 20 ms
+    ("torchaudio_mel_db", MelDB, (1, 4000), {"x": {1: "T"}}, 320, 160, 2),
 ]
 
 
