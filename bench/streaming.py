@@ -38,6 +38,8 @@ CASES: dict[str, tuple[Any, tuple[int, ...], dict, int, tuple[int, int]]] = {
     "LSTM tagger (frames)": (zoo.LSTMTagger, (1, 40, 8), {"x": {1: "T"}}, 100, (1, 2)),
     "strided depthwise (frames, stride 2)": (zoo.StridedDepthwise, (1, 8, 64), {"x": {2: "T"}}, 100, (2, 4)),
     "ConvSTFT denoiser (16 kHz)": (zoo.ConvSTFTDenoiser, (1, 1, 512), {"x": {2: "T"}}, 16000, (160, 320)),
+    "stft/istft denoiser (16 kHz)": (zoo.STFTDenoiser, (1, 512), {"x": {1: "T"}}, 16000, (160, 320)),
+    "torchaudio MFCC + GRU (16 kHz)": (zoo.MFCCSpotter, (1, 4000), {"x": {1: "T"}}, 16000, (160, 320)),
     "running sum (frames)": (zoo.RunningSum, (1, 4, 64), {"x": {2: "T"}}, 100, (1, 2)),
 }
 

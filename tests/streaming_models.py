@@ -125,7 +125,8 @@ class ConvSTFTDenoiser(nn.Module):
     """STFT → mask → iSTFT written with real convolutions (DCCRN's ConvSTFT / ConviSTFT): a
     strided Conv1d with the windowed DFT basis, a mask from the magnitudes, and a
     ConvTranspose1d overlap-add with the inverse basis (torch.istft itself needs a static frame
-    count in torchlower today)."""
+    count in torchlower until the complex-tensor work; ``STFTDenoiser`` is the same
+    with ``torch.stft`` / ``torch.istft``)."""
 
     def __init__(self, n_fft: int = 64, hop: int = 16) -> None:
         super().__init__()
@@ -146,6 +147,77 @@ class ConvSTFTDenoiser(nn.Module):
         gain = torch.sigmoid(self.mask(torch.sqrt(re * re + im * im + 1e-8)))
         masked = torch.cat([re * gain, im * gain], dim=1)
         return F.conv_transpose1d(masked, self.inverse_basis, stride=self.hop)
+
+
+class STFTDenoiser(nn.Module):
+    """``torch.stft(center=False, return_complex=True)`` → a real mask (sigmoid of a 1×1 conv over
+    |X|) → complex multiply → ``torch.istft(center=False)``; hop 16 divides n_fft 64. The window is
+    the sine window (the square root of a Hann shifted by half a sample): a periodic sqrt-Hann is 0
+    at sample 0, which ``torch.istft``'s NOLA check rejects with ``center=False``."""
+
+    def __init__(self, n_fft: int = 64, hop: int = 16) -> None:
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop
+        self.register_buffer("window", torch.sin(torch.pi * (torch.arange(n_fft) + 0.5) / n_fft))
+        self.mask = nn.Conv1d(n_fft // 2 + 1, n_fft // 2 + 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spec = torch.stft(
+            x, self.n_fft, hop_length=self.hop, window=self.window, center=False, return_complex=True
+        )
+        gain = torch.sigmoid(self.mask(spec.abs()))  # (B, F, frames), real
+        return torch.istft(spec * gain, self.n_fft, hop_length=self.hop, window=self.window, center=False)
+
+
+class MFCCSpotter(nn.Module):
+    """torchaudio's ``MFCC`` as shipped (16 kHz, 25 ms window, 10 ms hop, ``center=False``) →
+    causal conv → GRU → per-frame logits. ``log_mels=True``: the default dB scale clamps every value
+    to ``top_db`` below the maximum over the whole spectrogram, which cannot stream."""
+
+    log_mels = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        from tests import torchvision_shim
+
+        torchvision_shim.install_torchaudio()
+        import torchaudio
+
+        melkwargs = {"n_fft": 400, "hop_length": 160, "n_mels": 40, "center": False}
+        self.mfcc = torchaudio.transforms.MFCC(16000, 13, melkwargs=melkwargs, log_mels=self.log_mels)
+        self.conv, self.gru, self.out = (
+            nn.Conv1d(13, 16, 3),
+            nn.GRU(16, 12, batch_first=True),
+            nn.Linear(12, 4),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(F.pad(self.mfcc(x), (2, 0))))
+        return self.out(self.gru(h.transpose(1, 2))[0])
+
+
+class MFCCdBSpotter(MFCCSpotter):
+    """The default ``MFCC`` (dB scale with ``top_db=80``: a max over the whole input)."""
+
+    log_mels = False
+
+
+class MelDB(nn.Module):
+    """torchaudio's ``MelSpectrogram(center=False)`` → ``AmplitudeToDB(top_db=None)`` alone, as
+    shipped (without ``top_db`` the dB scale is elementwise)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from tests import torchvision_shim
+
+        torchvision_shim.install_torchaudio()
+        import torchaudio
+
+        self.mel = torchaudio.transforms.MelSpectrogram(16000, 400, hop_length=160, n_mels=40, center=False)
+        self.db = torchaudio.transforms.AmplitudeToDB(top_db=None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.db(self.mel(x))
 
 
 class CenteredSTFT(nn.Module):

@@ -23,9 +23,13 @@ from tests.streaming_models import (
     KeywordSpotter,
     LSTMTagger,
     LSTMWithState,
+    MelDB,
+    MFCCdBSpotter,
+    MFCCSpotter,
     NormPoolSlice,
     RunningSum,
     SelfAttention,
+    STFTDenoiser,
     StridedDepthwise,
     model_of,
 )
@@ -43,7 +47,10 @@ ZOO = [
     ("lstm_h0_c0", LSTMWithState, (1, 40, 8), {"x": {1: "T"}}, 4, 10, 0),
     ("norm_pool_slice", NormPoolSlice, (1, 8, 64), {"x": {2: "T"}}, 16, 4, 1),
     ("cumsum", RunningSum, (1, 4, 64), {"x": {2: "T"}}, 16, 7, 0),
-    ("stft_denoiser", ConvSTFTDenoiser, (1, 1, 512), {"x": {2: "T"}}, 64, 32, 48),
+    ("convstft_denoiser", ConvSTFTDenoiser, (1, 1, 512), {"x": {2: "T"}}, 64, 32, 48),
+    ("stft_denoiser", STFTDenoiser, (1, 512), {"x": {1: "T"}}, 64, 32, 48),  # torch.stft / torch.istft
+    ("torchaudio_mfcc", MFCCSpotter, (1, 4000), {"x": {1: "T"}}, 160, 320, 2),  # 10 and 20 ms
+    ("torchaudio_mel_db", MelDB, (1, 4000), {"x": {1: "T"}}, 320, 160, 2),
 ]
 
 
@@ -70,6 +77,8 @@ def test_zoo_streams_like_pytorch(
     tmp_path: Path, name: str, factory: type[nn.Module], shape: tuple[int, ...], axes: dict, pulse: int,
     second: int, delay: int,
 ) -> None:  # fmt: skip
+    if name.startswith("torchaudio"):
+        pytest.importorskip("torchaudio")
     model = model_of(factory)
     path = tmp_path / f"{name}.nnef.tgz"
     symbol = "T"
@@ -90,6 +99,22 @@ def test_zoo_streams_like_pytorch(
         e.max_abs <= e.tolerance / 10 for p in again.points for e in p.errors
     )
     assert len(again.points) == 3
+
+
+def test_torchaudio_mfcc_with_db_scale_is_a_streaming_error(tmp_path: Path) -> None:
+    """MFCC's default dB scale clamps to top_db below the max over the whole spectrogram: refused,
+    naming the max and torchaudio's AmplitudeToDB, never streamed with a per-chunk max."""
+    pytest.importorskip("torchaudio")
+    path = tmp_path / "mfcc_db.nnef.tgz"
+    with pytest.raises(
+        StreamingError,
+        match=r"module 'mfcc.amplitude_to_DB'.*max_reduce.*whole streaming axis.*AmplitudeToDB.forward at",
+    ):
+        torchlower.export(
+            model_of(MFCCdBSpotter), (torch.randn(1, 4000),), path, dynamic_axes={"x": {1: "T"}},
+            stream={"T": 160},
+        )  # fmt: skip
+    assert not path.exists()
 
 
 def test_stream_object_push_matches_whole_run(tmp_path: Path) -> None:

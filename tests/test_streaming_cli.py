@@ -14,32 +14,37 @@ import pytest
 import torch
 from torch import nn
 
-from tests.streaming_models import CausalTCN, ConvTasNet, model_of
+from tests.streaming_models import CausalTCN, ConvTasNet, STFTDenoiser, model_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 MODELS_PY = """
-from tests.streaming_models import CausalTCN, ConvTasNet, model_of
+from tests.streaming_models import CausalTCN, ConvTasNet, STFTDenoiser, model_of
 
 def tcn():
     return model_of(CausalTCN)
 
 def tasnet():
     return model_of(ConvTasNet)
+
+def stft_denoiser():
+    return model_of(STFTDenoiser)
 """
 
-# factory, example, streamed input, pulses (export, check, run), delay, output steps compared
+# factory, example, streaming axis, streamed input, pulses (export, check, run), delay, output steps
+# compared (the denoiser's last 48 samples: PyTorch's whole-input istft has fewer frames there)
 CLI_CASES = [
-    ("tcn", CausalTCN, "x:1x4x64", (1, 4, 100), ("16", "24", "32"), 0, 100),
-    ("tasnet", ConvTasNet, "x:1x1x256", (1, 1, 300), ("64", "16", "32"), 19, 260),
+    ("tcn", CausalTCN, "x:1x4x64", 2, (1, 4, 100), ("16", "24", "32"), 0, 100),
+    ("tasnet", ConvTasNet, "x:1x1x256", 2, (1, 1, 300), ("64", "16", "32"), 19, 260),
+    ("stft_denoiser", STFTDenoiser, "x:1x512", 1, (1, 300), ("64", "32", "160"), 48, 240),
 ]
 
 
-@pytest.mark.parametrize(("name", "factory", "example", "shape", "pulses", "delay", "compared"), CLI_CASES,
-                         ids=[c[0] for c in CLI_CASES])  # fmt: skip
+@pytest.mark.parametrize(("name", "factory", "example", "axis", "shape", "pulses", "delay", "compared"),
+                         CLI_CASES, ids=[c[0] for c in CLI_CASES])  # fmt: skip
 def test_cli_export_check_run_inspect(
-    tmp_path: Path, name: str, factory: type[nn.Module], example: str, shape: tuple[int, ...],
+    tmp_path: Path, name: str, factory: type[nn.Module], example: str, axis: int, shape: tuple[int, ...],
     pulses: tuple[str, str, str], delay: int, compared: int,
 ) -> None:  # fmt: skip
     (tmp_path / "zoo_models.py").write_text(MODELS_PY)
@@ -54,7 +59,7 @@ def test_cli_export_check_run_inspect(
         return json.loads(proc.stdout)
 
     exported = cli(
-        "export", f"zoo_models:{name}", "--input", example, "--dynamic", "x:2=T", "-o", "t.nnef.tgz",
+        "export", f"zoo_models:{name}", "--input", example, "--dynamic", f"x:{axis}=T", "-o", "t.nnef.tgz",
         "--stream", f"T={pulses[0]}",
     )  # fmt: skip
     assert exported["stream"]["pulse"] == int(pulses[0]) and exported["stream"]["delay"] == delay
@@ -70,5 +75,6 @@ def test_cli_export_check_run_inspect(
     with np.load(tmp_path / "out.npz") as data:
         got = data["output"]
     want = model_of(factory)(torch.from_numpy(x)).detach().numpy()
-    assert got.shape[2] == shape[2]  # the steps the input covers, delay dropped
-    assert np.abs(got[..., :compared] - want[..., :compared]).max() < 1e-5
+    assert got.shape[axis] == shape[axis]  # the steps the input covers, delay dropped
+    head = np.arange(compared)
+    assert np.abs(np.take(got, head, axis) - np.take(want, head, axis)).max() < 1e-5
