@@ -25,7 +25,7 @@ from torchlower.core import model_io
 from torchlower.core import tolerance as tolerances
 from torchlower.errors import InvalidArgumentError
 from torchlower.nnef import quant
-from torchlower.pipeline import verification
+from torchlower.pipeline import float64, verification
 
 
 @dataclass
@@ -128,6 +128,7 @@ def check(
 
     original = run({}) if ref.params else None
     outcome = verification.check_points(
-        folder, points, run(ref.params), names, tol, original, f"the {ref.comparison}", target
-    )
+        folder, points, run(ref.params), names, tol, original, f"the {ref.comparison}", target,
+        wide=float64.reference(module, ref.params),
+    )  # fmt: skip
     return Result(outcome.points, outcome.original, outcome.first_outputs, ref.comparison)

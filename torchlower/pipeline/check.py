@@ -18,7 +18,7 @@ from torchlower.core.comparison import OutputError, compare
 from torchlower.errors import CheckError
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.tract import run_in_tract
-from torchlower.pipeline import verification
+from torchlower.pipeline import float64, verification
 
 log = logging.getLogger("torchlower")
 
@@ -57,11 +57,12 @@ def check_export(
     if spec is not None:
         for size in spec.check_points():
             points.append(verification.Point(size_label(size), spec.example_at(example, size)))
+    wide = float64.reference(module, dequantized)
     if dequantized is None:
-        outcome = verification.check_points(artifact, points, run, names, tol, shown=shown)
+        outcome = verification.check_points(artifact, points, run, names, tol, shown=shown, wide=wide)
     else:
         outcome = verification.check_points(
-            artifact, points, run_dequantized, names, tol, original=run, shown=shown
+            artifact, points, run_dequantized, names, tol, original=run, shown=shown, wide=wide
         )
     for size, why in spec.skipped if spec is not None else []:
         shapes = [tuple(t.shape) for t in spec.example_at(example, size)]

@@ -18,13 +18,13 @@ at) is skipped and reported as such, never counted as checked.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from torchlower.core.comparison import OutputError, compare
+from torchlower.core.comparison import OutputError, compare, judge
 from torchlower.errors import CheckError
 from torchlower.nnef.tract import run_points_in_tract
 
@@ -116,6 +116,7 @@ def check_points(
     original: Reference | None = None,
     against: str = "PyTorch",
     shown: Path | None = None,
+    wide: Reference | None = None,
 ) -> Outcome:
     """Run ``artifact`` at every point (one tract load) and compare with ``reference``.
 
@@ -123,6 +124,8 @@ def check_points(
     (``against`` names the reference, ``shown`` the path the user knows the artifact by).
     ``original`` (compressed exports): the same tract outputs compared with the original
     model too — informative, it never fails the check.
+    ``wide``: ``reference`` in float64 (``pipeline/float64.py``); an output off beyond tolerance
+    at a point is judged against it there (``comparison.judge``): ill-conditioned, or wrong.
     """
     checked: list[CheckPoint] = []
     wanted: list[tuple[Point, list[np.ndarray]]] = []
@@ -156,6 +159,8 @@ def check_points(
     for cp, (p, want), got in zip(live, wanted, actual, strict=True):
         labelled = [n if p is points[0] else f"{n} ({p.label})" for n in names]
         cp.errors = compare(labelled, want, got, tolerance(want))
+        if wide is not None and not cp.ok:
+            cp.errors = _judged(cp.errors, p.inputs, want, got, wide)
     originals: list[CheckPoint] = []
     if original is not None:
         for cp, (p, _), got in zip(live, wanted, actual, strict=True):
@@ -164,9 +169,35 @@ def check_points(
             originals.append(CheckPoint(cp.label, cp.inputs, compare(labelled, want, got, float("inf"))))
     bad = [e for cp in live for e in cp.errors if not e.ok]
     if bad:
-        detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
+        detail = "; ".join(failure(e) for e in bad)
         raise CheckError(f"{shown or artifact}: tract disagrees with {against} — {detail}", bad)
     return Outcome(checked, originals, actual[0] if actual else [])
+
+
+def failure(e: OutputError) -> str:
+    """One failing output in words: its error, and what the float64 judge found (if it ran)."""
+    return f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" + (f" ({e.note})" if e.note else "")
+
+
+def _judged(
+    errors: list[OutputError],
+    inputs: Sequence[torch.Tensor],
+    want: Sequence[np.ndarray],
+    got: Sequence[np.ndarray],
+    wide: Reference,
+) -> list[OutputError]:
+    """The outputs off beyond tolerance at one point, judged against float64 PyTorch there."""
+    try:
+        exact = [t.detach().numpy() for t in _eager(wide, inputs)]
+    except Exception as exc:
+        why = (
+            f"float64 PyTorch cannot run the model ({type(exc).__name__}: {_first_line(exc)}),"
+            " so this point is judged against torch-f32 alone"
+        )
+        return [e if e.ok else replace(e, note=why) for e in errors]
+    if len(exact) != len(want):
+        return [e if e.ok else replace(e, note="float64 PyTorch returns other outputs") for e in errors]
+    return [e if e.ok else judge(e, w, x, g) for e, w, x, g in zip(errors, want, exact, got, strict=True)]
 
 
 def _all_finite(a: np.ndarray) -> bool:
