@@ -18,6 +18,7 @@ from torch import nn
 import torchlower
 from torchlower.core.comparison import NOISE_FACTOR, OutputError, judge
 from torchlower.errors import CheckError
+from torchlower.pipeline import verification
 
 
 def inverse3(m: torch.Tensor) -> torch.Tensor:
@@ -128,3 +129,50 @@ def test_judge_never_passes_tract_further_off_than_torch() -> None:
     assert not calm.ok  # well-conditioned: no allowance at all
     nan = judge(plain, want, exact, np.array([np.nan, 1.0], dtype=np.float32))
     assert not nan.ok
+
+
+class Inverse(nn.Module):
+    def forward(self, m: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.inv(m)
+
+
+class Inverse3(nn.Module):
+    def forward(self, m: torch.Tensor) -> torch.Tensor:
+        return inverse3(m)
+
+
+def test_models_that_invert_get_well_conditioned_random_points(tmp_path: Path) -> None:
+    """An archive of the cofactor inverse checked against ``torch.linalg.inv``: the random
+    points are diagonally dominant (condition number a few units) and labelled so."""
+    m = torch.randn(16, 3, 3, generator=torch.Generator().manual_seed(3))
+    path = tmp_path / "inv.nnef.tgz"
+    plain = torchlower.export(Inverse3().eval(), m, path, frontend="jit")
+    assert all("well-conditioned" not in p.label for p in plain.points)  # no inverting ATen op
+    found = torchlower.check(path, [m.numpy()], model=Inverse())
+    labels = [p.label for p in found.points]
+    assert labels[0] == "given inputs" and len(labels) == 4
+    assert all(label.endswith("well-conditioned for linalg_inv_ex)") for label in labels[1:]), labels
+    assert found.ok
+    points = verification.random_points((m,), reference=lambda ins: [Inverse()(*ins)])
+    conds = torch.linalg.cond(torch.stack([p.inputs[0] for p in points]).double())
+    assert float(conds.max()) < 10, conds.max()
+    loose = verification.random_points((m,))  # without the reference: drawn as before
+    assert float(torch.linalg.cond(torch.stack([p.inputs[0] for p in loose]).double()).max()) > 10
+
+
+class Drifting(nn.Module):
+    """Not a function of its inputs: a float64 copy of it differs by far more than rounding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * float(self.calls)
+
+
+def test_a_stateful_model_gets_no_float64_allowance(tmp_path: Path) -> None:
+    with pytest.raises(CheckError, match="state or randomness") as caught:
+        torchlower.export(Drifting(), torch.randn(2, 3), tmp_path / "d.nnef.tgz", frontend="jit")
+    assert all(not e.ok and e.vs_float64 is None for e in caught.value.errors)

@@ -53,7 +53,7 @@ def check_export(
         return tolerances.quantized(want, builder.dequantized_steps)
 
     points = [verification.Point("example", example, None if dequantized else expected)]
-    points += verification.random_points(example)
+    points += verification.random_points(example, reference=run_dequantized if dequantized else run)
     if spec is not None:
         for size in spec.check_points():
             points.append(verification.Point(size_label(size), spec.example_at(example, size)))

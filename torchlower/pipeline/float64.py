@@ -18,29 +18,35 @@ from torch import nn
 
 from torchlower.core import model_io
 
-Reference = Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]
+Reference = Callable[[Sequence[torch.Tensor]], tuple[list[torch.Tensor], list[torch.Tensor]]]
 
 
 def reference(module: nn.Module, params: dict[str, torch.Tensor] | None = None) -> Reference:
-    """``module`` (with ``params`` replaced, if given) in float64, copied on first use."""
-    wide: list[nn.Module] = []
+    """``module`` (with ``params`` replaced, if given) as a fresh deep copy per call, run first
+    as it is and then cast to float64: ``(float32 outputs, float64 outputs)``. The first must
+    reproduce the check's own reference bit for bit, else the model is not a function of its
+    inputs (state, randomness) and its float64 distance says nothing about rounding."""
 
-    def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        if not wide:
-            wide.append(copy.deepcopy(module).double())
-        ins = tuple(widen(t) for t in inputs)
+    def run(inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        copied = copy.deepcopy(module)
+        same = model_io.flatten_outputs(_call(copied, params, tuple(inputs)))
+        wide = copied.double()
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)
         try:
-            if params:
-                out = torch.func.functional_call(wide[0], {k: widen(v) for k, v in params.items()}, ins)
-            else:
-                out = wide[0](*ins)
+            widened = {k: widen(v) for k, v in params.items()} if params else None
+            out = model_io.flatten_outputs(_call(wide, widened, tuple(widen(t) for t in inputs)))
         finally:
             torch.set_default_dtype(default)
-        return model_io.flatten_outputs(out)
+        return same, out
 
     return run
+
+
+def _call(
+    module: nn.Module, params: dict[str, torch.Tensor] | None, inputs: tuple[torch.Tensor, ...]
+) -> object:
+    return torch.func.functional_call(module, params, inputs) if params else module(*inputs)
 
 
 def widen(t: torch.Tensor) -> torch.Tensor:

@@ -116,13 +116,15 @@ def _ranking(func: object, args: tuple, kwargs: dict, out: object) -> Ranking | 
     return Ranking(name, ranked.numpy(), dim, indices.numpy(), kept.numpy(), as_np(values), distinct)
 
 
-def record(reference: Reference, inputs: Sequence[torch.Tensor]) -> list[Ranking | None]:
+def record(
+    reference: Reference, inputs: Sequence[torch.Tensor]
+) -> tuple[list[Ranking | None], list[np.ndarray]]:
     """Every ranking op ``reference`` runs at ``inputs`` (on copies; RNG and grad untouched),
-    in call order (None for one this module does not read, a 0-d argmax)."""
+    in call order (None for one this module does not read, a 0-d argmax), and its outputs."""
     recorder = _Recorder()
     with torch.no_grad(), torch.random.fork_rng(devices=[]), recorder:
-        reference([t.clone() for t in inputs])
-    return recorder.found
+        outputs = [t.detach().numpy() for t in reference([t.clone() for t in inputs])]
+    return recorder.found, outputs
 
 
 def tract_order(

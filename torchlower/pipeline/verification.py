@@ -27,7 +27,7 @@ import torch
 from torchlower.core.comparison import OutputError, compare, judge
 from torchlower.errors import CheckError
 from torchlower.nnef.tract import run_points_in_tract
-from torchlower.pipeline import ties
+from torchlower.pipeline import conditioning, float64, ties
 
 RANDOM_POINTS = 3  # fresh inputs checked besides the example
 _KEEP = 0.75  # share of integer elements kept from the example (ids and masks stay plausible)
@@ -58,12 +58,21 @@ class Point:
     expected: list[torch.Tensor] | None = None  # already known (the example's outputs)
 
 
-def random_points(example: Sequence[torch.Tensor], count: int = RANDOM_POINTS) -> list[Point]:
-    """``count`` input sets resembling ``example`` (see the module docstring), seeds fixed."""
+def random_points(
+    example: Sequence[torch.Tensor], count: int = RANDOM_POINTS, reference: Reference | None = None
+) -> list[Point]:
+    """``count`` input sets resembling ``example`` (see the module docstring), seeds fixed.
+    With ``reference``: square float inputs are drawn well-conditioned when the model inverts
+    matrices (``pipeline/conditioning.py``), and the labels say so."""
+    inverts = conditioning.inverting_ops(reference, example) if reference is not None else []
+    square = [conditioning.is_square(t) for t in example] if inverts else [False] * len(example)
+    said = f", well-conditioned for {', '.join(inverts)}" if any(square) else ""
     out = []
     for k in range(1, count + 1):
         g = torch.Generator().manual_seed(SEED + k)
-        out.append(Point(f"random {k} (seed {SEED + k})", tuple(like(t, g) for t in example)))
+        drawn = [like(t, g) for t in example]
+        drawn = [conditioning.well_conditioned(d) if s else d for d, s in zip(drawn, square, strict=True)]
+        out.append(Point(f"random {k} (seed {SEED + k}{said})", tuple(drawn)))
     return out
 
 
@@ -117,7 +126,7 @@ def check_points(
     original: Reference | None = None,
     against: str = "PyTorch",
     shown: Path | None = None,
-    wide: Reference | None = None,
+    wide: float64.Reference | None = None,
 ) -> Outcome:
     """Run ``artifact`` at every point (one tract load) and compare with ``reference``.
 
@@ -191,10 +200,10 @@ def _untied(
 ) -> list[OutputError]:
     """The outputs off beyond tolerance at one point, passed where tied values explain them."""
     try:
-        rankings = ties.record(reference, inputs)
+        rankings, outputs = ties.record(reference, inputs)
     except Exception:  # the reference ran there a moment ago; a recorder it rejects explains nothing
         return errors
-    if not any(rankings):
+    if not any(rankings) or not reproduces(outputs, want):  # not a function of its inputs: no ties
         return errors
     order = ties.tract_order(rankings, want, got)
     if order:  # the model run again with tract's order of the tied values: compared plainly
@@ -216,20 +225,37 @@ def _judged(
     inputs: Sequence[torch.Tensor],
     want: Sequence[np.ndarray],
     got: Sequence[np.ndarray],
-    wide: Reference,
+    wide: float64.Reference,
 ) -> list[OutputError]:
     """The outputs off beyond tolerance at one point, judged against float64 PyTorch there."""
     try:
-        exact = [t.detach().numpy() for t in _eager(wide, inputs)]
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            same, exact = wide([t.clone() for t in inputs])
     except Exception as exc:
         why = (
             f"float64 PyTorch cannot run the model ({type(exc).__name__}: {_first_line(exc)}),"
             " so this point is judged against torch-f32 alone"
         )
         return [e if e.ok else replace(e, note=why) for e in errors]
+    if not reproduces([t.detach().numpy() for t in same], want):
+        why = (
+            "a copy of the model gives other float32 outputs here (state or randomness): no float64 judgement"
+        )
+        return [e if e.ok else replace(e, note=why) for e in errors]
     if len(exact) != len(want):
         return [e if e.ok else replace(e, note="float64 PyTorch returns other outputs") for e in errors]
-    return [e if e.ok else judge(e, w, x, g) for e, w, x, g in zip(errors, want, exact, got, strict=True)]
+    return [
+        e if e.ok or w.dtype.kind != "f" else judge(e, w, x.detach().numpy(), g)
+        for e, w, x, g in zip(errors, want, exact, got, strict=True)
+    ]
+
+
+def reproduces(outputs: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> bool:
+    """``outputs`` are ``want`` bit for bit (NaN where NaN): the model ran as a function."""
+    return len(outputs) == len(want) and all(
+        o.shape == w.shape and o.dtype == w.dtype and np.array_equal(o, w, equal_nan=o.dtype.kind in "fc")
+        for o, w in zip(outputs, want, strict=True)
+    )
 
 
 def _all_finite(a: np.ndarray) -> bool:
