@@ -33,9 +33,12 @@ def test_export_checks_the_example_and_three_random_points(tmp_path: Path) -> No
     assert [id(p) for p in model.parameters()] == params
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     labels = [p.label for p in report.points]
-    assert labels == ["example", "random 1 (seed 1301)", "random 2 (seed 1302)", "random 3 (seed 1303)"]
-    assert all(p.ok and len(p.errors) == 1 and p.errors[0].max_abs < 1e-4 for p in report.points)
-    assert [e.name for e in report.errors] == ["output"] + [f"output ({label})" for label in labels[1:]]
+    randoms = ["random 1 (seed 1301)", "random 2 (seed 1302)", "random 3 (seed 1303)"]
+    assert labels == ["example", *randoms, "special values"]
+    assert report.points[-1].skipped is not None and "NaN" in report.points[-1].skipped  # NaN spreads
+    checked = report.points[:-1]
+    assert all(p.ok and len(p.errors) == 1 and p.errors[0].max_abs < 1e-4 for p in checked)
+    assert [e.name for e in report.errors] == ["output"] + [f"output ({label})" for label in randoms]
     again = torchlower.export(model, x, tmp_path / "n.nnef.tgz", frontend="jit")
     assert [p.errors for p in again.points] == [p.errors for p in report.points]  # fixed seeds
 
@@ -128,7 +131,7 @@ def test_check_model_on_f16_archive_uses_the_f16_tolerance(tmp_path: Path) -> No
     model, x = MLP().eval(), torch.randn(4, 64)
     report = torchlower.export(model, x, tmp_path / "h.nnef.tgz", precision="f16")
     result = torchlower.check(report.path, [x.numpy()], model=model)
-    assert result.ok and len(result.points) == 4
+    assert result.ok and len(result.points) == 5  # given, 3 random, special values
     assert result.errors[0].tolerance == pytest.approx(report.errors[0].tolerance)
 
 

@@ -127,7 +127,7 @@ def check(
 
     original = run({}) if ref.params else None
     drawn = verification.random_points(first, reference=run(ref.params))
-    points = [verification.Point("given inputs", first), *drawn]
+    points = [verification.Point("given inputs", first), *drawn, *verification.special_point(first)]
     outcome = verification.check_points(
         folder, points, run(ref.params), names, tol, original, f"the {ref.comparison}", target,
         wide=float64.reference(module, ref.params),

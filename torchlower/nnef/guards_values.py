@@ -12,13 +12,17 @@ steers around (measured with the ``tract`` Python package on a one-op graph):
   of the sigmoid alone ([1, 64, 56, 56]: 2.4–4.5 ms → 6.2 ms single-threaded, loaded machine).
 - ``nan_extrema`` (before ``wide_extrema``): tract's ``max_reduce`` / ``min_reduce`` skip NaN
   (``max([1, NaN, 3])`` is 3; torch NaN). The row's NaN is brought back with
-  ``select(isnan(s), s, reduce(x))``, ``s`` the sum of ``x``'s NaNs (zeros elsewhere).
+  ``select(isnan(s), s, reduce(x))``, ``s`` the sum of ``x``'s NaNs (zeros elsewhere). Not in
+  ``precision="f16"`` graphs (left as tract computes it there).
 - ``nan_tanh``: tract's ``tanh(NaN)`` is -0.9999994 (torch NaN): ``select(isnan(x), x, tanh(x))``.
-- ``nan_min_max``: tract's binary ``max`` / ``min`` return the other operand for a NaN
-  (``max(NaN, 0.0)`` is 0, so ``clamp`` too): the NaN operand is selected back.
+- ``nan_min_max`` (written, **not applied**): tract's binary ``max`` / ``min`` return the other
+  operand for a NaN (``max(NaN, 0.0)`` is 0, so ``clamp`` too). Selecting the NaN back on every
+  graph broke rules that rely on that very behaviour (``log1p``'s ``min(x / gap, 2)`` turns
+  inf/inf into 2, so ``log1p(inf)`` became NaN): it needs the clamp / maximum / minimum rules
+  to mark their own min / max first.
 
-Left as tract computes it (docs/reliability.md): ``relu`` of NaN (0), ``argmax`` / ``argmin``
-skipping NaN, ``max_pool`` windows (pooling, not reductions).
+Left as tract computes it (docs/reliability.md): ``relu``, ``clamp``, ``maximum`` / ``minimum``
+of NaN, ``argmax`` / ``argmin`` skipping NaN, ``max_pool`` windows (pooling, not reductions).
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ _COMPARISONS = {"gt", "ge", "lt", "le", "eq", "ne"}
 
 def apply_before_passes(b: NNEFBuilder) -> None:
     """Every guard of this module (before ``wide_extrema``, which widens the reduction kept)."""
-    nan_min_max(b)  # first: the sigmoid form's own min needs no guard (|x| keeps the NaN)
     nan_extrema(b)
     accurate_sigmoid(b)
     nan_tanh(b)
@@ -89,6 +92,8 @@ def nan_extrema(b: NNEFBuilder) -> bool:
     """Float ``max_reduce`` / ``min_reduce``: a row holding NaN gives NaN. Not where only
     comparisons read the result (attention's test for fully masked rows, which
     ``nnef/fusions.py`` recognizes and drops: the softmax there carries the NaN anyway)."""
+    if b.precision == "f16":  # values are typed f32 until the f16 pass: no typed constant fits
+        return False
     readers: dict[str, set[str]] = {}
     for a in b.assignments:
         for v in a.args:
@@ -104,11 +109,14 @@ def nan_extrema(b: NNEFBuilder) -> bool:
         if y.dtype != x.dtype:
             return None
         n, isnan = _isnan(b, x, a.scope)
+        rank = len(x.shape) if x.shape is not None else 0
+        zero, define = edit.variable(b, torch.zeros([1] * rank, dtype=x.dtype), f"constants/{y.name}_zero")
         only, s, r, bad = (_fresh(b, x, "nan_only"), _fresh(b, y, "nans"), _fresh(b, y, "kept"),
                            _fresh(b, y, "has_nan", torch.bool))  # fmt: skip
         return [
             isnan,
-            Assignment([only], "select", [n, x, 0.0], {}, a.scope),
+            define,  # a typed zero: tract's select takes no f32 literal beside an f16 tensor
+            Assignment([only], "select", [n, x, zero], {}, a.scope),
             Assignment([s], "sum_reduce", [only], dict(a.attrs), a.scope),
             Assignment([r], a.op, [x], dict(a.attrs), a.scope),
             Assignment([bad], "tract_core_is_nan", [s], {}, a.scope),

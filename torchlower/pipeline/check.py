@@ -34,10 +34,12 @@ def check_export(
     builder: NNEFBuilder,
     dequantized: dict[str, torch.Tensor] | None,
     shown: Path,
+    special: bool = False,
 ) -> verification.Outcome:
     """The artifact checked at every point; compressed exports compare with the dequantized
     model (and report the original model's error beside it). ``shown`` is the path messages
-    name (the user's, not the staging name)."""
+    name (the user's, not the staging name). ``special``: the special-values point always
+    counts (``check="special"``), not only where torch's outputs there are finite."""
 
     def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return model_io.flatten_outputs(module(*inputs))
@@ -54,6 +56,7 @@ def check_export(
 
     points = [verification.Point("example", example, None if dequantized else expected)]
     points += verification.random_points(example, reference=run_dequantized if dequantized else run)
+    points += verification.special_point(example, strict=special)
     if spec is not None:
         for size in spec.check_points():
             points.append(verification.Point(size_label(size), spec.example_at(example, size)))

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from torchlower.core.comparison import OutputError, compare, judge
+from torchlower.core.tolerance import output_scale
 from torchlower.errors import CheckError
 from torchlower.nnef.tract import run_points_in_tract
-from torchlower.pipeline import conditioning, float64, ties
+from torchlower.pipeline import conditioning, float64, special, ties
 
 RANDOM_POINTS = 3  # fresh inputs checked besides the example
 _KEEP = 0.75  # share of integer elements kept from the example (ids and masks stay plausible)
@@ -56,6 +57,15 @@ class Point:
     label: str
     inputs: tuple[torch.Tensor, ...]
     expected: list[torch.Tensor] | None = None  # already known (the example's outputs)
+    special: str | None = None  # the special-values point: "auto" or "strict" (pipeline/special.py)
+
+
+def special_point(example: Sequence[torch.Tensor], strict: bool = False) -> list[Point]:
+    """The special-values point of ``example`` (none without float inputs)."""
+    if not special.has_float(example):
+        return []
+    mode = special.STRICT if strict else special.AUTO
+    return [Point(special.LABEL, tuple(special.with_specials(t) for t in example), special=mode)]
 
 
 def random_points(
@@ -151,7 +161,12 @@ def check_points(
             cp.skipped = f"PyTorch fails there ({type(exc).__name__}: {_first_line(exc)})"
             continue
         arrays = [t.detach().numpy() for t in outputs]
-        if p is points[0]:
+        if p.special == special.AUTO and (why := special.skip_reason(outputs)) is not None:
+            cp.skipped = why
+            continue
+        if p.special is not None:
+            pass  # compared position by position, NaN and infinities included
+        elif p is points[0]:
             finite = [_all_finite(a) for a in arrays]
         elif any(f and not _all_finite(a) for f, a in zip(finite, arrays, strict=False)):
             # a drawn input outside the model's domain (a fully masked row, log of a negative):
@@ -166,9 +181,13 @@ def check_points(
         text = str(exc) if shown is None else str(exc).replace(str(artifact.resolve()), str(shown))
         text = text if shown is None else text.replace(str(artifact), str(shown))
         raise CheckError(_name_input_set(text, [p.label for p, _ in wanted]), exc.errors) from exc
+    base = wanted[0][1] if wanted else []  # the example's outputs: the special point's scale
     for cp, (p, want), got in zip(live, wanted, actual, strict=True):
         labelled = [n if p is points[0] else f"{n} ({p.label})" for n in names]
-        cp.errors = compare(labelled, want, got, tolerance(want))
+        if p.special is None:
+            cp.errors = compare(labelled, want, got, tolerance(want))
+        else:
+            cp.errors = compare(labelled, want, got, tolerance(base), scale=output_scale(base))
         if not cp.ok:
             cp.errors = _untied(cp.errors, p.inputs, want, got, reference)
         if wide is not None and not cp.ok:
