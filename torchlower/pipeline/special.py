@@ -5,8 +5,8 @@ Random points drawn like the example never reach these values, where tract and t
 (a reduction that drops NaN, a sigmoid with an absolute floor, a cast of inf). The point is
 compared position by position (NaN where torch has NaN, the same infinity where torch has one):
 
-- ``check=True`` (the default): counted when torch's own outputs there are all finite (the
-  model clamps, masks or saturates the special values away); otherwise listed as skipped,
+- ``check=True`` (the default): counted when torch's own outputs there are all finite floats
+  (the model clamps, masks or saturates the special values away); otherwise listed as skipped,
   with the count of torch's non-finite elements — a NaN in an input usually spreads, and
   tract's ``relu`` / pooling of NaN are documented differences (docs/reliability.md);
 - ``check="special"``: always counted, so every difference at NaN / inf refuses the export.
@@ -49,7 +49,13 @@ def has_float(example: Sequence[torch.Tensor]) -> bool:
 
 
 def skip_reason(outputs: Sequence[torch.Tensor]) -> str | None:
-    """Why the default check does not count this point: torch's outputs are not all finite."""
+    """Why the default check does not count this point: torch's outputs are not all finite, or
+    not all floats (an index or a comparison of NaN is the kernel's choice: argmax of a NaN row)."""
+    if not all(t.is_floating_point() for t in outputs):
+        return (
+            "integer or bool outputs at NaN / inf inputs depend on the kernel (argmax, casts);"
+            " check='special' compares them position by position"
+        )
     bad = sum(int((~torch.isfinite(t)).sum()) for t in outputs if t.is_floating_point() or t.is_complex())
     if not bad:
         return None
