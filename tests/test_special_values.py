@@ -78,13 +78,18 @@ def test_special_values_point_counts_where_torch_is_finite(frontend: str, tmp_pa
     assert [e.name for e in point.errors] == ["output_0 (special values)", "output_1 (special values)"]
 
 
-def test_special_values_point_refuses_a_dropped_nan(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Without the NaN guard on max_reduce, tract's amax skips the NaN: the check says so."""
+def test_special_values_point_finds_a_dropped_nan(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without the NaN guard on max_reduce, tract's amax skips the NaN: the default check lists
+    the difference (never a ✓), the strict one refuses the archive."""
     from torchlower.nnef import guards_values
 
     monkeypatch.setattr(guards_values, "nan_extrema", lambda b: False)
+    x = torch.randn(3, 40)
+    report = torchlower.export(Cleaned().eval(), x, tmp_path / "c.nnef.tgz", frontend="jit")
+    point = report.points[-1]
+    assert not point.ok and "tract differs from PyTorch at special values (output_0" in (point.skipped or "")
     with pytest.raises(CheckError, match=r"output_0 \(special values\)"):
-        torchlower.export(Cleaned().eval(), torch.randn(3, 40), tmp_path / "c.nnef.tgz", frontend="jit")
+        torchlower.export(Cleaned().eval(), x, tmp_path / "s.nnef.tgz", frontend="jit", check="special")
 
 
 class Relu(nn.Module):

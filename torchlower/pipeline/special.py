@@ -5,16 +5,18 @@ Random points drawn like the example never reach these values, where tract and t
 (a reduction that drops NaN, a sigmoid with an absolute floor, a cast of inf). The point is
 compared position by position (NaN where torch has NaN, the same infinity where torch has one):
 
-- ``check=True`` (the default): counted when torch's own outputs there are all finite floats
-  (the model clamps, masks or saturates the special values away); otherwise listed as skipped,
-  with the count of torch's non-finite elements — a NaN in an input usually spreads, and
-  tract's ``relu`` / pooling of NaN are documented differences (docs/reliability.md);
+- ``check=True`` (the default): compared when torch's own outputs there are all finite floats
+  (the model clamps, masks or saturates the special values away), and then either ✓ or listed
+  as skipped *with the difference found* (never failing: a model that never sees NaN must
+  not be refused for ``sign(NaN)``); otherwise listed as skipped with the count of torch's
+  non-finite elements — a NaN in an input usually spreads, and tract's ``relu`` / pooling of
+  NaN are documented differences (docs/reliability.md);
 - ``check="special"``: always counted, so every difference at NaN / inf refuses the export.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -62,4 +64,12 @@ def skip_reason(outputs: Sequence[torch.Tensor]) -> str | None:
     return (
         f"PyTorch's output is NaN or ±inf at {bad} position(s) here; check='special' compares"
         " them position by position"
+    )
+
+
+def difference(failures: Iterable[str]) -> str:
+    """The skip reason of a default special-values point where tract differs from torch."""
+    return (
+        f"tract differs from PyTorch at special values ({'; '.join(failures)}); not counted by default"
+        " (check='special' refuses it; docs/reliability.md lists the known differences)"
     )
