@@ -26,7 +26,7 @@ import torch
 
 import torchlower
 from tests.fuzz_models import BatchModel, Case, batch_inputs, output_owner
-from torchlower.core.comparison import compare
+from torchlower.core.comparison import compare, float32_noise
 from torchlower.errors import CheckError, TorchlowerError
 from torchlower.pipeline.export import FRONTENDS
 
@@ -119,11 +119,9 @@ def run_float64(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> li
 
 
 def noise(want: np.ndarray, exact: np.ndarray | None) -> float:
-    """max |float32 − float64| over the elements finite in both (0 where not comparable)."""
-    if exact is None or want.dtype.kind != "f" or exact.shape != want.shape:
-        return 0.0
-    both = np.isfinite(want) & np.isfinite(exact)
-    return float(np.abs(want[both].astype(np.float64) - exact[both]).max(initial=0.0))
+    """max |float32 − float64| over the elements finite in both (0 where not comparable); the
+    export check's float64 judge uses the same measure (``torchlower.core.comparison``)."""
+    return float32_noise(want, exact)
 
 
 def f32_noise(cases: list[Case], want: list[np.ndarray]) -> list[float]:

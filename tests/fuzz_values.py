@@ -29,7 +29,7 @@ import torchlower
 from tests.fuzz_harness import noise, run_float64
 from tests.fuzz_models import Case, CaseModule, cases
 from tests.fuzz_spec import Draw
-from torchlower.core.comparison import compare
+from torchlower.core.comparison import NOISE_FACTOR, compare
 from torchlower.errors import CheckError, TorchlowerError
 from torchlower.nnef.tract import run_points_in_tract
 from torchlower.pipeline.verification import like
@@ -229,7 +229,7 @@ def judge(k: int, want: np.ndarray, exact: np.ndarray | None, have: np.ndarray) 
         return "verified", ""
     e = None if exact is None else exact.astype(np.float64)
     f32 = noise(want, e)
-    judged = compare([f"out{k}"], [e], [have], tol + 4 * f32)[0] if e is not None else plain
+    judged = compare([f"out{k}"], [e], [have], tol + NOISE_FACTOR * f32)[0] if e is not None else plain
     if not judged.ok:
         if _only_where_torch_is_nan(want, have, tol):
             return "nan", f"output {k}: tract gives numbers only where torch float32 gives NaN"

@@ -33,9 +33,12 @@ def test_export_checks_the_example_and_three_random_points(tmp_path: Path) -> No
     assert [id(p) for p in model.parameters()] == params
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     labels = [p.label for p in report.points]
-    assert labels == ["example", "random 1 (seed 1301)", "random 2 (seed 1302)", "random 3 (seed 1303)"]
-    assert all(p.ok and len(p.errors) == 1 and p.errors[0].max_abs < 1e-4 for p in report.points)
-    assert [e.name for e in report.errors] == ["output"] + [f"output ({label})" for label in labels[1:]]
+    randoms = ["random 1 (seed 1301)", "random 2 (seed 1302)", "random 3 (seed 1303)"]
+    assert labels == ["example", *randoms, "special values"]
+    assert report.points[-1].skipped is not None and "NaN" in report.points[-1].skipped  # NaN spreads
+    checked = report.points[:-1]
+    assert all(p.ok and len(p.errors) == 1 and p.errors[0].max_abs < 1e-4 for p in checked)
+    assert [e.name for e in report.errors] == ["output"] + [f"output ({label})" for label in randoms]
     again = torchlower.export(model, x, tmp_path / "n.nnef.tgz", frontend="jit")
     assert [p.errors for p in again.points] == [p.errors for p in report.points]  # fixed seeds
 
@@ -112,11 +115,11 @@ def test_q4_0_cli_shows_both_errors_and_check_agrees(tmp_path: Path) -> None:
     out = tmp_path / "q.nnef.tgz"
     data = cli_json("export", "tests.cli_models:q4_mlp", "-o", out, "--input", "x:4x64", "--compress", "q4_0")
     assert data["comparison"].startswith("model with the dequantized q4_0 weights")
-    assert len(data["points"]) == 4 and all(e["ok"] and e["max_abs"] < 1e-4 for e in data["errors"])
+    assert len(data["points"]) == 5 and all(e["ok"] and e["max_abs"] < 1e-4 for e in data["errors"])
     assert len(data["original_errors"]) == 4
     assert all(e["max_abs"] > 1e-3 and "max_rel" in e for e in data["original_errors"])
     checked = cli_json("check", out, "--model", "tests.cli_models:q4_mlp")
-    assert "dequantized q4_0 weights" in checked["comparison"] and len(checked["points"]) == 4
+    assert "dequantized q4_0 weights" in checked["comparison"] and len(checked["points"]) == 5
     assert all(e["ok"] for e in checked["errors"]) and len(checked["original_errors"]) == 4
     table = cli("check", out, "--model", "tests.cli_models:q4_mlp")
     assert table.returncode == 0 and "quality loss" in table.stdout and "dequantized" in table.stdout
@@ -128,7 +131,7 @@ def test_check_model_on_f16_archive_uses_the_f16_tolerance(tmp_path: Path) -> No
     model, x = MLP().eval(), torch.randn(4, 64)
     report = torchlower.export(model, x, tmp_path / "h.nnef.tgz", precision="f16")
     result = torchlower.check(report.path, [x.numpy()], model=model)
-    assert result.ok and len(result.points) == 4
+    assert result.ok and len(result.points) == 5  # given, 3 random, special values
     assert result.errors[0].tolerance == pytest.approx(report.errors[0].tolerance)
 
 
@@ -156,7 +159,7 @@ def test_q4_0_with_dynamic_axes_checks_other_sizes(tmp_path: Path) -> None:
         model, x, tmp_path / "q.nnef.tgz", compress="q4_0", dynamic_axes={"input": {0: "B"}}
     )
     assert {"B=2", "B=8"} <= {p.label for p in report.points}
-    assert all(p.ok for p in report.points)
+    assert all(p.ok for p in report.points if p.label != "special values")
 
 
 # ---- no option is dropped silently --------------------------------------------------------

@@ -25,7 +25,7 @@ from torchlower.core import model_io
 from torchlower.core import tolerance as tolerances
 from torchlower.errors import InvalidArgumentError
 from torchlower.nnef import quant
-from torchlower.pipeline import verification
+from torchlower.pipeline import float64, verification
 
 
 @dataclass
@@ -110,7 +110,6 @@ def check(
     module = model_io.eval_view(model)
     ref = reference(art, module)
     first = tuple(torch.from_numpy(np.array(x, copy=True)) for x in inputs)
-    points = [verification.Point("given inputs", first), *verification.random_points(first)]
     names = art.output_names
     steps = tolerances.quant_steps(art.quant)
 
@@ -127,7 +126,10 @@ def check(
         return call
 
     original = run({}) if ref.params else None
+    drawn = verification.random_points(first, reference=run(ref.params))
+    points = [verification.Point("given inputs", first), *drawn, *verification.special_point(first)]
     outcome = verification.check_points(
-        folder, points, run(ref.params), names, tol, original, f"the {ref.comparison}", target
-    )
+        folder, points, run(ref.params), names, tol, original, f"the {ref.comparison}", target,
+        wide=float64.reference(module, ref.params),
+    )  # fmt: skip
     return Result(outcome.points, outcome.original, outcome.first_outputs, ref.comparison)

@@ -229,7 +229,7 @@ def render_checks(table: Table, data: dict[str, Any]) -> None:
             table.add_row(
                 f"check {e['name']}",
                 f"max abs {short(e['max_abs'])}, rel {short(e['max_rel'])}"
-                f" (tolerance {short(e['tolerance'])})  {mark}",
+                f" (tolerance {short(e['tolerance'])})  {mark}" + (f"  {e['note']}" if e.get("note") else ""),
             )
     for e in data["original_errors"]:
         table.add_row(

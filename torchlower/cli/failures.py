@@ -111,6 +111,7 @@ def output_error(e: Any) -> dict[str, Any]:
         "max_rel": _number(e.max_rel),
         "tolerance": _number(e.tolerance),
         "ok": bool(e.ok),
+        "note": getattr(e, "note", None),  # the float64 judge's / tie groups' finding, if any
     }
 
 

@@ -58,7 +58,7 @@ import torch
 
 from torchlower.core.values import Value
 from torchlower.nnef import graph_edit as edit
-from torchlower.nnef import text
+from torchlower.nnef import guards_values, text
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.guards_matmul import (
     broadcast_after_matmul,
@@ -96,6 +96,7 @@ def before_passes(b: NNEFBuilder) -> None:
     """The guards whose rewrite the passes should see (and may optimize further)."""
     if b.quantization:
         return
+    guards_values.apply_before_passes(b)  # NaN, ±inf and tails as torch (nnef/guards_values.py)
     wide_extrema(b)
 
 

@@ -18,7 +18,7 @@ from torchlower.core.comparison import OutputError, compare
 from torchlower.errors import CheckError
 from torchlower.nnef.builder import NNEFBuilder
 from torchlower.nnef.tract import run_in_tract
-from torchlower.pipeline import verification
+from torchlower.pipeline import float64, verification
 
 log = logging.getLogger("torchlower")
 
@@ -34,10 +34,12 @@ def check_export(
     builder: NNEFBuilder,
     dequantized: dict[str, torch.Tensor] | None,
     shown: Path,
+    special: bool = False,
 ) -> verification.Outcome:
     """The artifact checked at every point; compressed exports compare with the dequantized
     model (and report the original model's error beside it). ``shown`` is the path messages
-    name (the user's, not the staging name)."""
+    name (the user's, not the staging name). ``special``: the special-values point always
+    counts (``check="special"``), not only where torch's outputs there are finite."""
 
     def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return model_io.flatten_outputs(module(*inputs))
@@ -53,15 +55,17 @@ def check_export(
         return tolerances.quantized(want, builder.dequantized_steps)
 
     points = [verification.Point("example", example, None if dequantized else expected)]
-    points += verification.random_points(example)
+    points += verification.random_points(example, reference=run_dequantized if dequantized else run)
+    points += verification.special_point(example, strict=special)
     if spec is not None:
         for size in spec.check_points():
             points.append(verification.Point(size_label(size), spec.example_at(example, size)))
+    wide = float64.reference(module, dequantized)
     if dequantized is None:
-        outcome = verification.check_points(artifact, points, run, names, tol, shown=shown)
+        outcome = verification.check_points(artifact, points, run, names, tol, shown=shown, wide=wide)
     else:
         outcome = verification.check_points(
-            artifact, points, run_dequantized, names, tol, original=run, shown=shown
+            artifact, points, run_dequantized, names, tol, original=run, shown=shown, wide=wide
         )
     for size, why in spec.skipped if spec is not None else []:
         shapes = [tuple(t.shape) for t in spec.example_at(example, size)]

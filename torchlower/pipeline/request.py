@@ -33,7 +33,7 @@ class Request:
     frontend: str  # "auto" or one of FRONTENDS
     precision: str
     compress: str | None
-    check: bool
+    check: bool | str  # True, False or "special" (the special-values point always counts)
     tolerance: float | None
     allow_value_dependent: bool
     scripted: bool = False  # a TorchScript module: only the jit front end reads its graph
@@ -60,7 +60,7 @@ def request(
     input_names: Sequence[str] | None,
     output_names: Sequence[str] | None,
     frontend: str,
-    check: bool,
+    check: bool | str,
     tolerance: float | None,
     precision: str,
     compress: str | None,

@@ -42,8 +42,8 @@ def export_arguments(
     names_argument(output_names, "output_names")
     if not isinstance(frontend, str) or frontend not in frontends:
         raise InvalidArgumentError(f"frontend must be one of {tuple(frontends)}, got {frontend!r}")
-    if not isinstance(check, bool):
-        raise InvalidArgumentError(f"check must be True or False, got {check!r}")
+    if not isinstance(check, bool) and check != "special":
+        raise InvalidArgumentError(f"check must be True, False or 'special', got {check!r}")
     tolerance_argument(tolerance)
     if tolerance is not None and not check:
         raise InvalidArgumentError(

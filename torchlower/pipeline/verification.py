@@ -18,15 +18,17 @@ at) is skipped and reported as such, never counted as checked.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from torchlower.core.comparison import OutputError, compare
+from torchlower.core.comparison import OutputError, compare, judge
+from torchlower.core.tolerance import output_scale
 from torchlower.errors import CheckError
 from torchlower.nnef.tract import run_points_in_tract
+from torchlower.pipeline import conditioning, float64, special, ties
 
 RANDOM_POINTS = 3  # fresh inputs checked besides the example
 _KEEP = 0.75  # share of integer elements kept from the example (ids and masks stay plausible)
@@ -55,14 +57,32 @@ class Point:
     label: str
     inputs: tuple[torch.Tensor, ...]
     expected: list[torch.Tensor] | None = None  # already known (the example's outputs)
+    special: str | None = None  # the special-values point: "auto" or "strict" (pipeline/special.py)
 
 
-def random_points(example: Sequence[torch.Tensor], count: int = RANDOM_POINTS) -> list[Point]:
-    """``count`` input sets resembling ``example`` (see the module docstring), seeds fixed."""
+def special_point(example: Sequence[torch.Tensor], strict: bool = False) -> list[Point]:
+    """The special-values point of ``example`` (none without float inputs)."""
+    if not special.has_float(example):
+        return []
+    mode = special.STRICT if strict else special.AUTO
+    return [Point(special.LABEL, tuple(special.with_specials(t) for t in example), special=mode)]
+
+
+def random_points(
+    example: Sequence[torch.Tensor], count: int = RANDOM_POINTS, reference: Reference | None = None
+) -> list[Point]:
+    """``count`` input sets resembling ``example`` (see the module docstring), seeds fixed.
+    With ``reference``: square float inputs are drawn well-conditioned when the model inverts
+    matrices (``pipeline/conditioning.py``), and the labels say so."""
+    inverts = conditioning.inverting_ops(reference, example) if reference is not None else []
+    square = [conditioning.is_square(t) for t in example] if inverts else [False] * len(example)
+    said = f", well-conditioned for {', '.join(inverts)}" if any(square) else ""
     out = []
     for k in range(1, count + 1):
         g = torch.Generator().manual_seed(SEED + k)
-        out.append(Point(f"random {k} (seed {SEED + k})", tuple(like(t, g) for t in example)))
+        drawn = [like(t, g) for t in example]
+        drawn = [conditioning.well_conditioned(d) if s else d for d, s in zip(drawn, square, strict=True)]
+        out.append(Point(f"random {k} (seed {SEED + k}{said})", tuple(drawn)))
     return out
 
 
@@ -116,6 +136,7 @@ def check_points(
     original: Reference | None = None,
     against: str = "PyTorch",
     shown: Path | None = None,
+    wide: float64.Reference | None = None,
 ) -> Outcome:
     """Run ``artifact`` at every point (one tract load) and compare with ``reference``.
 
@@ -123,6 +144,8 @@ def check_points(
     (``against`` names the reference, ``shown`` the path the user knows the artifact by).
     ``original`` (compressed exports): the same tract outputs compared with the original
     model too — informative, it never fails the check.
+    ``wide``: ``reference`` in float64 (``pipeline/float64.py``); an output off beyond tolerance
+    at a point is judged against it there (``comparison.judge``): ill-conditioned, or wrong.
     """
     checked: list[CheckPoint] = []
     wanted: list[tuple[Point, list[np.ndarray]]] = []
@@ -138,7 +161,12 @@ def check_points(
             cp.skipped = f"PyTorch fails there ({type(exc).__name__}: {_first_line(exc)})"
             continue
         arrays = [t.detach().numpy() for t in outputs]
-        if p is points[0]:
+        if p.special == special.AUTO and (why := special.skip_reason(outputs)) is not None:
+            cp.skipped = why
+            continue
+        if p.special is not None:
+            pass  # compared position by position, NaN and infinities included
+        elif p is points[0]:
             finite = [_all_finite(a) for a in arrays]
         elif any(f and not _all_finite(a) for f, a in zip(finite, arrays, strict=False)):
             # a drawn input outside the model's domain (a fully masked row, log of a negative):
@@ -153,9 +181,20 @@ def check_points(
         text = str(exc) if shown is None else str(exc).replace(str(artifact.resolve()), str(shown))
         text = text if shown is None else text.replace(str(artifact), str(shown))
         raise CheckError(_name_input_set(text, [p.label for p, _ in wanted]), exc.errors) from exc
+    base = wanted[0][1] if wanted else []  # the example's outputs: the special point's scale
     for cp, (p, want), got in zip(live, wanted, actual, strict=True):
         labelled = [n if p is points[0] else f"{n} ({p.label})" for n in names]
-        cp.errors = compare(labelled, want, got, tolerance(want))
+        if p.special is None:
+            cp.errors = compare(labelled, want, got, tolerance(want))
+        else:
+            cp.errors = compare(labelled, want, got, tolerance(base), scale=output_scale(base))
+        if not cp.ok:
+            cp.errors = _untied(cp.errors, p.inputs, want, got, reference)
+        if wide is not None and not cp.ok:
+            cp.errors = _judged(cp.errors, p.inputs, want, got, wide)
+        if p.special == special.AUTO and not cp.ok:  # found, said, not counted (check="special" is)
+            cp.skipped = special.difference(failure(e) for e in cp.errors if not e.ok)
+            cp.errors = []
     originals: list[CheckPoint] = []
     if original is not None:
         for cp, (p, _), got in zip(live, wanted, actual, strict=True):
@@ -164,9 +203,81 @@ def check_points(
             originals.append(CheckPoint(cp.label, cp.inputs, compare(labelled, want, got, float("inf"))))
     bad = [e for cp in live for e in cp.errors if not e.ok]
     if bad:
-        detail = "; ".join(f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" for e in bad)
+        detail = "; ".join(failure(e) for e in bad)
         raise CheckError(f"{shown or artifact}: tract disagrees with {against} — {detail}", bad)
     return Outcome(checked, originals, actual[0] if actual else [])
+
+
+def failure(e: OutputError) -> str:
+    """One failing output in words: its error, and what the float64 judge found (if it ran)."""
+    return f"{e.name}: max abs {e.max_abs:.3g} > {e.tolerance:.3g}" + (f" ({e.note})" if e.note else "")
+
+
+def _untied(
+    errors: list[OutputError],
+    inputs: Sequence[torch.Tensor],
+    want: Sequence[np.ndarray],
+    got: Sequence[np.ndarray],
+    reference: Reference,
+) -> list[OutputError]:
+    """The outputs off beyond tolerance at one point, passed where tied values explain them."""
+    try:
+        rankings, outputs = ties.record(reference, inputs)
+    except Exception:  # the reference ran there a moment ago; a recorder it rejects explains nothing
+        return errors
+    if not any(rankings) or not reproduces(outputs, want):  # not a function of its inputs: no ties
+        return errors
+    order = ties.tract_order(rankings, want, got)
+    if order:  # the model run again with tract's order of the tied values: compared plainly
+        try:
+            again = compare([e.name for e in errors], ties.replay(reference, inputs, order), got, 0.0)
+        except Exception:
+            again = []
+        ops = ", ".join(sorted({r.op for k, r in enumerate(rankings) if k in order and r is not None}))
+        note = f"equal with tract's order of tied values ({ops}): PyTorch run again in that order"
+        errors = [
+            replace(e, tied=True, note=note) if not e.ok and a.max_abs <= e.tolerance else e
+            for e, a in zip(errors, again or errors, strict=True)
+        ]
+    return [e if e.ok else ties.untie(e, w, g, rankings) for e, w, g in zip(errors, want, got, strict=True)]
+
+
+def _judged(
+    errors: list[OutputError],
+    inputs: Sequence[torch.Tensor],
+    want: Sequence[np.ndarray],
+    got: Sequence[np.ndarray],
+    wide: float64.Reference,
+) -> list[OutputError]:
+    """The outputs off beyond tolerance at one point, judged against float64 PyTorch there."""
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            same, exact = wide([t.clone() for t in inputs])
+    except Exception as exc:
+        why = (
+            f"float64 PyTorch cannot run the model ({type(exc).__name__}: {_first_line(exc)}),"
+            " so this point is judged against torch-f32 alone"
+        )
+        return [e if e.ok else replace(e, note=why) for e in errors]
+    if not reproduces([t.detach().numpy() for t in same], want):
+        why = (
+            "a copy of the model gives other float32 outputs here (state or randomness): no float64 judgement"
+        )
+        return [e if e.ok else replace(e, note=why) for e in errors]
+    if len(exact) != len(want):
+        return [e if e.ok else replace(e, note="float64 PyTorch returns other outputs") for e in errors]
+    return [
+        e if e.ok or w.dtype.kind != "f" else judge(e, w, x.detach().numpy(), g)
+        for e, w, x, g in zip(errors, want, exact, got, strict=True)
+    ]
+
+
+def reproduces(outputs: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> bool:
+    """``outputs`` are ``want`` bit for bit (NaN where NaN): the model ran as a function."""
+    return len(outputs) == len(want) and all(
+        o.shape == w.shape and o.dtype == w.dtype and np.array_equal(o, w, equal_nan=o.dtype.kind in "fc")
+        for o, w in zip(outputs, want, strict=True)
+    )
 
 
 def _all_finite(a: np.ndarray) -> bool:
