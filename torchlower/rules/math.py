@@ -43,8 +43,6 @@ def broadcast_shape(*xs: Operand) -> Shape:
     return tuple(dims)
 
 
-
-
 def floating(b: Builder, x: Value) -> Value:
     """Float ops on integer/bool tensors compute in torch's default float dtype."""
     return x if x.dtype is not None and x.dtype.is_floating_point else cast(b, x, torch.float32)
