@@ -201,7 +201,7 @@ def _updates(b: Builder, src: Value | Scalar, index: Value, dtype: torch.dtype) 
         return broadcast_to(b, scalar_of(src, dtype, len(ishape)), ishape, dtype)
     src = cast(b, src, dtype)
     for d, (n, m) in enumerate(zip(ishape, dims_of(src), strict=True)):
-        if n < m:
+        if isinstance(n, int) and isinstance(m, int) and n < m:  # symbolic sizes: equal (torch_geometric)
             src = slice_dim(b, src, d, 0, n)
     return src
 

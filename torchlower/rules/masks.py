@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from torchlower.core.values import SymDim, Value, constant
+from torchlower.core.values import COUNTED, SymDim, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, broadcast_shapes, cast, reshape
@@ -26,7 +26,8 @@ ONNX = "tract_registry tract_onnx"
 def _non_zero(b: Builder, x: Value) -> Value:
     """``[rank, count]`` int64 coordinates of ``x``'s non-zero elements, in row-major order."""
     b.use_extension(ONNX)
-    count = b.fresh("nonzero")  # tract's symbol for the count: layout passes see a size, not a 1
+    count = b.fresh(COUNTED)  # tract's symbol for the count: layout passes see a size, not a 1
+    b.use_extension(f"tract_symbol {count}")  # declared: sizes computed from it name it
     return b.call(
         "tract_onnx_non_zero", [x], {"count_symbol": count}, dtype=torch.int64, shape=(x.rank, SymDim(count))
     )
