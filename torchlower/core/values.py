@@ -170,12 +170,25 @@ class Value:
         return self.series[0] if self.series is not None and self.shape == () else None
 
     def with_meta(self, dtype: torch.dtype | None, shape: Shape | None) -> Value:
-        """Same value, with dtype/shape known from the front end (trace or export meta)."""
+        """Same value, with dtype/shape known from the front end (trace or export meta).
+
+        A size counted at run time (``nonzero``'s, a symbol named ``COUNTED…``) stays the rule's:
+        the front end saw the example's count, which another input does not have."""
+        if shape is not None and self.shape is not None and len(shape) == len(self.shape):
+            shape = tuple(d if counted(d) else o for d, o in zip(self.shape, shape, strict=True))
         return replace(
             self,
             dtype=dtype if dtype is not None else self.dtype,
             shape=shape if shape is not None else self.shape,
         )
+
+
+COUNTED = "nonzero"  # prefix of the symbols of sizes counted at run time (rules/masks.py)
+
+
+def counted(d: object) -> bool:
+    """A size that depends on tensor values (a ``nonzero`` count), not on the inputs' shapes."""
+    return isinstance(d, SymDim) and any(s.startswith(COUNTED) for s in d.symbols)
 
 
 def constant(tensor: torch.Tensor, label: str | None = None, name: str = "") -> Value:

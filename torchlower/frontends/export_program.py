@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
+import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from torch.utils import _pytree as pytree
 
 from torchlower.errors import LoweringError, TraceError, ValueDependentTraceError
 from torchlower.frontends.export_inplace import functional_in_place
-from torchlower.frontends.provenance import REWRITES, raised_at
+from torchlower.frontends.provenance import REWRITES, model_frame, raised_at
 from torchlower.frontends.torch_noise import torch_output_to_debug_log
 from torchlower.rules.recurrent_modules import recurrent_as_one_op
 from torchlower.rules.registry import Registry
@@ -123,6 +124,30 @@ def _grouped_varargs(module: nn.Module, dynamic_shapes: Any) -> Any:
     return (*dynamic_shapes[: star[0]], tuple(dynamic_shapes[star[0] :]))
 
 
+@contextlib.contextmanager
+def _helper_frames() -> Iterator[None]:
+    """torch.export records in a node's ``stack_trace`` only the frames of functions named
+    ``forward``, so an op used in a helper (``helpers.py:3 in odd``) was blamed on the forward
+    line that called it; here it keeps every frame from the first ``forward`` inward (torch's
+    own other mode), and errors name the helper's line as the jit and fx front ends do."""
+    tracer = torch.fx.proxy.TracerBase
+    original = tracer._filter_traceback_frames
+
+    def every_frame(self: Any, summary: traceback.StackSummary) -> traceback.StackSummary:
+        saved = self._record_forward_stack_traces_only
+        self._record_forward_stack_traces_only = False
+        try:
+            return original(self, summary)
+        finally:
+            self._record_forward_stack_traces_only = saved
+
+    tracer._filter_traceback_frames = every_frame  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        tracer._filter_traceback_frames = original  # type: ignore[method-assign]
+
+
 def _export(
     module: nn.Module,
     args: Sequence[Any],
@@ -135,7 +160,7 @@ def _export(
     routing = recurrent_as_one_op() if dynamic_shapes is not None else contextlib.nullcontext()
     dynamic_shapes = _grouped_varargs(module, dynamic_shapes)
     try:
-        with warnings.catch_warnings(), routing, torch_output_to_debug_log("torch.export"):
+        with warnings.catch_warnings(), routing, torch_output_to_debug_log("torch.export"), _helper_frames():
             warnings.simplefilter("ignore")
             program = torch.export.export(
                 module, tuple(args), kwargs or None, strict=False, dynamic_shapes=dynamic_shapes
@@ -203,10 +228,10 @@ _ITEM_OPS = ("item", "_local_scalar_dense")
 
 def _user_line(text: str) -> str:
     """``model.py:12: `if x.sum() > 0:``` from torch.export's "The following call raised" note."""
-    found = _CALL_SITE.findall(text)
-    if not found:
+    found = model_frame(_CALL_SITE.findall(text)[::-1])
+    if found is None:
         return "a line of the model"
-    file, line, code = found[-1]
+    file, line, code = found
     return f"{Path(file).name}:{line}: `{code.strip()}`"
 
 

@@ -83,6 +83,8 @@ class Interpreter(fx.Interpreter):
         self.inplace_nodes: set[fx.Node] = set()
         self.symbols: dict[str, str] = {}  # torch.export's symbol names → the user's (dynamic axes)
         self.reads_error: Exception | None = None  # raised where ``aten.item`` reads no known size
+        # nested (a leaf module or call lowered through its own program): the calling line
+        self.outer_location = session.location if session is not None else None
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         """Interpret; when this interpreter owns the session, raise every missing op at once."""
@@ -94,7 +96,7 @@ class Interpreter(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         self._node, self._inplace = n, False
         self.session.scope = module_path(n, self.prefix)
-        self.session.location = source_location(n, self.session.scope)
+        self.session.location = source_location(n, self.session.scope, self.outer_location)
         result = super().run_node(n)
         if self._inplace and n.args and isinstance(n.args[0], fx.Node):
             self.inplace_nodes.add(n)  # later readers of the operand (and of its base) see the result
@@ -296,13 +298,17 @@ def module_path(node: fx.Node, prefix: str) -> str:
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
-def source_location(node: fx.Node, scope: str) -> str | None:
+def source_location(node: fx.Node, scope: str, outer: str | None = None) -> str | None:
     """``block.1 (model.py:12 in forward)``: the module path and the model's source line, from
     the ``stack_trace`` torch.export / FX keep in node meta: its innermost frame of the user's code
-    (symbolic tracing records torch.fx's own frames below it)."""
+    (symbolic tracing records torch.fx's own frames below it). A node with no frame of the
+    user's (an op inside a torch module lowered through its own program) takes ``outer``, the
+    line that called that module; never a file of torch, torchlower or the caller's harness."""
     frames = _FRAME.findall(str(node.meta.get("stack_trace") or ""))
-    frames = [f for f in frames if not provenance.is_library(f[0])] or frames
-    line = f"{Path(frames[-1][0]).name}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
+    found = provenance.model_frame(frames[::-1])
+    line = f"{Path(found[0]).name}:{found[1]} in {found[2]}" if found else ""
+    if not line and outer and ".py:" in outer:
+        return outer
     if not (scope or line):
         return None
     if not line:

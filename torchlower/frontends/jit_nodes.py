@@ -80,10 +80,11 @@ def source_location(node: torch._C.Node, scope: str) -> str | None:
     is the user's code (not torch's or torchlower's), so errors name the model's line."""
     text = node.sourceRange()
     frames = _JIT_FRAME.findall(text) or [(p, n, "") for p, n in _SCRIPT_FRAME.findall(text)]
-    for path, line, fn in frames:
-        if not provenance.is_library(path):
-            where = f"{Path(path).name}:{line}" + (f" in {fn}" if fn else "")
-            return f"{scope} ({where})" if scope else where
+    found = provenance.model_frame(frames)  # innermost first; never the caller of the export
+    if found is not None:
+        path, line, fn = found
+        where = f"{Path(path).name}:{line}" + (f" in {fn}" if fn else "")
+        return f"{scope} ({where})" if scope else where
     return scope or None
 
 

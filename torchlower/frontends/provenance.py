@@ -99,6 +99,27 @@ def is_library(path: str) -> bool:
     return path.startswith((_TORCH_DIR, _OWN_DIR))
 
 
+def model_frame(frames: Sequence[tuple[str, Any, Any]]) -> tuple[str, Any, Any] | None:
+    """The model's own frame of a stack given innermost first (``(path, line, function)``).
+
+    torch's frames are skipped, and so are torchlower's innermost ones (a tracer's own hooks);
+    past those, a torchlower frame ends the search: the frames beyond it are the caller of
+    ``torchlower.export`` (a script, a test harness), never where an op is used. None when no
+    frame inside the model call is the user's (a torch module's own ``forward``).
+    """
+    inside = False
+    for frame in frames:
+        path = frame[0]
+        if path.startswith(_OWN_DIR):
+            if inside:
+                return None
+            continue
+        inside = True
+        if not path.startswith(_TORCH_DIR) and path[:1] != "<":
+            return frame
+    return None
+
+
 def _user_frame(what: str) -> Conversion:
     """The innermost frame outside torch and torchlower: the model's own source line."""
     for frame in reversed(traceback.extract_stack()):

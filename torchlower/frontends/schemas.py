@@ -54,6 +54,10 @@ def bind_op(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Bound | N
         bound = bind_schema(schema, args, kwargs)
         if bound is not None:
             return Bound(key_of(schema), bound, schema)
+    for schema in schemas_for(name):  # last resort: a 0-d graph tensor where a number goes
+        bound = bind_schema(schema, args, kwargs, tensor_numbers=True)  # torch.arange(s, e) on inputs
+        if bound is not None:
+            return Bound(key_of(schema), bound, schema)
     return None
 
 
@@ -62,12 +66,15 @@ def bind_schema(
     args: Sequence[Any],
     kwargs: dict[str, Any],
     wrapped_numbers: bool = False,
+    tensor_numbers: bool = False,
 ) -> list[Any] | None:
     """Arguments in schema order (defaults filled, ints widened to int lists), or None.
 
     ``wrapped_numbers`` accepts a Python number for a ``Tensor`` parameter: ``torch.export``
     graphs call the exact overload ``aten.add.Tensor(x, 1)`` with such "wrapped numbers", and
     rules accept Python scalars as tensor operands. Overload *choice* never relies on it.
+    ``tensor_numbers`` accepts a 0-d tensor computed in the graph for an ``int`` / ``Scalar``
+    parameter (Python reads it as its number); tried only after no overload fits without it.
     """
     params = list(schema.arguments)
     positional = [p for p in params if not p.kwarg_only]
@@ -96,6 +103,9 @@ def bind_schema(
         value = given[p.name]
         if value is None and p.has_default_value() and not _optional(p.real_type):
             out.append(p.default_value)  # Python's "None means default" (max_pool's stride)
+            continue
+        if tensor_numbers and _graph_number(p.real_type, value):
+            out.append(value)
             continue
         value = coerce(p.real_type, p.N, value, wrapped_numbers)
         if value is _NO:
@@ -164,6 +174,13 @@ def coerce(ty: Any, n: int | None, value: Any, wrapped_numbers: bool = False) ->
 
 
 _NUMBERS = ("int", "SymInt", "float", "Scalar", "number")
+
+
+def _graph_number(ty: Any, value: Any) -> bool:
+    """A rank-0 tensor computed in the graph passed where the schema wants a number."""
+    if isinstance(ty, torch._C.OptionalType):
+        ty = ty.getElementType()
+    return isinstance(value, Value) and not value.is_const and value.rank == 0 and str(ty) in _NUMBERS
 
 
 def _optional(ty: Any) -> bool:

@@ -25,6 +25,10 @@ the three around matmuls live in ``nnef/guards_matmul.py``:
   ("in output_facts invocation for ….concat-einsum-k.4..8: EinSum … fact.len() ==
   self.axes.rank"). The broadcast becomes a product with a broadcast of ones, the same tensor,
   which tract splits; scoped to broadcasts of a concat, read by a concat that a matmul reads.
+- ``broadcast_into_concat_einsum`` (``nnef/guards_einsum.py``): a ``tile`` / broadcast of size-1
+  axes concatenated into a conv or matmul (ECAPA-TDNN's ``cat([x, mean.repeat(1, 1, T)])``):
+  tract's einsum declutter drops the broadcast of its concat piece and the output loses the
+  axis ("Trying to substitute a 16,100,F32 by 16,1,F32"); it becomes a product with ones.
 - ``gather_strided_after_softmax``: tract pulls a strided slice (its ``Downsample``) up through
   ``softmax`` / ``log_softmax`` as if they were elementwise, so ``softmax(x)[::2]`` becomes
   ``softmax(x[::2])``. A strided slice that such a pull could reach a softmax from becomes a
@@ -60,6 +64,7 @@ from torchlower.core.values import Value
 from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import guards_values, text
 from torchlower.nnef.builder import NNEFBuilder
+from torchlower.nnef.guards_einsum import broadcast_into_concat_einsum
 from torchlower.nnef.guards_matmul import (
     broadcast_after_matmul,
     broadcast_as_product,
@@ -86,6 +91,7 @@ def apply(b: NNEFBuilder) -> None:
     exact_quotients(b)
     broadcast_after_matmul(b)
     broadcast_as_product(b)
+    broadcast_into_concat_einsum(b)
     flat_matmul_after_reshape(b)
     gather_strided_after_softmax(b)
     gather_strided_after_split(b)

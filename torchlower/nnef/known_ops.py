@@ -27,7 +27,7 @@ STANDARD = frozenset(
 # unprefixed primitives of tract's NNEF registry (nnef/src/ops/nnef/mod.rs) beyond the standard
 TRACT_EXTRA = frozenset({"square", "recip", "tract_shl", "tract_shr"})
 
-TRACT_PREFIXES = ("tract_core_", "tract_transformers_", "tract_extra_", "tract_resource_")
+TRACT_PREFIXES = ("tract_core_", "tract_transformers_", "tract_extra_", "tract_resource_", "tract_onnx_")
 
 
 def is_known_op(op: str) -> bool:

@@ -129,7 +129,7 @@ def pulse_floor(graph: Graph) -> int:
 def _pulsed(folder: str, symbol: str, pulse: int) -> tuple[Any, PulseFacts]:
     import tract
 
-    model = tract.nnef().with_tract_extra().with_tract_transformers().with_pulse().load(folder)
+    model = tract.nnef().with_tract_extra().with_tract_transformers().with_onnx().with_pulse().load(folder)
     model.transform(tract.Pulse(str(pulse), symbol=symbol))
 
     def ints(name: str) -> list[int]:

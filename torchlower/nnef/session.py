@@ -44,7 +44,7 @@ def tract_model(folder: str, sizes: Mapping[str, int] | None = None) -> Any:
     """
     import tract
 
-    model = tract.nnef().with_tract_extra().with_tract_transformers().load(folder)
+    model = tract.nnef().with_tract_extra().with_tract_transformers().with_onnx().load(folder)
     if sizes:
         model.transform(tract.SetSymbols(dict(sizes)))
     return model

@@ -23,7 +23,7 @@ def run_points(artifact: str, points: list[list[np.ndarray]]) -> list[list[np.nd
     """Load and optimize ``artifact`` once, run it on every input set (the costly part is the load)."""
     import tract
 
-    nnef = tract.nnef().with_tract_extra().with_tract_transformers()
+    nnef = tract.nnef().with_tract_extra().with_tract_transformers().with_onnx()
     runnable = nnef.load(artifact).into_runnable()
     results = []
     for k, inputs in enumerate(points):

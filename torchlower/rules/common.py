@@ -71,12 +71,20 @@ def pairs(values: Sequence[int]) -> list[tuple[int, int]]:
     return [(int(v), int(v)) for v in values]
 
 
+# integer types narrower than i64: torch converts a float to them by truncation then wraps
+# (-3.7 -> u8 253, 300.2 -> u8 44); tract's float cast saturates (-3.7 -> 0, 300.2 -> 255) but
+# its integer casts wrap as torch does, so such a float goes through i64 first
+_WRAPPED = (torch.uint8, torch.int8, torch.int16, torch.uint16, torch.uint32)
+
+
 def cast(b: Builder, x: Value, dtype: torch.dtype) -> Value:
     """``x`` as ``dtype``: constants are converted at export time, tensors with one cast."""
     if x.dtype == dtype:
         return x
     if x.is_const:
         return constant(x.const.to(dtype))
+    if dtype in _WRAPPED and x.dtype is not None and x.dtype.is_floating_point:
+        x = b.call("tract_core_cast", [x], {"to": "i64"}, dtype=torch.int64, shape=x.shape)
     return b.call("tract_core_cast", [x], {"to": b.dtype_name(dtype)}, dtype=dtype, shape=x.shape)
 
 

@@ -16,7 +16,7 @@ import torch
 from torchlower.core.values import Dim, SymDim, Value, constant
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
-from torchlower.rules.common import Builder, cast
+from torchlower.rules.common import Builder, cast, size_tensor
 from torchlower.rules.layout import broadcast_to, dims_of, scalar_of
 
 
@@ -144,8 +144,12 @@ def tril(b: Builder, x: Value, diagonal: int) -> Value:
     return _trilu(b, x, diagonal, False)
 
 
-def _arange(b: Builder, start: Dim, end: Dim, step: Dim, dtype: torch.dtype | None) -> Value:
+def _arange(
+    b: Builder, start: Dim | Value, end: Dim | Value, step: Dim | Value, dtype: torch.dtype | None
+) -> Value:
     """``tract_core_range`` over sizes: static aranges were folded, so a bound is symbolic here."""
+    if any(isinstance(v, Value) for v in (start, end, step)):
+        return _tensor_arange(b, [start, end, step], dtype)
     for name, v in (("start", start), ("end", end), ("step", step)):
         if not isinstance(v, (int, SymDim)):
             raise LoweringError(f"arange: {name} must be an integer or a size, got {v!r}")
@@ -165,6 +169,27 @@ def _arange(b: Builder, start: Dim, end: Dim, step: Dim, dtype: torch.dtype | No
     return _series(cast(b, out, dtype or torch.int64), start, step)
 
 
+def _tensor_arange(b: Builder, bounds: list[Dim | Value], dtype: torch.dtype | None) -> Value:
+    """``arange`` over 0-d integer tensors computed in the graph (``torch.arange(s, e, st)`` on
+    inputs): tract's range then sizes its output with a fresh symbol, read at run time."""
+    operands = []
+    for name, v in zip(("start", "end", "step"), bounds, strict=True):
+        if isinstance(v, Value) and (v.rank != 0 or v.dtype is None or v.dtype.is_floating_point):
+            raise LoweringError(
+                f"arange: {name} must be a 0-d integer tensor, got {v.dtype} of shape {list(v.shape)}; "
+                "floating-point bounds computed in the graph are not supported (cast them to int64)"
+            )
+        if isinstance(v, Value):
+            operands.append(cast(b, v, torch.int64))
+        else:  # an int literal would be a TDim in tract, which its range refuses beside an i64
+            one = size_tensor(b, v) if isinstance(v, SymDim) else constant(torch.tensor([int(v)]))
+            operands.append(
+                one if one.rank == 0 else b.call("squeeze", [one], {"axes": [0]}, dtype=torch.int64, shape=())
+            )
+    out = b.call("tract_core_range", operands, dtype=torch.int64, shape=(None,))
+    return cast(b, out, dtype or torch.int64)
+
+
 def _series(out: Value, start: Dim, step: Dim) -> Value:
     """An integer range keeps its elements as sizes (``arange(P, P + S)[0]`` is ``P``)."""
     if out.dtype is None or out.dtype.is_floating_point or out.dtype == torch.bool:
@@ -174,8 +199,8 @@ def _series(out: Value, start: Dim, step: Dim) -> Value:
 
 @rule("aten::arange")
 def arange(
-    b: Builder, end: Dim, dtype: torch.dtype | None = None, layout: object = None, device: object = None,
-    pin_memory: bool | None = None,
+    b: Builder, end: Dim | Value, dtype: torch.dtype | None = None, layout: object = None,
+    device: object = None, pin_memory: bool | None = None,
 ) -> Value:  # fmt: skip
     """arange(Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""  # noqa: E501
     return _arange(b, 0, end, 1, dtype)
@@ -183,7 +208,7 @@ def arange(
 
 @rule("aten::arange.start")
 def arange_start(
-    b: Builder, start: Dim, end: Dim, dtype: torch.dtype | None = None, layout: object = None,
+    b: Builder, start: Dim | Value, end: Dim | Value, dtype: torch.dtype | None = None, layout: object = None,
     device: object = None, pin_memory: bool | None = None,
 ) -> Value:  # fmt: skip
     """arange.start(Scalar start, Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""  # noqa: E501
@@ -192,8 +217,8 @@ def arange_start(
 
 @rule("aten::arange.start_step")
 def arange_start_step(
-    b: Builder, start: Dim, end: Dim, step: Dim, dtype: torch.dtype | None = None, layout: object = None,
-    device: object = None, pin_memory: bool | None = None,
+    b: Builder, start: Dim | Value, end: Dim | Value, step: Dim | Value, dtype: torch.dtype | None = None,
+    layout: object = None, device: object = None, pin_memory: bool | None = None,
 ) -> Value:  # fmt: skip
     """arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"""  # noqa: E501
     return _arange(b, start, end, step, dtype)

@@ -17,7 +17,7 @@ import torch
 from torchlower.core.dynamic import materialize
 from torchlower.core.values import Dim, Value, constant, normalize_dim
 from torchlower.errors import LoweringError
-from torchlower.rules import rule
+from torchlower.rules import masks, rule
 from torchlower.rules.common import Builder, Operand, align_ranks, broadcast_shapes, reshape, unsqueeze_to
 from torchlower.rules.layout import (
     broadcast_to,
@@ -115,6 +115,8 @@ def stacked_indices(b: Builder, x: Value, p: Plan, indices: Sequence[Value]) -> 
 @rule("aten::index.Tensor")
 def index(b: Builder, x: Value, indices: Sequence[Value | None]) -> Value:
     """index.Tensor(Tensor self, Tensor?[] indices) -> Tensor"""
+    if masks.graph_masks(indices):  # a data-dependent size (torch-geometric's edge_index[:, mask])
+        return masks.index_by_mask(b, x, indices, "index")
     indices = expand_bool_indices(indices, "index")
     used = [d for d, i in enumerate(indices) if i is not None]
     if not used:
@@ -199,7 +201,7 @@ def _updates(b: Builder, src: Value | Scalar, index: Value, dtype: torch.dtype) 
         return broadcast_to(b, scalar_of(src, dtype, len(ishape)), ishape, dtype)
     src = cast(b, src, dtype)
     for d, (n, m) in enumerate(zip(ishape, dims_of(src), strict=True)):
-        if n < m:
+        if isinstance(n, int) and isinstance(m, int) and n < m:  # symbolic sizes: equal (torch_geometric)
             src = slice_dim(b, src, d, 0, n)
     return src
 
@@ -303,19 +305,6 @@ def masked_fill(b: Builder, x: Value, mask: Value, value: Value | Scalar) -> Val
     mask, x = align_ranks(b, cast(b, mask, torch.bool), x)
     v = _value_operand(b, value, x.dtype, x.rank)
     return b.call("select", [mask, v, x], dtype=x.dtype)
-
-
-@rule("aten::masked_select")
-def masked_select(b: Builder, x: Value, mask: Value) -> Value:
-    """masked_select(Tensor self, Tensor mask) -> Tensor"""
-    if not mask.is_const:
-        raise LoweringError(
-            "masked_select: the mask must be known at export time (the result size depends on it)"
-        )
-    shape = broadcast_shapes(dims_of(x), dims_of(mask))
-    flat = reshape(b, broadcast_to(b, x, shape, x.dtype), [int(torch.Size(shape).numel())])
-    picks = torch.nonzero(mask.const.bool().expand(shape).reshape(-1)).reshape(-1)
-    return gather_axis(b, flat, constant(picks), 0)
 
 
 def _promote(dtype: torch.dtype, scalar: Value | Scalar) -> torch.dtype:

@@ -20,6 +20,7 @@ from torchlower.rules.common import (
     Builder,
     Operand,
     align_ranks,
+    cast,
     rank0,
     rank_of,
     shape_of,
@@ -40,16 +41,6 @@ def broadcast_shape(*xs: Operand) -> Shape:
             if dims[i] == 1:
                 dims[i] = d
     return tuple(dims)
-
-
-def cast(b: Builder, x: Value, dtype: torch.dtype) -> Value:
-    """``x`` as ``dtype`` (folded for constants, a ``tract_core_cast`` otherwise)."""
-    if x.dtype == dtype:
-        return x
-    if x.is_const:
-        return constant(x.const.to(dtype))
-    to = b.dtype_name(dtype)
-    return b.call("tract_core_cast", [x], {"to": to}, dtype=dtype, shape=x.shape)
 
 
 def floating(b: Builder, x: Value) -> Value:

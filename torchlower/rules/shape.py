@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from torchlower.core.values import Dim, SymDim, Value, constant, normalize_dim
+from torchlower.core.values import Dim, SymDim, Value, constant, counted, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, cast, shape_of
@@ -25,7 +25,22 @@ def reshape(b: Builder, x: Value, shape: Sequence[Any]) -> Value:
         return x
     if not target:  # tract cannot read `shape = []`; every dim is 1, so squeeze them all
         return b.call("squeeze", [x], {"axes": list(range(x.rank))}, dtype=x.dtype, shape=())
-    return b.call("reshape", [x], {"shape": target}, dtype=x.dtype, shape=None)
+    return b.call("reshape", [x], {"shape": target}, dtype=x.dtype, shape=_counted_shape(x, target))
+
+
+def _counted_shape(x: Value, target: Sequence[Any]) -> tuple[Any, ...] | None:
+    """The result's shape when ``x`` holds a size counted at run time (``nonzero``'s): the front
+    end saw the example's count, so ``-1`` is solved here and the count stays a symbol."""
+    source = shape_of(x)
+    if not any(counted(d) for d in source):
+        return None
+    total: Any = 1
+    for d in source:
+        total = total * d
+    known: Any = 1
+    for d in target:
+        known = known * d if not (isinstance(d, int) and d == -1) else known
+    return tuple(total // known if isinstance(d, int) and d == -1 else d for d in target)
 
 
 @rule("aten::reshape_as", "aten::view_as")
@@ -142,7 +157,10 @@ def cat(b: Builder, tensors: Sequence[Value], dim: int) -> Value:
     parts = [cast(b, v, dtype) if dtype is not None else v for v in parts]
     if len(parts) == 1:
         return parts[0]
-    return b.call("concat", [parts], {"axis": axis}, dtype=dtype)
+    shape = None
+    if all(v.shape is not None for v in parts):  # a counted size (nonzero's) stays symbolic
+        shape = (*parts[0].shape[:axis], sum(v.shape[axis] for v in parts), *parts[0].shape[axis + 1 :])
+    return b.call("concat", [parts], {"axis": axis}, dtype=dtype, shape=shape)
 
 
 @rule(
