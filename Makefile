@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements-dev.txt
+$(STAMP): pyproject.toml requirements-dev.txt requirements-nodeps.txt
 	@# Graphviz is optional (pictures fall back to torchlower's own layout); installed here so the
 	@# suite also covers the Graphviz path. Best effort (root + apt only), never fatal
 	@command -v dot >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 		echo "note: Graphviz (dot) not installed; its picture tests are skipped"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 

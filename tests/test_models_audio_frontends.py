@@ -175,3 +175,50 @@ def test_speechbrain_features_with_batch_and_time_dynamic(name: str, tmp_path, f
         assert label in checked and checked[label].inputs == [shape] and checked[label].ok, report.points
     assert report.max_abs_error <= 1e-4, report.max_abs_error
     _check_more(model, report.path)
+
+
+def _openai_whisper_audio() -> object:
+    """``whisper.audio`` of the installed openai-whisper (requirements-nodeps.txt: installed without
+    its dependencies, whose triton pin is CUDA-only). Its package ``__init__`` imports the decoder
+    (tiktoken, numba), so only the audio module is loaded, under a bare package."""
+    import importlib.util
+    import sys
+    import types
+    from pathlib import Path
+
+    if "whisper.audio" in sys.modules:
+        return sys.modules["whisper.audio"]
+    spec = importlib.util.find_spec("whisper")
+    if spec is None or spec.origin is None or not (Path(spec.origin).parent / "audio.py").exists():
+        pytest.skip("openai-whisper is not installed (requirements-nodeps.txt)")
+    package = types.ModuleType("whisper")
+    package.__path__ = [str(Path(spec.origin).parent)]
+    package.__spec__ = importlib.util.spec_from_loader("whisper", None, is_package=True)
+    package.__spec__.submodule_search_locations = package.__path__
+    sys.modules.setdefault("whisper", package)
+    return importlib.import_module("whisper.audio")
+
+
+class OpenAIWhisperLogMel(nn.Module):
+    """openai-whisper's own ``log_mel_spectrogram`` with its shipped ``mel_filters.npz``."""
+
+    def __init__(self, n_mels: int = 80) -> None:
+        super().__init__()
+        self.audio, self.n_mels = _openai_whisper_audio(), n_mels
+
+    def forward(self, audio: torch.Tensor) -> torch.Tensor:
+        return self.audio.log_mel_spectrogram(audio, self.n_mels)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("frontend", ["auto", "jit", "export"])
+def test_openai_whisper_log_mel_as_shipped(frontend: str, tmp_path) -> None:
+    model = OpenAIWhisperLogMel().eval()
+    report = torchlower.export(
+        model, (torch.randn(*EXAMPLE),), tmp_path / "m.nnef.tgz", frontend=frontend,
+        input_names=["waveform"], dynamic_axes=BOUNDED,
+    )  # fmt: skip
+    assert report.inputs[0].shape == ("B", "T") and report.outputs[0].shape[1] == 80
+    checked = [p for p in report.points if p.skipped is None]
+    assert all(p.ok for p in checked) and len(checked) >= 5, report.points
+    assert report.max_abs_error < 1e-4
+    _check_more(model, report.path)
