@@ -86,7 +86,9 @@ def test_functions_with_a_dynamic_axis_under_jit(tmp_path: Path) -> None:
         dynamic_axes={"x": {0: "B"}},
     )
     assert report.inputs[0].shape == ("B", 5)
-    assert all(p.ok for p in report.points) and any("B=" in p.label for p in report.points)
+    assert all(p.ok for p in report.points if p.skipped is None) and any(
+        "B=" in p.label for p in report.points
+    )
 
 
 def test_autograd_still_works_after_export(tmp_path: Path) -> None:

@@ -73,9 +73,19 @@ class Nonzero(nn.Module):
 
 
 @pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
-def test_value_dependent_output_shape_is_never_verified(frontend: str, tmp_path: Path) -> None:
-    with pytest.raises(torchlower.errors.TorchlowerError):
-        torchlower.export(Nonzero().eval(), torch.randn(3, 4), tmp_path / "m.nnef.tgz", frontend=frontend)
+def test_value_dependent_output_shape_is_never_frozen(frontend: str, tmp_path: Path) -> None:
+    """The count of ``x > 0`` is a size tract computes at run time (``tract_onnx_non_zero``,
+    rules/masks.py): never the example's count frozen into the graph."""
+    report = torchlower.export(
+        Nonzero().eval(), torch.randn(3, 4), tmp_path / "m.nnef.tgz", frontend=frontend
+    )
+    assert isinstance(report.outputs[0].shape[0], str), report.outputs  # a symbol, not the example's count
+    with torchlower.load(report.path) as art:
+        for count in (0, 5, 12):
+            x = torch.full((3, 4), -1.0)
+            x.view(-1)[:count] = torch.arange(1.0, count + 1)
+            got = art.run([x.numpy()])["output"]
+            assert got.shape == (count,) and (got == (x[x > 0] * 2).numpy()).all(), count
 
 
 def test_a_point_where_pytorch_fails_is_skipped_and_said(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ class GCN(nn.Module):
 
 
 def _checked(report: torchlower.ExportReport, bound: float) -> None:
-    assert report.points and all(p.ok for p in report.points), report.points
+    assert report.points and all(p.ok for p in report.points if p.skipped is None), report.points
     assert report.max_abs_error <= bound, report.max_abs_error
 
 
