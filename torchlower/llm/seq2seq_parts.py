@@ -1,17 +1,23 @@
-"""Whisper as two functions of plain tensors, the graphs of a speech encoder-decoder archive.
+"""Speech encoder-decoders (Whisper, Speech2Text) as two functions of plain tensors, the graphs
+of a speech encoder-decoder archive.
 
 - ``EncoderPart(input_features) -> (cross_key_0, cross_value_0, …)``: the encoder and, per
-  decoder layer, its cross-attention keys and values ``[1, heads, frames / 2, head_dim]``,
-  computed once per utterance;
+  decoder layer, its cross-attention keys and values ``[1, heads, source, head_dim]``,
+  computed once per utterance (``source``: the encoder positions, frames after the
+  convolutions: fixed for Whisper, which pads every input to 3000 frames; any length up to the
+  encoder's position table for Speech2Text);
 - ``DecoderPart(input_ids, *self_cache, *cross) -> (outputs, *present)``: one decoder step
   with the self-attention cache in tract's causal-LM naming (``in_cache_key_{i}`` /
   ``in_cache_value_{i}`` [1, heads, P, head_dim] in, ``out_cache_*`` [1, heads, P+S, head_dim]
   out) and the encoder's cross keys/values as inputs read, never recomputed.
 
-The decoder is written from the model's own modules (projections, norms, position table,
-``proj_out``) in the order ``WhisperDecoderLayer.forward`` applies them, with positions
+The decoder is written from the model's own modules (projections, norms, position table, LM
+head) in the order the decoder layer's ``forward`` applies them, with positions from
 ``arange(P, P+S)`` and the causal mask built from sizes, so P and S stay symbolic and P = 0
-(prefill) works. The export checks it against Hugging Face's ``WhisperForConditionalGeneration``.
+(prefill) works. Speech2Text's positions are its fairseq ones: a padding token sits at
+``padding_idx``, every other token at ``padding_idx + 1 + P + (its rank among the new
+non-padding tokens)``, as HF's cached decoding computes them. The export checks both parts
+against Hugging Face's ``…ForConditionalGeneration``.
 """
 
 from __future__ import annotations
@@ -30,10 +36,23 @@ class Seq2SeqLayout:
     layers: int
     heads: int
     head_dim: int
-    frames: int  # input_features' last axis (Whisper pads every input to it)
-    mels: int
-    source: int  # encoder positions: frames after the convolutions
+    frames: int  # Whisper: input_features' fixed time axis; else the example's (any in min..max_frames)
+    mels: int  # features per frame
+    source: int  # encoder positions of ``frames`` (frames after the convolutions)
     vocab: int
+    time_axis: int = 2  # Whisper [1, mels, frames]; Speech2Text [1, frames, features] (axis 1)
+    min_frames: int | None = None  # a dynamic time axis, min..max frames; None: fixed at ``frames``
+    max_frames: int | None = None
+    max_source: int | None = None  # encoder positions of ``max_frames``
+
+    @property
+    def dynamic(self) -> bool:
+        return self.max_frames is not None
+
+    def features_shape(self, frames: int | str | None = None) -> list[int | str]:
+        """``input_features``' shape for ``frames`` (default: the example's)."""
+        t: int | str = self.frames if frames is None else frames
+        return [1, self.mels, t] if self.time_axis == 2 else [1, t, self.mels]
 
     def encoder_outputs(self) -> list[str]:
         return [f"cross_{t}_{i}" for i in range(self.layers) for t in ("key", "value")]
@@ -53,16 +72,51 @@ def layout_of(model: nn.Module) -> Seq2SeqLayout:
     config = model.config
     encoder = model.model.encoder
     attn = model.model.decoder.layers[0].encoder_attn
+    sizes = {
+        "layers": len(model.model.decoder.layers),
+        "heads": int(attn.num_heads),
+        "head_dim": int(attn.head_dim),
+        "vocab": int(config.vocab_size),
+    }
+    if config.model_type == "speech_to_text":
+        convs = list(encoder.conv.conv_layers)
+        # the sinusoidal table's rows past padding_idx: HF's cached decoding reads no further
+        positions = int(encoder.embed_positions.weights.shape[0]) - 1 - int(encoder.padding_idx)
+        max_source = min(int(config.max_source_positions), positions)
+        max_frames = max_source * 2 ** len(convs)  # every conv halves (rounding up): ceil(T / 2**n)
+        frames = min(max_frames, 50)
+        return Seq2SeqLayout(
+            **sizes, frames=frames, mels=int(config.input_feat_per_channel * config.input_channels),
+            source=_conv_length(convs, frames), time_axis=1, min_frames=1, max_frames=max_frames,
+            max_source=_conv_length(convs, max_frames),
+        )  # fmt: skip
     frames = config.max_source_positions * encoder.conv1.stride[0] * encoder.conv2.stride[0]
     return Seq2SeqLayout(
-        layers=len(model.model.decoder.layers),
-        heads=int(attn.num_heads),
-        head_dim=int(attn.head_dim),
-        frames=int(frames),
-        mels=int(config.num_mel_bins),
-        source=int(config.max_source_positions),
-        vocab=int(config.vocab_size),
+        **sizes, frames=int(frames), mels=int(config.num_mel_bins), source=int(config.max_source_positions)
     )
+
+
+def context_limit(model: nn.Module) -> tuple[int, str]:
+    """The decoder's positions: the smaller of ``max_target_positions`` and its table's rows."""
+    decoder = model.model.decoder
+    limit = int(model.config.max_target_positions)
+    if model.config.model_type == "speech_to_text":
+        rows = int(decoder.embed_positions.weights.shape[0])
+        return min(limit, rows - 1 - int(decoder.padding_idx)), f"a {rows}-row sinusoidal table"
+    rows = int(decoder.embed_positions.num_embeddings)
+    return min(limit, rows), f"a {rows}-row position table"
+
+
+def _conv_length(convs: list[nn.Conv1d], frames: int) -> int:
+    for conv in convs:
+        frames = (frames + 2 * conv.padding[0] - conv.kernel_size[0]) // conv.stride[0] + 1
+    return frames
+
+
+def parts(model: nn.Module, layout: Seq2SeqLayout) -> tuple[nn.Module, nn.Module]:
+    """The encoder and decoder parts of ``model`` (its family's decoder)."""
+    decoder = Speech2TextDecoderPart if model.config.model_type == "speech_to_text" else DecoderPart
+    return EncoderPart(model, layout).eval(), decoder(model, layout).eval()
 
 
 def _heads(x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
@@ -71,7 +125,7 @@ def _heads(x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
 
 
 class EncoderPart(nn.Module):
-    """``input_features`` [1, mels, frames] → the cross-attention keys and values of every layer."""
+    """``input_features`` → the cross-attention keys and values of every decoder layer."""
 
     def __init__(self, model: nn.Module, layout: Seq2SeqLayout) -> None:
         super().__init__()
@@ -90,14 +144,17 @@ class EncoderPart(nn.Module):
 
 
 class DecoderPart(nn.Module):
-    """One decoder step: ``(input_ids, *self_cache, *cross)`` → ``(logits, *present)``."""
+    """One decoder step: ``(input_ids, *self_cache, *cross)`` → ``(logits, *present)`` (Whisper)."""
 
     def __init__(self, model: nn.Module, layout: Seq2SeqLayout, last_only: bool = True) -> None:
         super().__init__()
         self.decoder = model.model.decoder
-        self.proj_out = model.proj_out
         self.layout = layout
         self.last_only = last_only
+        self._keep_head(model)
+
+    def _keep_head(self, model: nn.Module) -> None:
+        self.proj_out = model.proj_out
 
     def forward(self, input_ids: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n = 2 * self.layout.layers
@@ -105,7 +162,7 @@ class DecoderPart(nn.Module):
         d = self.decoder
         seq, start = input_ids.shape[1], past[0].shape[2]
         positions = torch.arange(seq) + start
-        hidden = d.embed_tokens(input_ids) + d.embed_positions.weight[positions][None]
+        hidden = self._embed(input_ids, positions, start)
         keys = torch.arange(start + seq)
         mask = torch.where(keys[None, :] <= positions[:, None], 0.0, torch.finfo(hidden.dtype).min)
         present: list[torch.Tensor] = []
@@ -126,7 +183,14 @@ class DecoderPart(nn.Module):
         hidden = d.layer_norm(hidden)
         if self.last_only:
             hidden = hidden[:, -1:, :]
-        return (self.proj_out(hidden), *present)
+        return (self._logits(hidden), *present)
+
+    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor, start: int) -> torch.Tensor:
+        d = self.decoder
+        return d.embed_tokens(input_ids) + d.embed_positions.weight[positions][None]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj_out(hidden)
 
     def _project(self, attn: Any, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         heads, dim = self.layout.heads, self.layout.head_dim
@@ -140,8 +204,38 @@ class DecoderPart(nn.Module):
         heads, dim = self.layout.heads, self.layout.head_dim
         q = _heads(attn.q_proj(h) * attn.scaling, heads, dim)
         scores = torch.matmul(q, k.transpose(2, 3))
+        return self._weigh(attn, scores, v, mask)
+
+    def _weigh(self, attn: Any, scores: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        heads, dim = self.layout.heads, self.layout.head_dim
         if mask is not None:
             scores = scores + mask
-        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
         out = torch.matmul(weights, v).transpose(1, 2).reshape(1, -1, heads * dim)
         return attn.out_proj(out)
+
+
+class Speech2TextDecoderPart(DecoderPart):
+    """Speech2Text's decoder step: embeddings scaled by ``embed_scale``, fairseq positions from
+    the sinusoidal table (padding tokens at ``padding_idx``), scores scaled after the product
+    (``eager_attention_forward``), the LM head tied to the embeddings or not."""
+
+    def _keep_head(self, model: nn.Module) -> None:
+        self.lm_head = model.lm_head
+        self.padding_idx = int(model.model.decoder.padding_idx)
+
+    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor, start: int) -> torch.Tensor:
+        d = self.decoder
+        real = (input_ids != self.padding_idx).long()
+        ids = (torch.cumsum(real, dim=1) + start) * real + self.padding_idx
+        return d.embed_tokens(input_ids) * d.embed_scale + d.embed_positions.weights[ids[0]][None]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def _attend(
+        self, attn: Any, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        q = _heads(attn.q_proj(h), self.layout.heads, self.layout.head_dim)
+        scores = torch.matmul(q, k.transpose(2, 3)) * attn.scaling
+        return self._weigh(attn, scores, v, mask)
