@@ -132,8 +132,9 @@ def export(
             json.dumps(_manifest(model, layout, context, precision, compress), indent=1)
         )
         result = Seq2SeqReport(
-            folder, str(model.config.model_type), type(model).__name__, sum(p.numel() for p in model.parameters()),
-            layout.layers, context, precision, compress, enc, dec, 0, bundled=sorted(files),
+            folder, str(model.config.model_type), type(model).__name__,
+            sum(p.numel() for p in model.parameters()), layout.layers, context, precision, compress,
+            enc, dec, 0, bundled=sorted(files),
         )  # fmt: skip
         if check:
             reference_model = _dequantized(model, (encoder, enc_weights), (decoder, dec_weights))
@@ -221,9 +222,7 @@ def _check_end_to_end(
         )
 
 
-def _dequantized(
-    model: nn.Module, *parts: tuple[nn.Module, dict[str, torch.Tensor] | None]
-) -> nn.Module:
+def _dequantized(model: nn.Module, *parts: tuple[nn.Module, dict[str, torch.Tensor] | None]) -> nn.Module:
     """``model`` itself, or a copy running the dequantized weights of the compressed parts
     (each part's weights are named as the part names its parameters: found by identity)."""
     if not any(weights for _, weights in parts):
@@ -260,7 +259,9 @@ def hf_decode(
         encoded = model.get_encoder()(features)
         feed, cache = torch.tensor([start]), None
         for i in range(steps):
-            out = model(encoder_outputs=encoded, decoder_input_ids=feed, use_cache=True, **{cache_arg(model): cache})
+            out = model(
+                encoder_outputs=encoded, decoder_input_ids=feed, use_cache=True, **{cache_arg(model): cache}
+            )
             cache = present_cache(out)
             rows.append(out.logits[0, -1].float().numpy())
             tokens.append(int(out.logits[0, -1].argmax()) if forced is None else forced[i])

@@ -206,7 +206,9 @@ class DecoderPart(nn.Module):
         scores = torch.matmul(q, k.transpose(2, 3))
         return self._weigh(attn, scores, v, mask)
 
-    def _weigh(self, attn: Any, scores: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _weigh(
+        self, attn: Any, scores: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         heads, dim = self.layout.heads, self.layout.head_dim
         if mask is not None:
             scores = scores + mask

@@ -90,7 +90,9 @@ class Seq2SeqRunner:
             low <= n <= high if i == axis else n == want[i] for i, n in enumerate(array.shape)
         )
         if not fits or array.dtype.kind != "f":
-            shape = ", ".join(f"{low}..{high}" if i == axis and low != high else str(n) for i, n in enumerate(want))
+            shape = ", ".join(
+                f"{low}..{high}" if i == axis and low != high else str(n) for i, n in enumerate(want)
+            )
             raise InvalidArgumentError(
                 f"input_features must be float [{shape}] (log-mel frames, padded as the model's"
                 f" feature extractor pads them); got {array.dtype} {list(array.shape)}"
