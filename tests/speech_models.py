@@ -106,3 +106,45 @@ def features(model: Any, seed: int = 0, frames: int | None = None) -> torch.Tens
     if c.model_type == "speech_to_text":
         return torch.randn(1, frames or 50, c.input_feat_per_channel * c.input_channels, generator=g)
     return torch.randn(1, c.num_mel_bins, 2 * c.max_source_positions, generator=g)
+
+
+MOONSHINE = {
+    "vocab_size": 120,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "encoder_num_hidden_layers": 2,
+    "decoder_num_hidden_layers": 2,
+    "encoder_num_attention_heads": 2,
+    "decoder_num_attention_heads": 2,
+    "max_position_embeddings": 64,
+    "decoder_start_token_id": 1,
+    "pad_token_id": 0,
+    "eos_token_id": None,
+    "bos_token_id": None,
+}
+
+
+def moonshine(seed: int = 0, **fields: Any) -> Any:
+    """A ``MoonshineForConditionalGeneration`` (raw audio in) with seeded random weights."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.MoonshineConfig(**(MOONSHINE | fields))
+    model = transformers.MoonshineForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.6)
+    return model.eval()
+
+
+def moonshine_folder(path: Path, seed: int = 0, **fields: Any) -> tuple[Path, Any]:
+    model = moonshine(seed, **fields)
+    model.save_pretrained(path)
+    return path, model
+
+
+def audio(seed: int = 0, samples: int = 4000) -> torch.Tensor:
+    """Raw audio-like samples [1, samples] (Moonshine's input_values)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, samples, generator=g) * 0.3

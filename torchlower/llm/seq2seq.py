@@ -45,6 +45,7 @@ ENCODER, DECODER = "encoder.nnef.tgz", "decoder.nnef.tgz"
 ARCHITECTURES = {
     "whisper": "WhisperForConditionalGeneration",
     "speech_to_text": "Speech2TextForConditionalGeneration",
+    "moonshine": "MoonshineForConditionalGeneration",
 }
 CHECK_TOKENS = 8  # greedy steps the export runs against HF
 F16_TOLERANCE = 3e-2  # of the output scale (llm.exporter.F16_TOLERANCE)
@@ -118,7 +119,7 @@ def export(
             # a dynamic time axis goes through the jit front end (torch.export specializes the
             # convolutions' lengths and the position table's size tests)
             enc, enc_weights = _export_part(
-                encoder, (_features(layout),), folder / ENCODER, ["input_features"],
+                encoder, (_features(layout),), folder / ENCODER, [layout.input_name],
                 layout.encoder_outputs(), _encoder_axes(layout), precision, compress, check, [],
                 props | {"torchlower.llm.part": "encoder"}, {}, "jit" if layout.dynamic else "export",
             )  # fmt: skip
@@ -285,7 +286,7 @@ def _decoder_example(layout: Seq2SeqLayout) -> tuple[torch.Tensor, ...]:
 def _encoder_axes(layout: Seq2SeqLayout) -> dict[str, Any] | None:
     if not layout.dynamic:
         return None
-    return {"input_features": {layout.time_axis: ("T", layout.min_frames, layout.max_frames)}}
+    return {layout.input_name: {layout.time_axis: ("T", layout.min_frames, layout.max_frames)}}
 
 
 def _decoder_axes(layout: Seq2SeqLayout, context: int) -> dict[str, Any]:
@@ -342,9 +343,9 @@ def _manifest(
         "architecture": type(model).__name__,
         "encoder": {
             "archive": ENCODER,
-            "inputs": {"input_features": layout.features_shape("T" if layout.dynamic else None)},
+            "inputs": {layout.input_name: layout.features_shape("T" if layout.dynamic else None)},
             "outputs": layout.encoder_outputs(),
-            # the time axis of input_features and the frames it takes (Whisper: one fixed length)
+            # the input's time axis and the frames (samples) it takes (Whisper: one fixed length)
             "frames": {
                 "axis": layout.time_axis,
                 "min": layout.min_frames or layout.frames,

@@ -37,7 +37,7 @@ class Seq2SeqLayout:
     heads: int
     head_dim: int
     frames: int  # Whisper: input_features' fixed time axis; else the example's (any in min..max_frames)
-    mels: int  # features per frame
+    mels: int  # features per frame (0: raw audio samples, [1, samples])
     source: int  # encoder positions of ``frames`` (frames after the convolutions)
     vocab: int
     time_axis: int = 2  # Whisper [1, mels, frames]; Speech2Text [1, frames, features] (axis 1)
@@ -46,12 +46,18 @@ class Seq2SeqLayout:
     max_source: int | None = None  # encoder positions of ``max_frames``
 
     @property
+    def input_name(self) -> str:
+        return "input_features" if self.mels else "input_values"
+
+    @property
     def dynamic(self) -> bool:
         return self.max_frames is not None
 
     def features_shape(self, frames: int | str | None = None) -> list[int | str]:
         """``input_features``' shape for ``frames`` (default: the example's)."""
         t: int | str = self.frames if frames is None else frames
+        if not self.mels:  # raw audio (Moonshine's input_values)
+            return [1, t]
         return [1, self.mels, t] if self.time_axis == 2 else [1, t, self.mels]
 
     def encoder_outputs(self) -> list[str]:
@@ -74,10 +80,14 @@ def layout_of(model: nn.Module) -> Seq2SeqLayout:
     attn = model.model.decoder.layers[0].encoder_attn
     sizes = {
         "layers": len(model.model.decoder.layers),
-        "heads": int(attn.num_heads),
+        "heads": int(attn.k_proj.out_features // attn.head_dim),  # key/value heads: the cache's
         "head_dim": int(attn.head_dim),
         "vocab": int(config.vocab_size),
     }
+    if config.model_type == "moonshine":
+        from torchlower.llm.seq2seq_moonshine import moonshine_layout
+
+        return moonshine_layout(model, sizes)
     if config.model_type == "speech_to_text":
         convs = list(encoder.conv.conv_layers)
         # the sinusoidal table's rows past padding_idx: HF's cached decoding reads no further
@@ -99,6 +109,8 @@ def layout_of(model: nn.Module) -> Seq2SeqLayout:
 def context_limit(model: nn.Module) -> tuple[int, str]:
     """The decoder's positions: the smaller of ``max_target_positions`` and its table's rows."""
     decoder = model.model.decoder
+    if model.config.model_type == "moonshine":  # rotary positions: the config's bound alone
+        return int(model.config.max_position_embeddings), "rotary positions"
     limit = int(model.config.max_target_positions)
     if model.config.model_type == "speech_to_text":
         rows = int(decoder.embed_positions.weights.shape[0])
@@ -115,7 +127,13 @@ def _conv_length(convs: list[nn.Conv1d], frames: int) -> int:
 
 def parts(model: nn.Module, layout: Seq2SeqLayout) -> tuple[nn.Module, nn.Module]:
     """The encoder and decoder parts of ``model`` (its family's decoder)."""
-    decoder = Speech2TextDecoderPart if model.config.model_type == "speech_to_text" else DecoderPart
+    decoder: type[DecoderPart] = DecoderPart
+    if model.config.model_type == "speech_to_text":
+        decoder = Speech2TextDecoderPart
+    elif model.config.model_type == "moonshine":
+        from torchlower.llm.seq2seq_moonshine import MoonshineDecoderPart
+
+        decoder = MoonshineDecoderPart
     return EncoderPart(model, layout).eval(), decoder(model, layout).eval()
 
 
