@@ -114,3 +114,12 @@ def test_f16_and_q4_0_export_load_generate(
         assert len(tokens) == 32 and report.logit_error > 0
     for part in ("encoder", "decoder"):
         assert torchlower.load(report.path / f"{part}.nnef.tgz").weights
+
+
+def test_padded_head_dims(tmp_path: Path) -> None:
+    """``pad_head_dim_to_multiple_of``: HF zero-pads q/k/v (8 → 16 here), which changes no value."""
+    path, model = speech_models.moonshine_folder(tmp_path / "hf", pad_head_dim_to_multiple_of=16)
+    report = llm.export(path, tmp_path / "m")
+    assert report.tokens == report.reference_tokens and report.logit_error < 1e-4
+    audio = speech_models.audio(5, 7500)
+    assert llm.generate(report.path, START, 32, input_features=audio) == _hf_generate(model, audio, 32)

@@ -154,6 +154,11 @@ def test_cli_export_and_commands(s2t: tuple[Path, Any], exported: Any, tmp_path:
             proc = cli(command, exported.path / f"{part}.nnef.tgz", "--json")
             assert proc.returncode == 0, (command, part, proc.stderr[-2000:])
             assert json.loads(proc.stdout)["ok"]
+    summary = json.loads(cli("inspect", exported.path, "--json", "--no-shapes").stdout)
+    assert summary["format"] == "parts" and set(summary["parts"]) == {"encoder", "decoder"}
+    assert (
+        summary["parts"]["encoder"]["bundled"]["properties"]["torchlower.llm.model_type"] == "speech_to_text"
+    )
 
 
 def test_end_of_sentence_stops_as_hf(tmp_path: Path) -> None:

@@ -1,9 +1,9 @@
-"""``torchlower.llm.export`` of a speech encoder-decoder (Whisper, Speech2Text): a folder of two
-archives.
+"""``torchlower.llm.export`` of a speech encoder-decoder (Whisper, Speech2Text, Moonshine): a
+folder of two archives.
 
 ``OUT/encoder.nnef.tgz`` maps ``input_features`` to every decoder layer's cross-attention keys
-and values (computed once per utterance; Speech2Text's with a dynamic time axis, lowered by the
-jit front end); ``OUT/decoder.nnef.tgz`` is one decoder step with the
+and values (computed once per utterance; Speech2Text's and Moonshine's with a dynamic time
+axis, lowered by the jit front end); ``OUT/decoder.nnef.tgz`` is one decoder step with the
 self-attention KV cache in tract's naming and the cross keys/values as inputs
 (``seq2seq_parts.py``); ``OUT/manifest.json`` says how they connect. Each part is lowered and
 checked by the pipeline's stages (export front end, passes, staged write, tract vs the part at

@@ -76,7 +76,8 @@ class Seq2SeqRunner:
 
     def encode(self, input_features: Any) -> None:
         """Run the encoder on ``input_features`` (Whisper [1, mels, 3000]; Speech2Text [1, T,
-        features] with T in the manifest's ``frames`` bounds) and start a fresh decode."""
+        features]; Moonshine's audio [1, samples]; T and samples in the manifest's ``frames``
+        bounds) and start a fresh decode."""
         want = list(next(iter(self.manifest["encoder"]["inputs"].values())))  # one input
         frames = self.manifest["encoder"].get("frames", {})
         array = np.asarray(
