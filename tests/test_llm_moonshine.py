@@ -81,9 +81,7 @@ def test_layout_and_bounds(moon: tuple[Path, Any], exported: Any) -> None:
     runner = Seq2SeqRunner(exported.path)
     assert runner.mode == "state"
     for samples in (MIN_SAMPLES, MIN_SAMPLES + 383, MIN_SAMPLES + 384, 16000):
-        runner.encode(
-            np.zeros((1, samples), np.float32)
-        )  # ((((n - 127) // 64 + 1) - 7) // 3 + 1 - 3) // 2 + 1
+        runner.encode(np.zeros((1, samples), np.float32))
         positions = ((((samples - 127) // 64 + 1) - 7) // 3 + 1 - 3) // 2 + 1
         assert runner.cross[0].to_numpy().shape == (1, 2, positions, 8), samples
     with pytest.raises(InvalidArgumentError, match=r"\[1, 895\.\.1024000\] \(audio samples"):

@@ -148,7 +148,8 @@ def test_cli_export_and_commands(s2t: tuple[Path, Any], exported: Any, tmp_path:
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     assert data["kind"] == "speech_seq2seq" and data["tokens"] == data["reference_tokens"]
-    assert data["max_context"] == 64
+    assert data["max_context"] == 64 and data["encoder_inputs"] == {"input_features": [1, "T", 8]}
+    assert "input_features [1, 1..120, 8]" in cli("llm", "export", s2t[0], "-o", tmp_path / "b").stdout
     for part in ("encoder", "decoder"):
         for command in ("inspect", "check", "run"):
             proc = cli(command, exported.path / f"{part}.nnef.tgz", "--json")

@@ -1,7 +1,8 @@
 """``torchlower.llm.export`` of a speech encoder-decoder (Whisper, Speech2Text, Moonshine): a
 folder of two archives.
 
-``OUT/encoder.nnef.tgz`` maps ``input_features`` to every decoder layer's cross-attention keys
+``OUT/encoder.nnef.tgz`` maps the encoder's input (``input_features``; Moonshine's audio
+``input_values``) to every decoder layer's cross-attention keys
 and values (computed once per utterance; Speech2Text's and Moonshine's with a dynamic time
 axis, lowered by the jit front end); ``OUT/decoder.nnef.tgz`` is one decoder step with the
 self-attention KV cache in tract's naming and the cross keys/values as inputs
