@@ -34,7 +34,8 @@ from torchlower.core import tolerance as tolerances
 from torchlower.core.staging import staged
 from torchlower.errors import CheckError, InvalidArgumentError
 from torchlower.llm import bundle
-from torchlower.llm.seq2seq_parts import Seq2SeqLayout, context_limit, layout_of, parts
+from torchlower.llm.seq2seq_families import context_limit, layout_of, parts
+from torchlower.llm.seq2seq_parts import Seq2SeqLayout
 from torchlower.nnef import archive
 from torchlower.pipeline import capture, optimize, reference, report, request, write
 from torchlower.pipeline import check as checks

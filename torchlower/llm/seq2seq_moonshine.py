@@ -1,4 +1,5 @@
-"""Moonshine's parts (``seq2seq_parts.py`` for the shared encoder and layout): raw audio in.
+"""Moonshine's decoder step and layout (``seq2seq_parts.py``: the shared encoder part and
+layout; ``seq2seq_families.py`` picks them): raw audio in.
 
 The encoder takes ``input_values`` [1, samples] (16 kHz audio, any length from 895 samples:
 its three convolutions, strides 64, 3 and 2, need one output position) and its rotary
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower.llm.seq2seq_parts import DecoderPart, Seq2SeqLayout, _heads
+from torchlower.llm.seq2seq_parts import DecoderPart, Seq2SeqLayout, conv_length, heads
 
 MAX_SAMPLES = 16000 * 64  # the archive's bound on input_values: 64 s of 16 kHz audio
 
@@ -29,15 +30,9 @@ def moonshine_layout(model: nn.Module, sizes: dict[str, int]) -> Seq2SeqLayout:
         low = (low - 1) * conv.stride[0] + conv.kernel_size[0]
     frames = max(low, 4000)
     return Seq2SeqLayout(
-        **sizes, frames=frames, mels=0, source=_length(convs, frames), time_axis=1, min_frames=low,
-        max_frames=MAX_SAMPLES, max_source=_length(convs, MAX_SAMPLES),
+        **sizes, frames=frames, mels=0, source=conv_length(convs, frames), time_axis=1, min_frames=low,
+        max_frames=MAX_SAMPLES, max_source=conv_length(convs, MAX_SAMPLES),
     )  # fmt: skip
-
-
-def _length(convs: list[nn.Conv1d], n: int) -> int:
-    for conv in convs:
-        n = (n + 2 * conv.padding[0] - conv.kernel_size[0]) // conv.stride[0] + 1
-    return n
 
 
 class MoonshineDecoderPart(DecoderPart):
@@ -81,7 +76,7 @@ class MoonshineDecoderPart(DecoderPart):
 
     def _queries(self, attn: Any, h: torch.Tensor) -> torch.Tensor:
         dim = self.layout.head_dim
-        return _heads(attn.q_proj(h), attn.q_proj.out_features // dim, dim)
+        return heads(attn.q_proj(h), attn.q_proj.out_features // dim, dim)
 
     def _scores(
         self, attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None

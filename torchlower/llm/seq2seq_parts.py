@@ -74,70 +74,14 @@ class Seq2SeqLayout:
         return [torch.zeros(1, self.heads, past, self.head_dim, dtype=dtype) for _ in range(2 * self.layers)]
 
 
-def layout_of(model: nn.Module) -> Seq2SeqLayout:
-    config = model.config
-    encoder = model.model.encoder
-    attn = model.model.decoder.layers[0].encoder_attn
-    sizes = {
-        "layers": len(model.model.decoder.layers),
-        "heads": int(attn.k_proj.out_features // attn.head_dim),  # key/value heads: the cache's
-        "head_dim": int(attn.head_dim),
-        "vocab": int(config.vocab_size),
-    }
-    if config.model_type == "moonshine":
-        from torchlower.llm.seq2seq_moonshine import moonshine_layout
-
-        return moonshine_layout(model, sizes)
-    if config.model_type == "speech_to_text":
-        convs = list(encoder.conv.conv_layers)
-        # the sinusoidal table's rows past padding_idx: HF's cached decoding reads no further
-        positions = int(encoder.embed_positions.weights.shape[0]) - 1 - int(encoder.padding_idx)
-        max_source = min(int(config.max_source_positions), positions)
-        max_frames = max_source * 2 ** len(convs)  # every conv halves (rounding up): ceil(T / 2**n)
-        frames = min(max_frames, 50)
-        return Seq2SeqLayout(
-            **sizes, frames=frames, mels=int(config.input_feat_per_channel * config.input_channels),
-            source=_conv_length(convs, frames), time_axis=1, min_frames=1, max_frames=max_frames,
-            max_source=_conv_length(convs, max_frames),
-        )  # fmt: skip
-    frames = config.max_source_positions * encoder.conv1.stride[0] * encoder.conv2.stride[0]
-    return Seq2SeqLayout(
-        **sizes, frames=int(frames), mels=int(config.num_mel_bins), source=int(config.max_source_positions)
-    )
-
-
-def context_limit(model: nn.Module) -> tuple[int, str]:
-    """The decoder's positions: the smaller of ``max_target_positions`` and its table's rows."""
-    decoder = model.model.decoder
-    if model.config.model_type == "moonshine":  # rotary positions: the config's bound alone
-        return int(model.config.max_position_embeddings), "rotary positions"
-    limit = int(model.config.max_target_positions)
-    if model.config.model_type == "speech_to_text":
-        rows = int(decoder.embed_positions.weights.shape[0])
-        return min(limit, rows - 1 - int(decoder.padding_idx)), f"a {rows}-row sinusoidal table"
-    rows = int(decoder.embed_positions.num_embeddings)
-    return min(limit, rows), f"a {rows}-row position table"
-
-
-def _conv_length(convs: list[nn.Conv1d], frames: int) -> int:
+def conv_length(convs: list[nn.Conv1d], frames: int) -> int:
+    """Positions after ``convs`` (1-D, applied in order) of ``frames`` input frames."""
     for conv in convs:
         frames = (frames + 2 * conv.padding[0] - conv.kernel_size[0]) // conv.stride[0] + 1
     return frames
 
 
-def parts(model: nn.Module, layout: Seq2SeqLayout) -> tuple[nn.Module, nn.Module]:
-    """The encoder and decoder parts of ``model`` (its family's decoder)."""
-    decoder: type[DecoderPart] = DecoderPart
-    if model.config.model_type == "speech_to_text":
-        decoder = Speech2TextDecoderPart
-    elif model.config.model_type == "moonshine":
-        from torchlower.llm.seq2seq_moonshine import MoonshineDecoderPart
-
-        decoder = MoonshineDecoderPart
-    return EncoderPart(model, layout).eval(), decoder(model, layout).eval()
-
-
-def _heads(x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+def heads(x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
     """[1, T, heads * dim] → [1, heads, T, dim]."""
     return x.view(1, -1, heads, dim).transpose(1, 2)
 
@@ -156,8 +100,8 @@ class EncoderPart(nn.Module):
         out = []
         for layer in self.layers:
             attn = layer.encoder_attn
-            out.append(_heads(attn.k_proj(hidden), self.layout.heads, self.layout.head_dim))
-            out.append(_heads(attn.v_proj(hidden), self.layout.heads, self.layout.head_dim))
+            out.append(heads(attn.k_proj(hidden), self.layout.heads, self.layout.head_dim))
+            out.append(heads(attn.v_proj(hidden), self.layout.heads, self.layout.head_dim))
         return tuple(out)
 
 
@@ -212,7 +156,7 @@ class DecoderPart(nn.Module):
 
     def _project(self, attn: Any, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         heads, dim = self.layout.heads, self.layout.head_dim
-        return _heads(attn.k_proj(h), heads, dim), _heads(attn.v_proj(h), heads, dim)
+        return heads(attn.k_proj(h), heads, dim), heads(attn.v_proj(h), heads, dim)
 
     def _attend(
         self, attn: Any, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
@@ -220,7 +164,7 @@ class DecoderPart(nn.Module):
         """``WhisperAttention``: queries scaled before the product (its original order), no bias
         on keys, softmax in f32 as the eager path does."""
         heads, dim = self.layout.heads, self.layout.head_dim
-        q = _heads(attn.q_proj(h) * attn.scaling, heads, dim)
+        q = heads(attn.q_proj(h) * attn.scaling, heads, dim)
         scores = torch.matmul(q, k.transpose(2, 3))
         return self._weigh(attn, scores, v, mask)
 
@@ -256,6 +200,6 @@ class Speech2TextDecoderPart(DecoderPart):
     def _attend(
         self, attn: Any, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        q = _heads(attn.q_proj(h), self.layout.heads, self.layout.head_dim)
+        q = heads(attn.q_proj(h), self.layout.heads, self.layout.head_dim)
         scores = torch.matmul(q, k.transpose(2, 3)) * attn.scaling
         return self._weigh(attn, scores, v, mask)
