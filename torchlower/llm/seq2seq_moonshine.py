@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower.llm.seq2seq_parts import DecoderPart, Seq2SeqLayout, conv_length, heads
+from torchlower.llm.seq2seq_parts import DecoderPart, Seq2SeqLayout, conv_length, split_heads
 
 MAX_SAMPLES = 16000 * 64  # the archive's bound on input_values: 64 s of 16 kHz audio
 
@@ -76,7 +76,7 @@ class MoonshineDecoderPart(DecoderPart):
 
     def _queries(self, attn: Any, h: torch.Tensor) -> torch.Tensor:
         dim = self.layout.head_dim
-        return heads(attn.q_proj(h), attn.q_proj.out_features // dim, dim)
+        return split_heads(attn.q_proj(h), attn.q_proj.out_features // dim, dim)
 
     def _scores(
         self, attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None

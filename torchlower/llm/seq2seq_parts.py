@@ -81,7 +81,7 @@ def conv_length(convs: list[nn.Conv1d], frames: int) -> int:
     return frames
 
 
-def heads(x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+def split_heads(x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
     """[1, T, heads * dim] → [1, heads, T, dim]."""
     return x.view(1, -1, heads, dim).transpose(1, 2)
 
@@ -100,8 +100,8 @@ class EncoderPart(nn.Module):
         out = []
         for layer in self.layers:
             attn = layer.encoder_attn
-            out.append(heads(attn.k_proj(hidden), self.layout.heads, self.layout.head_dim))
-            out.append(heads(attn.v_proj(hidden), self.layout.heads, self.layout.head_dim))
+            out.append(split_heads(attn.k_proj(hidden), self.layout.heads, self.layout.head_dim))
+            out.append(split_heads(attn.v_proj(hidden), self.layout.heads, self.layout.head_dim))
         return tuple(out)
 
 
@@ -156,7 +156,7 @@ class DecoderPart(nn.Module):
 
     def _project(self, attn: Any, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         heads, dim = self.layout.heads, self.layout.head_dim
-        return heads(attn.k_proj(h), heads, dim), heads(attn.v_proj(h), heads, dim)
+        return split_heads(attn.k_proj(h), heads, dim), split_heads(attn.v_proj(h), heads, dim)
 
     def _attend(
         self, attn: Any, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
@@ -164,7 +164,7 @@ class DecoderPart(nn.Module):
         """``WhisperAttention``: queries scaled before the product (its original order), no bias
         on keys, softmax in f32 as the eager path does."""
         heads, dim = self.layout.heads, self.layout.head_dim
-        q = heads(attn.q_proj(h) * attn.scaling, heads, dim)
+        q = split_heads(attn.q_proj(h) * attn.scaling, heads, dim)
         scores = torch.matmul(q, k.transpose(2, 3))
         return self._weigh(attn, scores, v, mask)
 
@@ -200,6 +200,6 @@ class Speech2TextDecoderPart(DecoderPart):
     def _attend(
         self, attn: Any, h: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        q = heads(attn.q_proj(h), self.layout.heads, self.layout.head_dim)
+        q = split_heads(attn.q_proj(h), self.layout.heads, self.layout.head_dim)
         scores = torch.matmul(q, k.transpose(2, 3)) * attn.scaling
         return self._weigh(attn, scores, v, mask)
