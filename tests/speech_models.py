@@ -1,7 +1,9 @@
-"""Tiny random speech encoder-decoders from configs (never the hub): Whisper for now.
+"""Tiny random speech encoder-decoders from configs (never the hub): Whisper and Speech2Text.
 
-Weights are drawn with std 0.6 (as ``llm_models``) so greedy chains move; no special tokens are
-suppressed or forced, so HF ``generate`` is the plain arg-max chain tract must reproduce.
+Weights are drawn with std 0.6 (as ``llm_models``) so greedy chains move (Speech2Text's token
+embeddings, tied to its LM head and scaled by sqrt(d_model), with std 0.15: larger ones make
+every chain repeat one token); no special tokens are suppressed or forced, so HF ``generate``
+is the plain arg-max chain tract must reproduce.
 """
 
 from __future__ import annotations
@@ -55,8 +57,94 @@ def whisper_folder(path: Path, seed: int = 0) -> tuple[Path, Any]:
     return path, model
 
 
-def features(model: Any, seed: int = 0) -> torch.Tensor:
-    """Log-mel-like input features [1, mels, 2 * max_source_positions]."""
+SPEECH2TEXT = {
+    "vocab_size": 120,
+    "d_model": 16,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 32,
+    "decoder_ffn_dim": 32,
+    "conv_channels": 16,
+    "input_feat_per_channel": 8,
+    "max_source_positions": 30,  # 120 input frames (two stride-2 convolutions)
+    "max_target_positions": 64,
+    "decoder_start_token_id": 2,
+    "pad_token_id": 1,
+    "eos_token_id": None,
+    "bos_token_id": None,
+}
+
+
+def speech2text(seed: int = 0, **fields: Any) -> Any:
+    """A ``Speech2TextForConditionalGeneration`` in eval mode with seeded random weights."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.Speech2TextConfig(**(SPEECH2TEXT | fields))
+    model = transformers.Speech2TextForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.6)
+        model.model.decoder.embed_tokens.weight.normal_(0.0, 0.15)
+    return model.eval()
+
+
+def speech2text_folder(path: Path, seed: int = 0, **fields: Any) -> tuple[Path, Any]:
+    model = speech2text(seed, **fields)
+    model.save_pretrained(path)
+    return path, model
+
+
+def features(model: Any, seed: int = 0, frames: int | None = None) -> torch.Tensor:
+    """Log-mel-like input features: Whisper's [1, mels, 2 * max_source_positions]; Speech2Text's
+    [1, frames, features] (default 50 frames)."""
     g = torch.Generator().manual_seed(seed)
     c = model.config
+    if c.model_type == "speech_to_text":
+        return torch.randn(1, frames or 50, c.input_feat_per_channel * c.input_channels, generator=g)
     return torch.randn(1, c.num_mel_bins, 2 * c.max_source_positions, generator=g)
+
+
+MOONSHINE = {
+    "vocab_size": 120,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "encoder_num_hidden_layers": 2,
+    "decoder_num_hidden_layers": 2,
+    "encoder_num_attention_heads": 2,
+    "decoder_num_attention_heads": 2,
+    "max_position_embeddings": 64,
+    "decoder_start_token_id": 1,
+    "pad_token_id": 0,
+    "eos_token_id": None,
+    "bos_token_id": None,
+}
+
+
+def moonshine(seed: int = 0, **fields: Any) -> Any:
+    """A ``MoonshineForConditionalGeneration`` (raw audio in) with seeded random weights."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.MoonshineConfig(**(MOONSHINE | fields))
+    model = transformers.MoonshineForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.6)
+    return model.eval()
+
+
+def moonshine_folder(path: Path, seed: int = 0, **fields: Any) -> tuple[Path, Any]:
+    model = moonshine(seed, **fields)
+    model.save_pretrained(path)
+    return path, model
+
+
+def audio(seed: int = 0, samples: int = 4000) -> torch.Tensor:
+    """Raw audio-like samples [1, samples] (Moonshine's input_values)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, samples, generator=g) * 0.3

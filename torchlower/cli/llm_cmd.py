@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
 
 def seq2seq_json(report: Any) -> dict[str, Any]:
+    encoder = json.loads((Path(report.path) / "manifest.json").read_text())["encoder"]
     parts = {}
     for name in ("encoder", "decoder"):
         part = getattr(report, name)
@@ -106,6 +109,8 @@ def seq2seq_json(report: Any) -> dict[str, Any]:
         "precision": report.precision,
         "compress": report.compress,
         "parts": parts,
+        "encoder_inputs": encoder["inputs"],  # e.g. {"input_features": [1, "T", 80]}
+        "frames": encoder.get("frames"),  # the time axis and the lengths it takes
         "artifact_bytes": report.archive_bytes,
         "bundled": report.bundled,
         "tokens": report.tokens,
@@ -124,6 +129,13 @@ def render_seq2seq(console: Console, data: dict[str, Any]) -> None:
     )
     table.add_row("options", f"precision {data['precision']}, compress {data['compress'] or 'none'}")
     table.add_row("context", f"decoder P + S <= {data['max_context']}")
+    frames = data["frames"] or {}
+    for name, shape in data["encoder_inputs"].items():
+        dims = [
+            f"{frames['min']}..{frames['max']}" if i == frames.get("axis") and isinstance(n, str) else str(n)
+            for i, n in enumerate(shape)
+        ]
+        table.add_row("encoder input", f"{name} [{', '.join(dims)}]")
     for name, part in data["parts"].items():
         formats = ", ".join(f"{k} {v:,}" for k, v in part["weight_bytes_by_format"].items())
         checked = f"; vs PyTorch max abs {short(part['max_abs_error'])} ✓" if part["checked"] else ""

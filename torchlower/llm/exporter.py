@@ -105,7 +105,8 @@ def export(
     part: str | None = None,
 ) -> ExportReport | Seq2SeqReport:
     """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract; a
-    ``WhisperForConditionalGeneration`` becomes a folder of two archives (``seq2seq.export``,
+    ``WhisperForConditionalGeneration`` (or Speech2Text's, Moonshine's) becomes a folder of two
+    archives (``seq2seq.export``,
     a ``Seq2SeqReport``).
 
     Graph inputs ``input_ids`` [1, S] and per layer ``in_cache_key_{i}``/``in_cache_value_{i}``
@@ -338,7 +339,8 @@ def _refuse_causal_options(
     used = [k for k, v in given.items() if v is not None]
     if used:
         raise InvalidArgumentError(
-            f"{', '.join(used)}: not available for a speech encoder-decoder export (Whisper); leave them"
+            f"{', '.join(used)}: not available for a speech encoder-decoder export (Whisper,"
+            " Speech2Text, Moonshine); leave them"
             " out, or export the decoder alone with part='decoder'"
         )
 

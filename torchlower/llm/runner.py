@@ -120,11 +120,13 @@ def generate(
 ) -> list[int]:
     """The new token ids after ``input_ids`` (a list, or a [1, S] array/tensor), run in tract.
 
-    For a speech encoder-decoder export (a folder with ``manifest.json``, e.g. Whisper),
-    ``input_ids`` are the decoder's start tokens and ``input_features`` the log-mel frames
-    [1, mels, frames] the encoder runs on once; decoding is greedy with the generation config's
-    ``suppress_tokens`` / ``begin_suppress_tokens`` applied and its end-of-text id as the stop,
-    as HF's Whisper ``generate`` does (timestamps and language detection are not done).
+    For a speech encoder-decoder export (a folder with ``manifest.json``: Whisper, Speech2Text,
+    Moonshine), ``input_ids`` are the decoder's start tokens and ``input_features`` what the
+    encoder runs on once (log-mel frames [1, mels, 3000], filter banks [1, T, features], or
+    Moonshine's audio samples [1, samples]: the manifest's ``encoder.inputs``); decoding is
+    greedy with the generation config's ``suppress_tokens`` / ``begin_suppress_tokens`` applied
+    and its end-of-text id as the stop, as HF's Whisper ``generate`` does (timestamps and
+    language detection are not done).
 
     Greedy by default (``do_sample=False``: the arg-max, ties to the lowest id as torch does);
     ``do_sample=True`` samples from softmax(logits / temperature), optionally over the

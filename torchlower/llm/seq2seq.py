@@ -1,12 +1,15 @@
-"""``torchlower.llm.export`` of a speech encoder-decoder (Whisper): a folder of two archives.
+"""``torchlower.llm.export`` of a speech encoder-decoder (Whisper, Speech2Text, Moonshine): a
+folder of two archives.
 
-``OUT/encoder.nnef.tgz`` maps ``input_features`` to every decoder layer's cross-attention keys
-and values (computed once per utterance); ``OUT/decoder.nnef.tgz`` is one decoder step with the
+``OUT/encoder.nnef.tgz`` maps the encoder's input (``input_features``; Moonshine's audio
+``input_values``) to every decoder layer's cross-attention keys
+and values (computed once per utterance; Speech2Text's and Moonshine's with a dynamic time
+axis, lowered by the jit front end); ``OUT/decoder.nnef.tgz`` is one decoder step with the
 self-attention KV cache in tract's naming and the cross keys/values as inputs
 (``seq2seq_parts.py``); ``OUT/manifest.json`` says how they connect. Each part is lowered and
 checked by the pipeline's stages (export front end, passes, staged write, tract vs the part at
 several sizes); then the two run together in tract (``seq2seq_runner.py``) against Hugging
-Face's ``WhisperForConditionalGeneration``: greedy tokens and the logits of every step. A failed
+Face's ``…ForConditionalGeneration``: greedy tokens and the logits of every step. A failed
 check writes nothing.
 """
 
@@ -31,7 +34,8 @@ from torchlower.core import tolerance as tolerances
 from torchlower.core.staging import staged
 from torchlower.errors import CheckError, InvalidArgumentError
 from torchlower.llm import bundle
-from torchlower.llm.seq2seq_parts import DecoderPart, EncoderPart, Seq2SeqLayout, layout_of
+from torchlower.llm.seq2seq_families import context_limit, layout_of, parts
+from torchlower.llm.seq2seq_parts import Seq2SeqLayout
 from torchlower.nnef import archive
 from torchlower.pipeline import capture, optimize, reference, report, request, write
 from torchlower.pipeline import check as checks
@@ -39,7 +43,12 @@ from torchlower.pipeline import check as checks
 MANIFEST = "manifest.json"
 FORMAT = "torchlower.speech_seq2seq"
 ENCODER, DECODER = "encoder.nnef.tgz", "decoder.nnef.tgz"
-ARCHITECTURES = ("WhisperForConditionalGeneration",)
+# model_type → the class its config names (what ``open_speech_seq2seq`` loads)
+ARCHITECTURES = {
+    "whisper": "WhisperForConditionalGeneration",
+    "speech_to_text": "Speech2TextForConditionalGeneration",
+    "moonshine": "MoonshineForConditionalGeneration",
+}
 CHECK_TOKENS = 8  # greedy steps the export runs against HF
 F16_TOLERANCE = 3e-2  # of the output scale (llm.exporter.F16_TOLERANCE)
 
@@ -72,7 +81,7 @@ class Seq2SeqReport:
 
 def is_speech_seq2seq(config: Any) -> bool:
     names = [str(a) for a in (getattr(config, "architectures", None) or [])]
-    return getattr(config, "model_type", None) == "whisper" and any(n in ARCHITECTURES for n in names)
+    return ARCHITECTURES.get(str(getattr(config, "model_type", None))) in names
 
 
 def export(
@@ -97,27 +106,28 @@ def export(
         raise InvalidArgumentError(f"output folder {str(target.parent)!r} does not exist")
     model = model.eval()
     layout = layout_of(model)
-    limit = int(model.config.max_target_positions)
-    rows = int(model.model.decoder.embed_positions.num_embeddings)
-    limit = min(limit, rows)
+    limit, table = context_limit(model)
     context = max_context or limit
     if context > limit:
         raise InvalidArgumentError(
             f"max_context={max_context} exceeds the decoder's {limit} positions (max_target_positions,"
-            f" a {rows}-row position table); pass max_context <= {limit}"
+            f" {table}); pass max_context <= {limit}"
         )
     props = _properties(model, layout, context, precision, compress)
+    encoder, decoder = parts(model, layout)
     with staged(target) as folder, _naming(folder, target):
         folder.mkdir()
         with progress.stage("encoder"):
+            # a dynamic time axis goes through the jit front end (torch.export specializes the
+            # convolutions' lengths and the position table's size tests)
             enc, enc_weights = _export_part(
-                EncoderPart(model, layout).eval(), (_features(layout),), folder / ENCODER, ["input_features"],
-                layout.encoder_outputs(), None, precision, compress, check, [],
-                props | {"torchlower.llm.part": "encoder"}, {},
+                encoder, (_features(layout),), folder / ENCODER, [layout.input_name],
+                layout.encoder_outputs(), _encoder_axes(layout), precision, compress, check, [],
+                props | {"torchlower.llm.part": "encoder"}, {}, "jit" if layout.dynamic else "export",
             )  # fmt: skip
         with progress.stage("decoder"):
             dec, dec_weights = _export_part(
-                DecoderPart(model, layout).eval(), _decoder_example(layout), folder / DECODER,
+                decoder, _decoder_example(layout), folder / DECODER,
                 layout.decoder_inputs(), layout.decoder_outputs(), _decoder_axes(layout, context), precision,
                 compress, check, _bounds(context), props | {"torchlower.llm.part": "decoder"}, files,
             )  # fmt: skip
@@ -125,11 +135,12 @@ def export(
             json.dumps(_manifest(model, layout, context, precision, compress), indent=1)
         )
         result = Seq2SeqReport(
-            folder, "whisper", type(model).__name__, sum(p.numel() for p in model.parameters()),
-            layout.layers, context, precision, compress, enc, dec, 0, bundled=sorted(files),
+            folder, str(model.config.model_type), type(model).__name__,
+            sum(p.numel() for p in model.parameters()), layout.layers, context, precision, compress,
+            enc, dec, 0, bundled=sorted(files),
         )  # fmt: skip
         if check:
-            reference_model = _dequantized(model, enc_weights, dec_weights)
+            reference_model = _dequantized(model, (encoder, enc_weights), (decoder, dec_weights))
             with progress.stage("checking against Hugging Face"):
                 _check_end_to_end(result, model, reference_model, layout, precision)
         result.archive_bytes = sum(f.stat().st_size for f in folder.iterdir())
@@ -152,10 +163,11 @@ def _export_part(
     module: nn.Module, example: tuple[torch.Tensor, ...], target: Path, names_in: list[str],
     names_out: list[str], axes: dict[str, Any] | None, precision: str, compress: str | None,
     check: bool, extensions: list[str], props: dict[str, Any], files: dict[str, bytes],
+    frontend: str = "export",
 ) -> tuple[report.ExportReport, dict[str, torch.Tensor] | None]:  # fmt: skip
     """``torchlower.export``'s stages, with the graph's bounds, properties and bundled files."""
     req = request.request(
-        module, example, target, input_names=names_in, output_names=names_out, frontend="export",
+        module, example, target, input_names=names_in, output_names=names_out, frontend=frontend,
         check=check, tolerance=None, precision=precision, compress=compress, dynamic_axes=axes,
         dynamic_shapes=None, allow_value_dependent_trace=False,
     )  # fmt: skip
@@ -190,22 +202,21 @@ def _check_end_to_end(
     result: Seq2SeqReport, model: nn.Module, reference_model: nn.Module, layout: Seq2SeqLayout, precision: str
 ) -> None:
     """Greedy tokens and every step's logits of tract (encoder once, decoder step by step) vs HF
-    running the weights the archive holds (q4_0: dequantized). f16 is reported, not bounded:
-    the reference runs in f32 and a tiny random model's greedy chain may flip on an f16 step."""
+    running the weights the archive holds (q4_0: dequantized), both decoding with their caches
+    as ``generate`` does. f16 is reported, not bounded: the reference runs in f32 and a tiny
+    random model's greedy chain may flip on an f16 step."""
     from torchlower.llm.seq2seq_runner import Seq2SeqRunner
 
     features = _features(layout, seed=1)
     start = [int(model.config.decoder_start_token_id or 0)]
     steps = min(CHECK_TOKENS, result.max_context - len(start))
     tokens, logits = Seq2SeqRunner(result.path).greedy(start, steps, features.numpy())
-    with torch.no_grad():
-        seq = torch.tensor([start + tokens[:-1]])
-        want = reference_model(input_features=features, decoder_input_ids=seq).logits[0].numpy()
-        ref_tokens = _hf_greedy(reference_model, features, start, steps)
-        original = model(input_features=features, decoder_input_ids=seq).logits[0].numpy()
+    want = hf_decode(reference_model, features, start, steps, forced=tokens)[1]
+    ref_tokens = hf_decode(reference_model, features, start, steps)[0]
+    original = hf_decode(model, features, start, steps, forced=tokens)[1]
     result.tokens, result.reference_tokens = tokens, ref_tokens
-    error = float(np.abs(np.stack(logits) - want[len(start) - 1 :]).max())
-    result.logit_error = float(np.abs(np.stack(logits) - original[len(start) - 1 :]).max())
+    error = float(np.abs(np.stack(logits) - want).max())
+    result.logit_error = float(np.abs(np.stack(logits) - original).max())
     tol = (1e-3 if reference_model is not model else 1e-4) * max(1.0, float(np.abs(want).max()))
     if precision != "f16" and (tokens != ref_tokens or error > tol):
         raise CheckError(
@@ -214,50 +225,56 @@ def _check_end_to_end(
         )
 
 
-def _dequantized(
-    model: nn.Module, encoder: dict[str, torch.Tensor] | None, decoder: dict[str, torch.Tensor] | None
-) -> nn.Module:
-    """``model`` itself, or a copy running the dequantized weights of the compressed parts."""
-    if not encoder and not decoder:
+def _dequantized(model: nn.Module, *parts: tuple[nn.Module, dict[str, torch.Tensor] | None]) -> nn.Module:
+    """``model`` itself, or a copy running the dequantized weights of the compressed parts
+    (each part's weights are named as the part names its parameters: found by identity)."""
+    if not any(weights for _, weights in parts):
         return model
     import copy
 
+    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
     state: dict[str, torch.Tensor] = {}
-    for prefix, weights in (
-        ("encoder.", encoder or {}),
-        ("layers.", encoder or {}),
-        ("decoder.", decoder or {}),
-    ):
-        for name, tensor in weights.items():
-            if name.startswith(prefix):
-                state[("model.decoder." if prefix == "layers." else "model.") + name] = tensor
-    for name, tensor in (decoder or {}).items():
-        if name.startswith("proj_out."):
-            state[name] = tensor
+    for part, weights in parts:
+        own = dict(part.named_parameters(remove_duplicate=False))
+        for name, tensor in (weights or {}).items():
+            if name not in own or id(own[name]) not in names:
+                raise CheckError(f"dequantized weight {name!r} has no parameter in {type(model).__name__}")
+            state[names[id(own[name])]] = tensor
     clone = copy.deepcopy(model)
-    missing = [k for k in state if k not in dict(clone.named_parameters(remove_duplicate=False))]
-    if missing:
-        raise CheckError(f"dequantized weights {missing[:3]} have no parameter in {type(model).__name__}")
+    params = dict(clone.named_parameters(remove_duplicate=False))
     with torch.no_grad():
-        params = dict(clone.named_parameters(remove_duplicate=False))
         for name, tensor in state.items():
             params[name].copy_(tensor)
     return clone.eval()
 
 
-def _hf_greedy(model: nn.Module, features: torch.Tensor, start: list[int], steps: int) -> list[int]:
-    """Arg-max decoding with HF's own forward (what ``generate`` does without logits processors)."""
-    seq = list(start)
+def hf_decode(
+    model: nn.Module, features: torch.Tensor, start: list[int], steps: int, forced: list[int] | None = None
+) -> tuple[list[int], np.ndarray]:
+    """HF's own cached decoding (what ``generate`` does without logits processors): the arg-max
+    tokens and each step's logits [steps, vocab]; ``forced`` feeds those tokens instead (the
+    logits HF gives for tract's chain)."""
+    from torchlower.llm.wrapper import cache_arg, present_cache
+
+    tokens: list[int] = []
+    rows: list[np.ndarray] = []
     with torch.no_grad():
-        for _ in range(steps):
-            logits = model(input_features=features, decoder_input_ids=torch.tensor([seq])).logits
-            seq.append(int(logits[0, -1].argmax()))
-    return seq[len(start) :]
+        encoded = model.get_encoder()(features)
+        feed, cache = torch.tensor([start]), None
+        for i in range(steps):
+            out = model(
+                encoder_outputs=encoded, decoder_input_ids=feed, use_cache=True, **{cache_arg(model): cache}
+            )
+            cache = present_cache(out)
+            rows.append(out.logits[0, -1].float().numpy())
+            tokens.append(int(out.logits[0, -1].argmax()) if forced is None else forced[i])
+            feed = torch.tensor([[tokens[-1]]])
+    return tokens, np.stack(rows)
 
 
 def _features(layout: Seq2SeqLayout, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(1, layout.mels, layout.frames, generator=g)
+    return torch.randn(*map(int, layout.features_shape()), generator=g)
 
 
 def _decoder_example(layout: Seq2SeqLayout) -> tuple[torch.Tensor, ...]:
@@ -268,9 +285,18 @@ def _decoder_example(layout: Seq2SeqLayout) -> tuple[torch.Tensor, ...]:
     return (ids, *past, *cross)
 
 
+def _encoder_axes(layout: Seq2SeqLayout) -> dict[str, Any] | None:
+    if not layout.dynamic:
+        return None
+    return {layout.input_name: {layout.time_axis: ("T", layout.min_frames, layout.max_frames)}}
+
+
 def _decoder_axes(layout: Seq2SeqLayout, context: int) -> dict[str, Any]:
     cache = [f"in_cache_{t}_{i}" for i in range(layout.layers) for t in ("key", "value")]
-    return {"input_ids": {1: ("S", 1, context)}} | {n: {2: ("P", 1, context)} for n in cache}
+    axes = {"input_ids": {1: ("S", 1, context)}} | {n: {2: ("P", 1, context)} for n in cache}
+    if layout.dynamic:  # the encoder's positions: any length its time axis gives
+        axes |= {n: {2: ("F", 1, layout.max_source)} for n in layout.encoder_outputs()}
+    return axes
 
 
 def _bounds(context: int) -> list[str]:
@@ -319,8 +345,14 @@ def _manifest(
         "architecture": type(model).__name__,
         "encoder": {
             "archive": ENCODER,
-            "inputs": {"input_features": [1, layout.mels, layout.frames]},
+            "inputs": {layout.input_name: layout.features_shape("T" if layout.dynamic else None)},
             "outputs": layout.encoder_outputs(),
+            # the input's time axis and the frames (samples) it takes (Whisper: one fixed length)
+            "frames": {
+                "axis": layout.time_axis,
+                "min": layout.min_frames or layout.frames,
+                "max": layout.max_frames or layout.frames,
+            },
         },
         "decoder": {
             "archive": DECODER,

@@ -75,17 +75,29 @@ class Seq2SeqRunner:
         self.length = 0
 
     def encode(self, input_features: Any) -> None:
-        """Run the encoder on ``input_features`` [1, mels, frames] and start a fresh decode."""
-        want = self.manifest["encoder"]["inputs"]["input_features"]
+        """Run the encoder on ``input_features`` (Whisper [1, mels, 3000]; Speech2Text [1, T,
+        features]; Moonshine's audio [1, samples]; T and samples in the manifest's ``frames``
+        bounds) and start a fresh decode."""
+        want = list(next(iter(self.manifest["encoder"]["inputs"].values())))  # one input
+        frames = self.manifest["encoder"].get("frames", {})
         array = np.asarray(
             input_features.detach().cpu().numpy() if hasattr(input_features, "detach") else input_features
         )
-        if array.ndim == 2:
+        if array.ndim == len(want) - 1:  # without the batch axis
             array = array[None]
-        if list(array.shape) != list(want) or array.dtype.kind != "f":
+        axis = int(frames.get("axis", len(want) - 1))
+        low, high = int(frames.get("min", want[axis])), int(frames.get("max", want[axis]))
+        fits = array.ndim == len(want) and all(
+            low <= n <= high if i == axis else n == want[i] for i, n in enumerate(array.shape)
+        )
+        if not fits or array.dtype.kind != "f":
+            shape = ", ".join(
+                f"{low}..{high}" if i == axis and low != high else str(n) for i, n in enumerate(want)
+            )
             raise InvalidArgumentError(
-                f"input_features must be float [{', '.join(map(str, want))}] (log-mel frames, padded as"
-                f" the model's feature extractor pads them); got {array.dtype} {list(array.shape)}"
+                f"input_features must be float [{shape}] ({'audio samples' if len(want) == 2 else 'log-mel'}"
+                f" frames, padded as the model's feature extractor pads them); got {array.dtype}"
+                f" {list(array.shape)}"
             )
         # kept as tract tensors: fed every step without a copy through numpy (22 of 63 ms/token
         # for whisper-tiny's 8 cross tensors of [1, 6, 1500, 64])

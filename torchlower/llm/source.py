@@ -107,12 +107,13 @@ def open_source(source: str | os.PathLike[str] | nn.Module, part: str | None = N
 def open_speech_seq2seq(
     source: str | os.PathLike[str] | nn.Module,
 ) -> tuple[nn.Module, dict[str, bytes]] | None:
-    """A Whisper ``ForConditionalGeneration`` (folder or model) and its files to bundle; None for
-    anything else. The folder's weights must all be taken (``WrongModelError`` otherwise)."""
+    """A Whisper or Speech2Text ``ForConditionalGeneration`` (folder or model) and its files to
+    bundle; None for anything else. The folder's weights must all be taken (``WrongModelError``
+    otherwise)."""
     from torchlower.llm.seq2seq import ARCHITECTURES, is_speech_seq2seq
 
     if isinstance(source, nn.Module):
-        if type(source).__name__ not in ARCHITECTURES:
+        if type(source).__name__ not in ARCHITECTURES.values():
             return None
         return source, {"config.json": source.config.to_json_string(use_diff=False).encode()}
     if not isinstance(source, (str, os.PathLike)):
@@ -126,7 +127,7 @@ def open_speech_seq2seq(
 
     files = weight_files(folder)
     check_weights_readable(files)
-    cls = getattr(transformers, ARCHITECTURES[0])
+    cls = getattr(transformers, ARCHITECTURES[str(config.model_type)])
     try:
         model, info = cls.from_pretrained(
             str(folder), local_files_only=True, dtype=torch.float32, output_loading_info=True
