@@ -108,7 +108,7 @@ def test_torchaudio_mfcc_with_db_scale_is_a_streaming_error(tmp_path: Path) -> N
     path = tmp_path / "mfcc_db.nnef.tgz"
     with pytest.raises(
         StreamingError,
-        match=r"module 'mfcc.amplitude_to_DB'.*max_reduce.*whole streaming axis.*AmplitudeToDB.forward at",
+        match=r"mfcc.amplitude_to_DB.*(max|sum)_reduce.*whole streaming axis.*AmplitudeToDB.forward at",
     ):
         torchlower.export(
             model_of(MFCCdBSpotter), (torch.randn(1, 4000),), path, dynamic_axes={"x": {1: "T"}},
