@@ -17,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ import numpy as np
 
 from torchlower.errors import CheckError
 from torchlower.nnef.graph_model import Graph, Ident
-from torchlower.nnef.session import receive, send
+from torchlower.nnef.session import death, receive, send, short, spawn, stop
 
 _STRIDE = re.compile(r"requires pulse \((\d+)\) to be a stride \((\d+)\) multiple")
 _NODE = re.compile(r'Translating node #\d+ "([^"]+)" (\w+)')
@@ -153,7 +152,7 @@ def serve(folder: str, symbol: str, pulse: int) -> int:
         runnable, facts = _pulsed(folder, symbol, pulse)
         state = runnable.spawn_state()
     except Exception as exc:  # tract raises TractError; reported as text to the parent
-        send(replies, {"error": _short(exc)}, [])
+        send(replies, {"error": short(exc)}, [])
         return 3
     send(replies, {"error": None, "facts": facts.__dict__}, [])
     while (message := receive(requests)) is not None:
@@ -167,14 +166,10 @@ def serve(folder: str, symbol: str, pulse: int) -> int:
             outputs = [t.to_numpy() for t in state.run(inputs)]
             seconds = time.perf_counter() - start
         except Exception as exc:
-            send(replies, {"error": _short(exc)}, [])
+            send(replies, {"error": short(exc)}, [])
             continue
         send(replies, {"error": None, "seconds": seconds}, outputs)
     return 0
-
-
-def _short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).split('Stack backtrace')[0].strip()}"[:4000]
 
 
 # ---- parent side -------------------------------------------------------------------------
@@ -186,19 +181,10 @@ class PulseSession:
     def __init__(self, folder: Path, symbol: str, pulse: int, threads: int | None = None) -> None:
         self.folder, self.symbol, self.pulse = Path(folder).resolve(), symbol, pulse
         self.lock = threading.Lock()
-        self.stderr: IO[bytes] | None = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the child)
-        env = dict(os.environ, RUST_BACKTRACE="0", RUST_LIB_BACKTRACE="0")
-        env["RAYON_NUM_THREADS"] = str(threads or os.environ.get("RAYON_NUM_THREADS", "1"))
-        if env["RAYON_NUM_THREADS"] == "1":
-            env["TRACT_FLASH_SDPA_ST"] = "1"
-        self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, "-m", "torchlower.nnef.pulse", str(self.folder), symbol, str(pulse)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            env=env,
-            cwd=Path(__file__).resolve().parents[2],
-        )
+        threads = threads or int(os.environ.get("RAYON_NUM_THREADS", "1"))  # one unless told
+        proc, stderr = spawn("torchlower.nnef.pulse", [str(self.folder), symbol, str(pulse)], threads)
+        self.proc: subprocess.Popen[bytes] | None = proc
+        self.stderr: IO[bytes] | None = stderr
         header, _ = self._exchange(None, {}, "pulse")
         self.facts = PulseFacts(**header["facts"])
         self.seconds: list[float] = []  # tract's time per pushed chunk
@@ -239,30 +225,13 @@ class PulseSession:
 
     def _death(self) -> str:
         assert self.proc is not None and self.stderr is not None
-        code = self.proc.wait()
-        self.stderr.seek(0)
-        text = self.stderr.read().decode(errors="replace")
-        panic = text.find("panicked at")
-        tail = (text[panic:] if panic >= 0 else text).strip()
-        tail = tail.split("\nnote: run with")[0].split("stack backtrace:")[0].strip()[:2000]
-        self.proc = None
-        what = f"tract aborted its process (signal {-code})" if code < 0 else f"exit status {code}"
-        return f"{what}. {tail}".strip()
+        proc, self.proc = self.proc, None
+        return death(proc, self.stderr)
 
     def close(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None:
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    stream.close()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self.stderr is not None:
-            self.stderr.close()
-            self.stderr = None
+        stderr, self.stderr = self.stderr, None
+        stop(proc, stderr)
 
     def __enter__(self) -> PulseSession:
         return self
@@ -285,7 +254,7 @@ class InProcessPulse:
         try:
             self.runnable, self.facts = _pulsed(str(folder), symbol, pulse)
         except Exception as exc:
-            raise refusal(_short(exc), pulse) from None
+            raise refusal(short(exc), pulse) from None
         self.state: Any = self.runnable.spawn_state()
         self.seconds: list[float] = []
 
@@ -294,7 +263,7 @@ class InProcessPulse:
         try:
             outputs = [t.to_numpy() for t in self.state.run(list(inputs))]
         except Exception as exc:
-            raise CheckError(f"tract could not run the pulsed model: {_short(exc)}") from None
+            raise CheckError(f"tract could not run the pulsed model: {short(exc)}") from None
         self.seconds.append(time.perf_counter() - start)
         return outputs
 

@@ -113,7 +113,7 @@ def serve(folder: str, sizes: Mapping[str, int] | None = None) -> int:
         known = facts(model)
         runnable = model.into_runnable()
     except Exception as exc:  # tract raises TractError; reported as text to the parent
-        send(replies, {"error": _short(exc)}, [])
+        send(replies, {"error": short(exc)}, [])
         return 3
     send(replies, {"error": None, **known}, [])
     while (message := receive(requests)) is not None:
@@ -121,14 +121,63 @@ def serve(folder: str, sizes: Mapping[str, int] | None = None) -> int:
         try:
             outputs = [t.to_numpy() for t in runnable.run(inputs)]
         except Exception as exc:
-            send(replies, {"error": _short(exc)}, [])
+            send(replies, {"error": short(exc)}, [])
             continue
         send(replies, {"error": None}, outputs)
     return 0
 
 
-def _short(exc: BaseException) -> str:
+def short(exc: BaseException) -> str:
+    """A tract exception as one message, without the Rust backtrace."""
     return f"{type(exc).__name__}: {str(exc).split('Stack backtrace')[0].strip()}"[:4000]
+
+
+# ---- the child process, for every tract session (this module's and nnef/pulse.py's) -----------
+def spawn(module: str, args: Sequence[str], threads: int | None) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    """``python -m module *args`` with pipes for the wire format; its stderr kept in a file so
+    ``death`` can quote tract's panic. ``threads`` sets tract's pool (read once per process)."""
+    env = dict(os.environ, RUST_BACKTRACE="0", RUST_LIB_BACKTRACE="0")
+    if threads is not None:
+        env["RAYON_NUM_THREADS"] = str(threads)
+        if threads == 1:
+            env["TRACT_FLASH_SDPA_ST"] = "1"  # tract's flash attention has its own pool
+    stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the child)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    return proc, stderr
+
+
+def death(proc: subprocess.Popen[bytes], stderr: IO[bytes]) -> str:
+    """Why a child stopped answering (an abort names the signal and tract's panic text)."""
+    code = proc.wait()
+    stderr.seek(0)
+    text = stderr.read().decode(errors="replace")
+    panic = text.find("panicked at")
+    tail = (text[panic:] if panic >= 0 else text).strip()
+    tail = tail.split("\nnote: run with")[0].split("stack backtrace:")[0].strip()[:2000]
+    what = f"tract aborted its process (signal {-code})" if code < 0 else f"exit status {code}"
+    return f"{what}. {tail}".strip()
+
+
+def stop(proc: subprocess.Popen[bytes] | None, stderr: IO[bytes] | None) -> None:
+    """Close a child's pipes and wait for it (killed after 5 s); its stderr file closed."""
+    if proc is not None:
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if stderr is not None:
+        stderr.close()
 
 
 # ---- parent side -------------------------------------------------------------------------
@@ -169,21 +218,10 @@ class Session:
                 self.facts = facts(model)
                 self.runnable = model.into_runnable()
             except Exception as exc:
-                raise CheckError(f"tract could not load {self.folder}: {_short(exc)}") from None
+                raise CheckError(f"tract could not load {self.folder}: {short(exc)}") from None
             return
-        env = dict(os.environ, RUST_BACKTRACE="0", RUST_LIB_BACKTRACE="0")
-        if self.threads is not None:
-            env["RAYON_NUM_THREADS"] = str(self.threads)
-            if self.threads == 1:
-                env["TRACT_FLASH_SDPA_ST"] = "1"  # tract's flash attention has its own pool
-        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the child)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torchlower.nnef.session", str(self.folder), json.dumps(self.sizes)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            env=env,
-            cwd=Path(__file__).resolve().parents[2],
+        self.proc, self.stderr = spawn(
+            "torchlower.nnef.session", [str(self.folder), json.dumps(self.sizes)], self.threads
         )
         header, _ = self._exchange(None, "load")
         self.facts = {"inputs": header["inputs"], "outputs": header["outputs"]}
@@ -195,7 +233,7 @@ class Session:
                 try:
                     return [t.to_numpy() for t in self.runnable.run(list(inputs))]
                 except Exception as exc:
-                    raise CheckError(f"tract could not run the model: {_short(exc)}") from None
+                    raise CheckError(f"tract could not run the model: {short(exc)}") from None
             if self.proc is None:
                 raise CheckError(
                     "the tract process of this artifact stopped earlier; load the artifact again"
@@ -220,33 +258,15 @@ class Session:
         return reply
 
     def _death(self) -> str:
-        """Why the child stopped answering (an abort names the signal and tract's panic text)."""
         assert self.proc is not None and self.stderr is not None
-        code = self.proc.wait()
-        self.stderr.seek(0)
-        text = self.stderr.read().decode(errors="replace")
-        panic = text.find("panicked at")
-        tail = (text[panic:] if panic >= 0 else text).strip()
-        tail = tail.split("\nnote: run with")[0].split("stack backtrace:")[0].strip()[:2000]
-        self.proc = None
-        what = f"tract aborted its process (signal {-code})" if code < 0 else f"exit status {code}"
-        return f"{what}. {tail}".strip()
+        proc, self.proc = self.proc, None
+        return death(proc, self.stderr)
 
     def close(self) -> None:
         """Stop the child (or drop the in-process model); idempotent."""
         proc, self.proc, self.runnable = self.proc, None, None
-        if proc is not None:
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    stream.close()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self.stderr is not None:
-            self.stderr.close()
-            self.stderr = None
+        stderr, self.stderr = self.stderr, None
+        stop(proc, stderr)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to clean up with
@@ -278,7 +298,7 @@ def _print_facts(folder: str) -> int:
     try:
         known = facts(tract_model(folder))
     except Exception as exc:
-        sys.stderr.write(_short(exc) + "\n")
+        sys.stderr.write(short(exc) + "\n")
         return 3
     sys.stdout.write(json.dumps(known))
     return 0
