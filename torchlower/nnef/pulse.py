@@ -15,20 +15,19 @@ import contextlib
 import math
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from torchlower.errors import CheckError
 from torchlower.nnef.graph_model import Graph, Ident
-from torchlower.nnef.session import death, receive, send, short, spawn, stop
+from torchlower.nnef.session import Child, receive, send, short
 
 _STRIDE = re.compile(r"requires pulse \((\d+)\) to be a stride \((\d+)\) multiple")
 _NODE = re.compile(r'Translating node #\d+ "([^"]+)" (\w+)')
@@ -182,9 +181,7 @@ class PulseSession:
         self.folder, self.symbol, self.pulse = Path(folder).resolve(), symbol, pulse
         self.lock = threading.Lock()
         threads = threads or int(os.environ.get("RAYON_NUM_THREADS", "1"))  # one unless told
-        proc, stderr = spawn("torchlower.nnef.pulse", [str(self.folder), symbol, str(pulse)], threads)
-        self.proc: subprocess.Popen[bytes] | None = proc
-        self.stderr: IO[bytes] | None = stderr
+        self.child = Child("torchlower.nnef.pulse", [str(self.folder), symbol, str(pulse)], threads)
         header, _ = self._exchange(None, {}, "pulse")
         self.facts = PulseFacts(**header["facts"])
         self.seconds: list[float] = []  # tract's time per pushed chunk
@@ -203,18 +200,9 @@ class PulseSession:
     def _exchange(
         self, inputs: Sequence[np.ndarray] | None, header: dict[str, Any], what: str
     ) -> tuple[dict[str, Any], list[Any]]:
-        if self.proc is None:
+        if self.child.proc is None:
             raise CheckError("the tract process of this stream stopped earlier; open the stream again")
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        reply = None
-        try:
-            if inputs is not None:
-                send(self.proc.stdin, header, inputs)
-            reply = receive(self.proc.stdout)
-        except (BrokenPipeError, ConnectionResetError):
-            reply = None
-        if reply is None:
-            raise CheckError(f"tract could not {what} {self.folder}: {self._death()}")
+        reply = self.child.exchange(header, inputs, f"tract could not {what} {self.folder}")
         error = reply[0]["error"]
         if error is not None:
             if what == "pulse":
@@ -223,15 +211,8 @@ class PulseSession:
             raise CheckError(f"tract could not {what} the pulsed model: {error}")
         return reply
 
-    def _death(self) -> str:
-        assert self.proc is not None and self.stderr is not None
-        proc, self.proc = self.proc, None
-        return death(proc, self.stderr)
-
     def close(self) -> None:
-        proc, self.proc = self.proc, None
-        stderr, self.stderr = self.stderr, None
-        stop(proc, stderr)
+        self.child.stop()
 
     def __enter__(self) -> PulseSession:
         return self

@@ -133,51 +133,72 @@ def short(exc: BaseException) -> str:
 
 
 # ---- the child process, for every tract session (this module's and nnef/pulse.py's) -----------
-def spawn(module: str, args: Sequence[str], threads: int | None) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
-    """``python -m module *args`` with pipes for the wire format; its stderr kept in a file so
-    ``death`` can quote tract's panic. ``threads`` sets tract's pool (read once per process)."""
-    env = dict(os.environ, RUST_BACKTRACE="0", RUST_LIB_BACKTRACE="0")
-    if threads is not None:
-        env["RAYON_NUM_THREADS"] = str(threads)
-        if threads == 1:
-            env["TRACT_FLASH_SDPA_ST"] = "1"  # tract's flash attention has its own pool
-    stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the child)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        env=env,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    return proc, stderr
+class Child:
+    """``python -m module *args`` speaking the wire format on its pipes, its stderr kept in a file
+    so a death can quote tract's panic. ``threads`` sets tract's pool (read once per process)."""
 
+    def __init__(self, module: str, args: Sequence[str], threads: int | None) -> None:
+        env = dict(os.environ, RUST_BACKTRACE="0", RUST_LIB_BACKTRACE="0")
+        if threads is not None:
+            env["RAYON_NUM_THREADS"] = str(threads)
+            if threads == 1:
+                env["TRACT_FLASH_SDPA_ST"] = "1"  # tract's flash attention has its own pool
+        self.stderr: IO[bytes] | None = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the child)
+        self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+        )
 
-def death(proc: subprocess.Popen[bytes], stderr: IO[bytes]) -> str:
-    """Why a child stopped answering (an abort names the signal and tract's panic text)."""
-    code = proc.wait()
-    stderr.seek(0)
-    text = stderr.read().decode(errors="replace")
-    panic = text.find("panicked at")
-    tail = (text[panic:] if panic >= 0 else text).strip()
-    tail = tail.split("\nnote: run with")[0].split("stack backtrace:")[0].strip()[:2000]
-    what = f"tract aborted its process (signal {-code})" if code < 0 else f"exit status {code}"
-    return f"{what}. {tail}".strip()
-
-
-def stop(proc: subprocess.Popen[bytes] | None, stderr: IO[bytes] | None) -> None:
-    """Close a child's pipes and wait for it (killed after 5 s); its stderr file closed."""
-    if proc is not None:
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
+    def exchange(
+        self, header: dict[str, Any], inputs: Sequence[np.ndarray] | None, gone: str
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """Send ``inputs`` (None: only read the next reply) and return the reply; a child that
+        stopped answering is a ``CheckError`` ``gone`` + why (the signal and tract's panic)."""
+        if self.proc is None:
+            raise CheckError(gone + ": the tract process stopped earlier")
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        reply = None
         try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if stderr is not None:
-        stderr.close()
+            if inputs is not None:
+                send(self.proc.stdin, header, inputs)
+            reply = receive(self.proc.stdout)
+        except (BrokenPipeError, ConnectionResetError):
+            reply = None
+        if reply is None:
+            raise CheckError(f"{gone}: {self._death()}")
+        return reply
+
+    def _death(self) -> str:
+        assert self.proc is not None and self.stderr is not None
+        proc, self.proc = self.proc, None
+        code = proc.wait()
+        self.stderr.seek(0)
+        text = self.stderr.read().decode(errors="replace")
+        panic = text.find("panicked at")
+        tail = (text[panic:] if panic >= 0 else text).strip()
+        tail = tail.split("\nnote: run with")[0].split("stack backtrace:")[0].strip()[:2000]
+        what = f"tract aborted its process (signal {-code})" if code < 0 else f"exit status {code}"
+        return f"{what}. {tail}".strip()
+
+    def stop(self) -> None:
+        """Close the pipes and wait for the child (killed after 5 s); idempotent."""
+        proc, self.proc = self.proc, None
+        stderr, self.stderr = self.stderr, None
+        if proc is not None:
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if stderr is not None:
+            stderr.close()
 
 
 # ---- parent side -------------------------------------------------------------------------
@@ -205,8 +226,7 @@ class Session:
         self.folder, self.threads, self.isolated = folder, threads, isolated
         self.sizes = dict(sizes or {})
         self.lock = threading.Lock()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.stderr: IO[bytes] | None = None
+        self.child: Child | None = None
         self.runnable: Any = None
         self.facts: dict[str, list[str]] = {}
         self._start()
@@ -220,7 +240,7 @@ class Session:
             except Exception as exc:
                 raise CheckError(f"tract could not load {self.folder}: {short(exc)}") from None
             return
-        self.proc, self.stderr = spawn(
+        self.child = Child(
             "torchlower.nnef.session", [str(self.folder), json.dumps(self.sizes)], self.threads
         )
         header, _ = self._exchange(None, "load")
@@ -240,33 +260,24 @@ class Session:
                 )
             return self._exchange(inputs, "run")[1]
 
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.child.proc if self.child is not None else None
+
     def _exchange(self, inputs: Sequence[np.ndarray] | None, what: str) -> tuple[dict[str, Any], list[Any]]:
-        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
-        reply = None
-        try:
-            if inputs is not None:
-                send(self.proc.stdin, {}, inputs)
-            reply = receive(self.proc.stdout)
-        except (BrokenPipeError, ConnectionResetError):
-            reply = None
-        if reply is None:
-            raise CheckError(f"tract could not {what} {self.folder}: {self._death()}")
+        assert self.child is not None
+        reply = self.child.exchange({}, inputs, f"tract could not {what} {self.folder}")
         if reply[0]["error"] is not None:
             if what == "load":
                 self.close()
             raise CheckError(f"tract could not {what} the model: {reply[0]['error']}")
         return reply
 
-    def _death(self) -> str:
-        assert self.proc is not None and self.stderr is not None
-        proc, self.proc = self.proc, None
-        return death(proc, self.stderr)
-
     def close(self) -> None:
         """Stop the child (or drop the in-process model); idempotent."""
-        proc, self.proc, self.runnable = self.proc, None, None
-        stderr, self.stderr = self.stderr, None
-        stop(proc, stderr)
+        self.runnable = None
+        if self.child is not None:
+            self.child.stop()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to clean up with
