@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import torchlower
+from tests.cli_models import Drifting
 from torchlower.core.comparison import NOISE_FACTOR, OutputError, judge
 from torchlower.errors import CheckError
 from torchlower.pipeline import verification
@@ -160,19 +161,8 @@ def test_models_that_invert_get_well_conditioned_random_points(tmp_path: Path) -
     assert float(torch.linalg.cond(torch.stack([p.inputs[0] for p in loose]).double()).max()) > 10
 
 
-class Drifting(nn.Module):
-    """Not a function of its inputs: a float64 copy of it differs by far more than rounding."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
-        return x * float(self.calls)
-
-
 def test_a_stateful_model_gets_no_float64_allowance(tmp_path: Path) -> None:
     with pytest.raises(CheckError, match="state or randomness") as caught:
+        # not a function of its inputs: a float64 copy of it differs by far more than rounding
         torchlower.export(Drifting(), torch.randn(2, 3), tmp_path / "d.nnef.tgz", frontend="jit")
     assert all(not e.ok and e.vs_float64 is None for e in caught.value.errors)
