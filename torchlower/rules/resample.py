@@ -110,30 +110,6 @@ def _integer_factors(x: Value, factors: Sequence[float] | None, kind: str, align
     return [int(f) for f in fs]
 
 
-def _aligned(b: Builder, x: Value, axis: int, s: int) -> Value:
-    """Linear resampling of ``axis`` by the whole factor ``s`` with ``align_corners=True`` on a
-    dynamic size ``n``: output ``j`` reads ``j · (n − 1) / (s·n − 1)``, so the weights depend on
-    ``n`` and are computed in the graph (two gathers blended by the fraction), as torch does."""
-    from torchlower.rules.common import cast, reshape, size_tensor
-    from torchlower.rules.layout import dims_of, gather_axis
-    from torchlower.rules.math import binary
-
-    n = dims_of(x)[axis]
-    m = n * s
-    j = b.call("tract_core_range", [0, m, 1], dtype=torch.int64, shape=(m,))
-    j = cast(b, b.call("tract_core_cast", [j], {"to": "i64"}, dtype=torch.int64, shape=(m,)), torch.float32)
-    last = binary(b, "sub", size_tensor(b, n, torch.float32), 1.0)
-    src = binary(b, "mul", j, binary(b, "div", last, binary(b, "sub", size_tensor(b, m, torch.float32), 1.0)))
-    low = b.call("floor", [src], dtype=torch.float32, shape=(m,))
-    i0 = cast(b, binary(b, "min", low, last), torch.int64)
-    i1 = cast(b, binary(b, "min", binary(b, "add", low, 1.0), last), torch.int64)
-    shape: list = [1] * x.rank
-    shape[axis] = m
-    w = reshape(b, cast(b, binary(b, "sub", src, low), x.dtype or torch.float32), shape)
-    lo, hi = gather_axis(b, x, i0, axis), gather_axis(b, x, i1, axis)
-    return binary(b, "add", lo, binary(b, "mul", binary(b, "sub", hi, lo), w))
-
-
 def _phases(b: Builder, x: Value, axis: int, kind: str, s: int) -> Value:
     """Resample ``axis`` by the whole factor ``s`` on a dynamic size: output ``s·i + r`` is
     ``x[i]`` (nearest) or a blend of ``x[i]`` with its clamped neighbour at torch's source offset
@@ -178,8 +154,10 @@ def symbolic_resample(
         return x
     for i, s in enumerate(_integer_factors(x, factors, kind, align)):
         if s > 1:
-            aligned = align and kind == "linear"
-            x = _aligned(b, x, 2 + i, s) if aligned else _phases(b, x, 2 + i, kind, s)
+            if align and kind == "linear":  # the weights depend on n: computed in the graph
+                x = _gathered(b, x, 2 + i, kind, shape_of(x)[2 + i] * s, True)
+            else:
+                x = _phases(b, x, 2 + i, kind, s)
     return x
 
 
