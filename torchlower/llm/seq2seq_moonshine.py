@@ -44,15 +44,11 @@ class MoonshineDecoderPart(DecoderPart):
         self.rotary = sys.modules[type(self.decoder).__module__].apply_rotary_pos_emb
 
     def forward(self, input_ids: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n = 2 * self.layout.layers
-        past, cross = tensors[:n], tensors[n:]
+        past, cross, positions, start = self._step(input_ids, tensors)
         d = self.decoder
-        seq, start = input_ids.shape[1], past[0].shape[2]
-        positions = torch.arange(seq) + start
         hidden = d.embed_tokens(input_ids)
         cos, sin = d.rotary_emb(hidden, position_ids=positions[None])
-        keys = torch.arange(start + seq)
-        mask = torch.where(keys[None, :] <= positions[:, None], 0.0, torch.finfo(hidden.dtype).min)
+        mask = self._causal(positions, start, hidden.dtype)
         present: list[torch.Tensor] = []
         for i, layer in enumerate(d.layers):
             attn = layer.self_attn

@@ -22,6 +22,7 @@ against Hugging Face's ``…ForConditionalGeneration``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,15 +119,24 @@ class DecoderPart(nn.Module):
     def _keep_head(self, model: nn.Module) -> None:
         self.proj_out = model.proj_out
 
-    def forward(self, input_ids: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _step(self, input_ids: torch.Tensor, tensors: Sequence[torch.Tensor]) -> tuple[Any, Any, Any, int]:
+        """A step's self-attention cache, cross K/V, positions (continuing the cache) and start."""
         n = 2 * self.layout.layers
         past, cross = tensors[:n], tensors[n:]
+        start = past[0].shape[2]
+        return past, cross, torch.arange(input_ids.shape[1]) + start, start
+
+    @staticmethod
+    def _causal(positions: torch.Tensor, start: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask: each new position sees the cache and the new positions up to itself."""
+        keys = torch.arange(start + positions.shape[0])
+        return torch.where(keys[None, :] <= positions[:, None], 0.0, torch.finfo(dtype).min)
+
+    def forward(self, input_ids: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        past, cross, positions, start = self._step(input_ids, tensors)
         d = self.decoder
-        seq, start = input_ids.shape[1], past[0].shape[2]
-        positions = torch.arange(seq) + start
         hidden = self._embed(input_ids, positions, start)
-        keys = torch.arange(start + seq)
-        mask = torch.where(keys[None, :] <= positions[:, None], 0.0, torch.finfo(hidden.dtype).min)
+        mask = self._causal(positions, start, hidden.dtype)
         present: list[torch.Tensor] = []
         for i, layer in enumerate(d.layers):
             residual = hidden
