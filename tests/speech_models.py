@@ -38,17 +38,23 @@ WHISPER = {
 }
 
 
-def whisper(seed: int = 0, **fields: Any) -> Any:
-    """A ``WhisperForConditionalGeneration`` in eval mode with seeded random weights."""
+def _seeded(config: str, model: str, fields: dict[str, Any], seed: int) -> Any:
+    """``transformers.<model>(<config>(**fields))`` in eval mode, matrices drawn N(0, 0.6) from
+    ``seed`` (spread enough that greedy tokens vary on tiny configs)."""
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**(WHISPER | fields)))
+    built = getattr(transformers, model)(getattr(transformers, config)(**fields))
     with torch.no_grad():
-        for p in model.parameters():
+        for p in built.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.6)
-    return model.eval()
+    return built.eval()
+
+
+def whisper(seed: int = 0, **fields: Any) -> Any:
+    """A ``WhisperForConditionalGeneration`` in eval mode with seeded random weights."""
+    return _seeded("WhisperConfig", "WhisperForConditionalGeneration", WHISPER | fields, seed)
 
 
 def whisper_folder(path: Path, seed: int = 0) -> tuple[Path, Any]:
@@ -79,17 +85,10 @@ SPEECH2TEXT = {
 
 def speech2text(seed: int = 0, **fields: Any) -> Any:
     """A ``Speech2TextForConditionalGeneration`` in eval mode with seeded random weights."""
-    import transformers
-
-    torch.manual_seed(seed)
-    config = transformers.Speech2TextConfig(**(SPEECH2TEXT | fields))
-    model = transformers.Speech2TextForConditionalGeneration(config)
+    model = _seeded("Speech2TextConfig", "Speech2TextForConditionalGeneration", SPEECH2TEXT | fields, seed)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.6)
         model.model.decoder.embed_tokens.weight.normal_(0.0, 0.15)
-    return model.eval()
+    return model
 
 
 def speech2text_folder(path: Path, seed: int = 0, **fields: Any) -> tuple[Path, Any]:
@@ -126,16 +125,7 @@ MOONSHINE = {
 
 def moonshine(seed: int = 0, **fields: Any) -> Any:
     """A ``MoonshineForConditionalGeneration`` (raw audio in) with seeded random weights."""
-    import transformers
-
-    torch.manual_seed(seed)
-    config = transformers.MoonshineConfig(**(MOONSHINE | fields))
-    model = transformers.MoonshineForConditionalGeneration(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.6)
-    return model.eval()
+    return _seeded("MoonshineConfig", "MoonshineForConditionalGeneration", MOONSHINE | fields, seed)
 
 
 def moonshine_folder(path: Path, seed: int = 0, **fields: Any) -> tuple[Path, Any]:
