@@ -140,6 +140,26 @@ def test_fmod_remainder_with_an_inexact_divisor(tmp_path, frontend):
     verified_or_refused(fn, (x,), tmp_path, frontend)
 
 
+def test_fmod_remainder_of_exact_multiples(tmp_path, frontend):
+    """tract divides as x * recip(y), in float64 too: x / x came out 0.999…, so fmod(x, x) and
+    x % x were x, not 0 (a fuzz case, mod(x, max_pool(x)), was off by 7.65)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, generator=g) * 5
+    y = torch.cat([x[:1000], -x[1000:2000], x[2000:] / 3])
+    fn = lambda a, c: (torch.fmod(a, c), a % c, torch.fmod(-3.0 * a, c), torch.remainder(3.0, c))  # noqa: E731
+    verified_or_refused(fn, (x, y), tmp_path, frontend)
+
+
+def test_fmod_remainder_of_a_smaller_dividend(tmp_path, frontend):
+    """|x| < |y|: fmod(x, ±inf) and fmod(x, 1e30) are x, -7.5 // 1e30 is -1, -1 % inf is inf;
+    x - q·y is not exact in float64 there and moved q (-7.5 // 1e30 gave 0, fmod(x, inf) NaN)."""
+    x = torch.tensor([-7.5, 7.5, -0.0, 0.0, 3.0, -3.0, 2.0, -2.0])
+    y = torch.tensor([INF, -INF, INF, -INF, 1e30, -1e30, -1e30, 1e30])
+    signs = torch.tensor([INF, -INF, INF, -INF, INF, -INF, -INF, INF])
+    fn = lambda a, c, s: (torch.fmod(a, c), torch.floor_divide(a, c), a % s, torch.remainder(1.5, s))  # noqa: E731
+    verified_or_refused(fn, (x, y, signs), tmp_path, frontend)
+
+
 def test_atan2_of_negative_zero(tmp_path, frontend):
     """atan2(-0.0, x < 0) is -pi in torch; the rule turned by +pi for every y >= 0."""
     y = torch.tensor([-0.0, 0.0, -0.0, 0.0, -1.0, 1.0])
