@@ -53,6 +53,15 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="export only this part of a larger checkpoint (e.g. Whisper's decoder, without"
         " cross-attention); without it a checkpoint that would leave weights unused is refused",
     )
+    p.add_argument(
+        "--lora",
+        metavar="ADAPTER",
+        help="a peft LoRA adapter folder (adapter_config.json + adapter_model.safetensors) for DIR;"
+        " its A/B matrices are separate tensors computed in the graph (swappable) unless --merge-lora",
+    )
+    p.add_argument(
+        "--merge-lora", action="store_true", help="with --lora: merge W + scale·B@A into the weights"
+    )
     p.set_defaults(run=run)
     llm.set_defaults(run=None)
 
@@ -74,6 +83,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
             io_samples=args.io_samples,
             f32_parts=_parts(args.f32_parts),
             part=args.part,
+            lora=args.lora,
+            merge_lora=args.merge_lora,
         )
     if hasattr(report, "encoder"):  # a speech encoder-decoder: a folder of two archives
         data = seq2seq_json(report)

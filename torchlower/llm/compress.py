@@ -62,6 +62,7 @@ def compress_weights(
     storage: dict[str, str],
     keep: bool = True,
     release: Callable[[torch.Tensor], None] | None = None,
+    kept: dict[str, str] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Pack the chosen weights as Q4_0; returns the dequantized HF parameters (for the check)
     and the weights asked for that stayed float, with the reason.
@@ -69,7 +70,8 @@ def compress_weights(
     ``storage`` maps each table role to ``f32`` / ``f16`` / ``q4_0``. One parameter at a time,
     so a memory-mapped checkpoint is read, packed and released tensor by tensor; with
     ``keep=False`` (no check) nothing is packed here: the archive writer packs each tensor as
-    it writes it (``quant.DeferredBlocks``) and no dequantized copy is made.
+    it writes it (``quant.DeferredBlocks``) and no dequantized copy is made. ``kept``: labels
+    left float on purpose (separate LoRA matrices), with the reason.
     """
     found = tables(builder, wrapper)
     table_params = {id(t.param) for t in found.values()}
@@ -77,9 +79,10 @@ def compress_weights(
     for label, table in found.items():
         if storage[table.role] == "q4_0":
             chosen[label] = (table.name, table.param)
+    kept = kept or {}
     if compress == "q4_0":
         for label, param in wrapper.named_parameters():
-            if id(param) not in table_params and param.dim() >= 2:
+            if id(param) not in table_params and param.dim() >= 2 and label not in kept:
                 chosen[label] = (label.removeprefix("model."), param)
     dequantized: dict[str, torch.Tensor] = {}
     with progress.stage("packing q4_0", total=len(chosen), unit="tensors"):
@@ -88,7 +91,10 @@ def compress_weights(
             for values in packed.values() if keep else ():  # one entry, none when left float
                 dequantized[name] = values
             progress.advance(1)
-    return dequantized, _left_float(builder, chosen)
+    left = _left_float(builder, chosen)
+    if compress == "q4_0":
+        left |= {label.removeprefix("model."): why for label, why in kept.items()}
+    return dequantized, left
 
 
 def _left_float(builder: Any, chosen: dict[str, tuple[str, torch.Tensor]]) -> dict[str, str]:

@@ -26,6 +26,7 @@ from torchlower.core.comparison import OutputError
 from torchlower.core.staging import target_of
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks, stages
+from torchlower.llm import lora as lora_mod
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype
 from torchlower.llm.source import SourceError, WrongModelError, open_speech_seq2seq
 from torchlower.llm.wrapper import (
@@ -103,6 +104,8 @@ def export(
     io_samples: bool = False,
     f32_parts: tuple[str, ...] | None = None,
     part: str | None = None,
+    lora: str | os.PathLike[str] | None = None,
+    merge_lora: bool = False,
 ) -> ExportReport | Seq2SeqReport:
     """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract; a
     ``WhisperForConditionalGeneration`` (or Speech2Text's, Moonshine's) becomes a folder of two
@@ -126,12 +129,15 @@ def export(
     ``part="decoder"`` asks for the decoder alone (e.g. Whisper's, without cross-attention).
     The context bound is the smallest of the config's position field and the rows of the
     model's learned position tables.
+    ``lora``: a peft LoRA adapter folder applied to the base (``llm/lora.py``): merged into the
+    weights with ``merge_lora=True``, else kept as separate A/B tensors computed in the graph.
     """
     started = time.perf_counter()
     _validate_options(precision, compress, embeddings, lm_head, logits, max_context, check, io_samples)
+    adapter = lora_mod.from_option(lora, merge_lora)
     speech = open_speech_seq2seq(source) if part is None else None
     if speech is not None:  # an encoder-decoder: a folder of two archives (seq2seq.py)
-        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts)
+        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts, lora)
         from torchlower.llm import seq2seq
 
         return seq2seq.export(
@@ -143,15 +149,42 @@ def export(
     target = Path(path)
     archive.archive_kind(target)  # a bad suffix fails before the model loads
     loaded = stages.load(source, max_context, part)
+    with lora_mod.applied(loaded.model, adapter, merge_lora):
+        return _export_loaded(
+            loaded, target, started, precision=precision, compress=compress, storage=storage, logits=logits,
+            check=check, io_samples=io_samples, parts=parts, adapter=adapter, merge_lora=merge_lora,
+        )  # fmt: skip
+
+
+def _export_loaded(
+    loaded: stages.Loaded,
+    target: Path,
+    started: float,
+    *,
+    precision: str,
+    compress: str | None,
+    storage: dict[str, str],
+    logits: str,
+    check: bool,
+    io_samples: bool,
+    parts: tuple[str, ...],
+    adapter: lora_mod.Adapter | None,
+    merge_lora: bool,
+) -> ExportReport:
+    """Trace, store, optimize, write and check the loaded model (its LoRA adapter applied)."""
     captured = stages.capture(loaded, logits, precision)
     keep = check or io_samples  # the dequantized weights are needed to check or to sample
     dequantized, left_float = stages.store_tables(loaded, captured, compress, storage, precision, keep)
     stages.optimize(loaded, captured, precision, logits, parts)
     builder, weights = captured.builder, captured.builder.live_weights()
     props = _properties(loaded, precision, compress, storage, logits, parts)
+    if adapter is not None:
+        props |= lora_mod.properties(adapter, merge_lora)
     bounds = [f"tract_assert P + S <= {loaded.context}", "tract_assert S >= 1", "tract_assert P >= 0"]
     graph = bundle.with_header(builder.graph_text(), bounds, bundle.properties_fragment(props))
     files = dict(loaded.src.files)
+    if adapter is not None and not merge_lora:  # the adapter's own config, for a later swap
+        files[lora_mod.CONFIG_FILE] = adapter.config_bytes
     if io_samples:
         files |= checks.samples(
             loaded.model, loaded.layout, loaded.vocab, logits, dequantized, cache_dtype(precision)
@@ -331,10 +364,11 @@ def _validate_options(
 
 
 def _refuse_causal_options(
-    embeddings: str | None, lm_head: str | None, logits: str, io_samples: bool, f32_parts: Any
-) -> None:
+    embeddings: str | None, lm_head: str | None, logits: str, io_samples: bool, f32_parts: Any,
+    lora: Any = None,
+) -> None:  # fmt: skip
     """Options of the causal-LM export a speech encoder-decoder export does not honour yet."""
-    given = {"embeddings": embeddings, "lm_head": lm_head, "f32_parts": f32_parts}
+    given = {"embeddings": embeddings, "lm_head": lm_head, "f32_parts": f32_parts, "lora": lora}
     given |= {"logits": logits if logits != "last" else None, "io_samples": io_samples or None}
     used = [k for k, v in given.items() if v is not None]
     if used:

@@ -20,6 +20,7 @@ from torchlower.llm.alibi import alibi_table
 from torchlower.llm.compress import share_tied_table
 from torchlower.llm.kv_pattern import unsplit_query_concats
 from torchlower.llm.last_row import drop_last_guard
+from torchlower.llm.lora import adapter_labels
 from torchlower.llm.moe import dense_experts
 from torchlower.llm.precision import cache_dtype, drop_cache_casts, keep_f32
 from torchlower.llm.rope import rotary_tables
@@ -38,6 +39,7 @@ from torchlower.pipeline import capture as pipeline_capture
 from torchlower.pipeline import optimize as pipeline_optimize
 from torchlower.pipeline import validate
 
+LORA_KEPT = "LoRA adapter matrix, kept float so another adapter of the same rank can replace it"
 UNBOUNDED_CONTEXT = 2048  # default P + S bound of a model without a position limit (ALiBi)
 TRACE_PAST, TRACE_SEQ = 5, 3  # distinct sizes so torch.export keeps P and S apart
 _POSITION_FIELDS = (
@@ -147,7 +149,10 @@ def store_tables(
         from torchlower.llm.compress import compress_weights
 
         release = src.mapping.release if src.mapping is not None else None
-        dequantized, left_float = compress_weights(builder, wrapper, compress, storage, keep, release)
+        adapters = dict.fromkeys(adapter_labels(wrapper), LORA_KEPT)
+        dequantized, left_float = compress_weights(
+            builder, wrapper, compress, storage, keep, release, adapters
+        )
     halves = {role for role, kind in storage.items() if kind == "f16"}
     if halves and precision == "f32":
         from torchlower.llm.compress import store_f16
