@@ -136,3 +136,5 @@ def test_adapter_for_another_base_is_refused(tmp_path: Path, folders: dict[str, 
     assert info.value.option == "base" and "self_attn" in str(info.value)
     with pytest.raises(InvalidArgumentError, match="merge_lora=True needs lora="):
         llm.export(folders["base"], tmp_path / "x.nnef", merge_lora=True)
+    with pytest.raises(InvalidArgumentError, match="pass its base model"):
+        llm.export(folders["one_model"], tmp_path / "x.nnef")

@@ -92,9 +92,50 @@ def compress_weights(
                 dequantized[name] = values
             progress.advance(1)
     left = _left_float(builder, chosen)
-    if compress == "q4_0":
+    if compress == "q4_0":  # every other matrix the archive keeps float, with its reason
         left |= {label.removeprefix("model."): why for label, why in kept.items()}
+        left |= _tables_left(found, storage)
+        left |= _derived_left(builder, set(chosen) | set(found) | set(kept))
     return dequantized, left
+
+
+def _tables_left(found: dict[str, Table], storage: dict[str, str]) -> dict[str, str]:
+    """HF name → why the embedding table / LM head stays float (their own storage options)."""
+    tied = len({id(t.param) for t in found.values()}) < len(found)
+    left: dict[str, str] = {}
+    for table in found.values():
+        kind = storage[table.role]
+        if kind == "q4_0":
+            continue
+        if table.role == "embeddings":
+            why = (
+                f"token embedding table: embeddings={kind!r} (the default with compress='q4_0': it is "
+                "read one row per token, so its 4-bit error would enter every hidden state); "
+                "embeddings='q4_0' packs it"
+            )
+        else:
+            why = f"LM head: lm_head={kind!r}; lm_head='q4_0' packs it"
+        if tied:
+            other = "lm_head" if table.role == "embeddings" else "embeddings"
+            why += f" (tied: the {other} role is stored as {other}={storage[other]!r})"
+        left.setdefault(table.name, why)
+    return left
+
+
+def _derived_left(builder: Any, known: set[str]) -> dict[str, str]:
+    """Label → why, for float matrices in the graph that are no checkpoint parameter (rotary
+    cos/sin tables, ALiBi slopes: constants the export computed)."""
+    left: dict[str, str] = {}
+    for label, ops in _variable_uses(builder).items():
+        weight = builder.weights.get(label)
+        if label in known or not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+            continue
+        if sum(int(d) > 1 for d in weight.shape) < 2:
+            continue  # vectors and scalars: not matrices
+        left[label.removeprefix("model.")] = (
+            f"not a checkpoint parameter: a table the export computed, read by {', '.join(sorted(ops))}"
+        )
+    return left
 
 
 def _left_float(builder: Any, chosen: dict[str, tuple[str, torch.Tensor]]) -> dict[str, str]:

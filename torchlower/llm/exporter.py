@@ -134,7 +134,7 @@ def export(
     """
     started = time.perf_counter()
     _validate_options(precision, compress, embeddings, lm_head, logits, max_context, check, io_samples)
-    adapter = lora_mod.from_option(lora, merge_lora)
+    adapter = lora_mod.from_option(source, lora, merge_lora)
     speech = open_speech_seq2seq(source) if part is None else None
     if speech is not None:  # an encoder-decoder: a folder of two archives (seq2seq.py)
         _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts, lora)

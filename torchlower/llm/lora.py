@@ -256,8 +256,13 @@ def merged_linear(base: nn.Linear, pair: Pair) -> nn.Linear:
     return layer
 
 
-def from_option(lora: str | os.PathLike[str] | None, merge_lora: bool) -> Adapter | None:
+def from_option(source: Any, lora: str | os.PathLike[str] | None, merge_lora: bool) -> Adapter | None:
     """``export``'s ``lora=`` / ``merge_lora=`` validated, the adapter read (None without one)."""
+    if hasattr(source, "peft_config") and isinstance(source, nn.Module):
+        raise InvalidArgumentError(
+            f"source is a peft {type(source).__name__}; pass its base model (folder or model) with "
+            "lora= the adapter folder (peft's save_pretrained), or export model.merge_and_unload()"
+        )
     if not isinstance(merge_lora, bool):
         raise InvalidArgumentError(f"merge_lora must be True or False, got {merge_lora!r}")
     if lora is None:
