@@ -188,6 +188,7 @@ def report_json(report: Any) -> dict[str, Any]:
         "bundled": report.bundled,
         "part": report.part,
         "unused_weights": report.unused_weights,
+        "notes": report.notes,
         "seconds": round(report.seconds, 3),
         "checked": bool(report.errors),
         "max_abs_error": report.max_abs_error if report.errors else None,
@@ -215,6 +216,8 @@ def render(console: Console, data: dict[str, Any]) -> None:
     table.add_row("weights", f"{data['weight_bytes']:,} bytes ({formats})")
     for name, why in data["unquantized"].items():
         table.add_row("left float", f"{name}: {why}")
+    for note in data["notes"]:
+        table.add_row("note", note)
     table.add_row("artifact", f"{data['artifact_bytes']:,} bytes; bundled {', '.join(data['bundled'])}")
     if data["checked"]:
         logits = [e for e in data["outputs_checked"] if e["name"].startswith("outputs")]

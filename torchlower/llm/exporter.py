@@ -27,7 +27,7 @@ from torchlower.core.staging import target_of
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks, stages
 from torchlower.llm import lora as lora_mod
-from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype
+from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, conversion_notes
 from torchlower.llm.source import SourceError, WrongModelError, open_speech_seq2seq
 from torchlower.llm.wrapper import (
     CacheLayout,
@@ -46,6 +46,9 @@ PRECISIONS = ("f32", "f16")
 COMPRESSIONS = (None, "q4_0")
 EMBEDDINGS = (None, "f32", "f16", "q4_0")
 LOGITS = ("last", "all")
+# tract's scenarios (data/src/dim/sym.rs): ``tg`` one-token decode, ``pp`` prefill from an empty
+# cache, the names of tract's own LLM bench; tract simplifies a shape by them where both agree
+SCENARIOS = ["tract_assert tg: S == 1", "tract_assert pp: P == 0"]
 # torch itself running these models in f16 differs from f32 by up to ~3 % of the largest logit
 # (docs/llm.md); the f16 check allows that much, 3x the generic f16 tolerance
 F16_TOLERANCE = 3e-2
@@ -78,6 +81,8 @@ class ExportReport:
     part: str | None = None  # ``part=`` of export: the part of a larger checkpoint written on purpose
     # checkpoint tensors the export leaves out (only with ``part``: otherwise refused)
     unused_weights: list[str] = field(default_factory=list)
+    # conversions of the checkpoint's weights (a bfloat16 checkpoint exported as f32 or f16)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def max_abs_error(self) -> float:
@@ -181,6 +186,7 @@ def _export_loaded(
     if adapter is not None:
         props |= lora_mod.properties(adapter, merge_lora)
     bounds = [f"tract_assert P + S <= {loaded.context}", "tract_assert S >= 1", "tract_assert P >= 0"]
+    bounds += SCENARIOS
     graph = bundle.with_header(builder.graph_text(), bounds, bundle.properties_fragment(props))
     files = dict(loaded.src.files)
     if adapter is not None and not merge_lora:  # the adapter's own config, for a later swap
@@ -265,6 +271,7 @@ def _report(
         unquantized=left_float,
         part=loaded.src.part,
         unused_weights=list(loaded.src.unused),
+        notes=conversion_notes(loaded.src.stored_dtypes, str(options["precision"]), loaded.model),
     )
 
 
