@@ -17,7 +17,6 @@ from torchlower.core.values import Value
 from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 
-
 F16_MAX, F16_TINY = 65504.0, 2.0**-14  # largest f16, smallest normal f16
 _STORED = {"BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 

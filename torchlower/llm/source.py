@@ -231,7 +231,8 @@ def stored_float_dtypes(files: list[Path]) -> tuple[str, ...]:
     for path in files:
         if path.suffix == ".safetensors":
             header, _ = read_header(path)
-            found |= {str(m["dtype"]) for m in header.values() if str(m.get("dtype", "")).startswith(("F", "BF"))}
+            dtypes = {str(m.get("dtype", "")) for m in header.values()}
+            found |= {d for d in dtypes if d.startswith(("F", "BF"))}
     return tuple(sorted(found))
 
 
