@@ -36,7 +36,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="LM head storage (default q4_0 with --compress q4_0, else as --embeddings)",
     )  # fmt: skip
     p.add_argument(
-        "--logits", choices=["last", "all"], default="last", help="logits of the last or every position"
+        "--logits",
+        choices=["last", "all", "keep"],
+        default="last",
+        help="logits of the last or every position, or (keep) of the positions a last input"
+        " logits_to_keep [K] names (speculative decoding)",
     )
     p.add_argument("--max-context", type=int, help="largest P + S (default: the config's positions)")
     p.add_argument("--no-check", action="store_true", help="write without comparing with Hugging Face")

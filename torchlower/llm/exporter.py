@@ -45,7 +45,7 @@ log = logging.getLogger("torchlower")
 PRECISIONS = ("f32", "f16")
 COMPRESSIONS = (None, "q4_0")
 EMBEDDINGS = (None, "f32", "f16", "q4_0")
-LOGITS = ("last", "all")
+LOGITS = ("last", "all", "keep")
 # tract's scenarios (data/src/dim/sym.rs): ``tg`` one-token decode, ``pp`` prefill from an empty
 # cache, the names of tract's own LLM bench; tract simplifies a shape by them where both agree
 SCENARIOS = ["tract_assert tg: S == 1", "tract_assert pp: P == 0"]
@@ -119,7 +119,8 @@ def export(
 
     Graph inputs ``input_ids`` [1, S] and per layer ``in_cache_key_{i}``/``in_cache_value_{i}``
     [1, kv_heads, P, head_dim]; outputs ``outputs`` (logits: [1, 1, vocab] with
-    ``logits="last"``, [1, S, vocab] with ``"all"``) and ``out_cache_key_{i}``/
+    ``logits="last"``, [1, S, vocab] with ``"all"``, [1, K, vocab] with ``"keep"``: a last input
+    ``logits_to_keep`` i64 [K] names the positions among the S new ones) and ``out_cache_key_{i}``/
     ``out_cache_value_{i}`` [1, kv_heads, P+S, head_dim], with ``P + S <= max_context``.
     ``compress="q4_0"`` stores the linear layers in 4-bit blocks. ``embeddings`` picks the
     storage of the token embedding table (default f32) and ``lm_head`` that of the LM head
