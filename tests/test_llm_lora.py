@@ -105,7 +105,7 @@ def test_cli_lora_and_q4_0_keeps_adapters_float(
     assert data["ok"] and data["checked"]
     lora = {k: v for k, v in data["unquantized"].items() if ".lora_" in k}
     assert len(lora) == 28 and all("LoRA adapter" in why for why in lora.values())
-    assert "adapter_config.json" in data["bundled"]
+    assert "adapter_config.json" in data["bundled"] and data["lora"] == "separate"
 
 
 @pytest.mark.parametrize(

@@ -193,6 +193,7 @@ def report_json(report: Any) -> dict[str, Any]:
         "part": report.part,
         "unused_weights": report.unused_weights,
         "notes": report.notes,
+        "lora": report.properties.get("torchlower.llm.lora"),  # merged / separate, None without
         "seconds": round(report.seconds, 3),
         "checked": bool(report.errors),
         "max_abs_error": report.max_abs_error if report.errors else None,
@@ -220,6 +221,8 @@ def render(console: Console, data: dict[str, Any]) -> None:
     table.add_row("weights", f"{data['weight_bytes']:,} bytes ({formats})")
     for name, why in data["unquantized"].items():
         table.add_row("left float", f"{name}: {why}")
+    if data["lora"]:
+        table.add_row("lora", f"adapter {data['lora']}")
     for note in data["notes"]:
         table.add_row("note", note)
     table.add_row("artifact", f"{data['artifact_bytes']:,} bytes; bundled {', '.join(data['bundled'])}")
