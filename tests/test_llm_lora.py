@@ -138,3 +138,24 @@ def test_adapter_for_another_base_is_refused(tmp_path: Path, folders: dict[str, 
         llm.export(folders["base"], tmp_path / "x.nnef", merge_lora=True)
     with pytest.raises(InvalidArgumentError, match="pass its base model"):
         llm.export(folders["one_model"], tmp_path / "x.nnef")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"rank_pattern": {"down_proj": 8}, "alpha_pattern": {"q_proj": 4}}, {"use_rslora": True}],
+    ids=["patterns", "rslora"],
+)
+def test_scales_are_peft_scales(tmp_path: Path, options: dict[str, Any]) -> None:
+    """Each module's rank and scale as peft resolves them (no export: the adapter reading alone)."""
+    from torchlower.llm.lora import read_adapter
+
+    model = adapted("llama", 6, **options)
+    model.save_pretrained(tmp_path / "ad")
+    pairs = {p.module: p for p in read_adapter(tmp_path / "ad").pairs}
+    layers = {
+        n.removeprefix("base_model.model."): m for n, m in model.named_modules() if hasattr(m, "lora_A")
+    }
+    assert set(pairs) == set(layers) and len(pairs) == 14
+    for name, layer in layers.items():
+        assert pairs[name].scale == pytest.approx(layer.scaling["default"], rel=1e-12)
+        assert pairs[name].rank == layer.r["default"]
