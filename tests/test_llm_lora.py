@@ -159,3 +159,11 @@ def test_scales_are_peft_scales(tmp_path: Path, options: dict[str, Any]) -> None
     for name, layer in layers.items():
         assert pairs[name].scale == pytest.approx(layer.scaling["default"], rel=1e-12)
         assert pairs[name].rank == layer.r["default"]
+
+
+def test_a_loaded_base_is_left_as_it_was(folders: dict[str, Any], tmp_path: Path) -> None:
+    base = llm_models.build("llama")
+    before = {n: p.detach().clone() for n, p in base.named_parameters()}
+    llm.export(base, tmp_path / "m.nnef", lora=folders["one"], merge_lora=True, check=False)
+    assert type(base.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert all(torch.equal(p, before[n]) for n, p in base.named_parameters())
