@@ -18,6 +18,7 @@ import numpy as np
 
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm.context import ContextLengthError
+from torchlower.llm.wrapper import KEEP_INPUT
 
 KV_MODES = ("auto", "state", "explicit")
 
@@ -41,7 +42,9 @@ class Decoder:
                 f"{path}: not an LLM export (inputs must be input_ids then the caches); "
                 "write one with torchlower.llm.export"
             )
-        self.cache_facts = [str(model.input_fact(i)) for i in range(1, self.n_inputs)]
+        # logits="keep" archives end with the positions to keep (wrapper.KEEP_INPUT)
+        self.keeps = model.input_name(self.n_inputs - 1) == KEEP_INPUT
+        self.cache_facts = [str(model.input_fact(i)) for i in range(1, self.n_inputs - self.keeps)]
         self.vocab = _vocabulary(str(model.output_fact(0)))
         self.dtypes = [_dtype(f) for f in self.cache_facts]
         self.shapes = [_empty_shape(f) for f in self.cache_facts]
@@ -49,12 +52,12 @@ class Decoder:
         if kv in ("auto", "state"):
             stateful = nnef.load(str(path))
             stateful.transform("detect_kv_cache")
-            if stateful.input_count() == 1:
+            if stateful.input_count() == 1 + self.keeps:
                 model, self.mode = stateful, "state"
             elif kv == "state":
                 raise InvalidArgumentError(
                     f"{path}: tract's detect_kv_cache recognized {self.n_inputs - stateful.input_count()} "
-                    f"of {self.n_inputs - 1} caches; use kv='explicit'"
+                    f"of {len(self.cache_facts)} caches; use kv='explicit'"
                 )
             else:
                 self.mode = "explicit"
@@ -87,7 +90,17 @@ class Decoder:
 
     def step(self, ids: np.ndarray) -> np.ndarray:
         """Logits of the last position after feeding ``ids`` [1, S] (the cache grows by S)."""
+        return self.last_logits(ids, 1)[-1]
+
+    def last_logits(self, ids: np.ndarray, keep: int) -> np.ndarray:
+        """[keep, vocab]: logits of the last ``keep`` positions after feeding ``ids`` [1, S], e.g.
+        to verify draft tokens (a ``logits="keep"`` archive computes only those rows; ``"all"``
+        computes every row and this slices)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1)
+        if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= ids.shape[1]:
+            raise InvalidArgumentError(
+                f"keep must be an int in 1..{ids.shape[1]} (the ids fed); got {keep!r}"
+            )
         if self.vocab is not None and ids.size and (ids.min() < 0 or ids.max() >= self.vocab):
             bad = int(ids.min() if ids.min() < 0 else ids.max())
             # tract's Gather panics on an index out of range, which aborts this process
@@ -97,12 +110,14 @@ class Decoder:
             )
         self.refuse_past_context(self.length + ids.shape[1])
         self.length += ids.shape[1]
+        rows = [np.arange(ids.shape[1] - keep, ids.shape[1], dtype=np.int64)] if self.keeps else []
         if self.mode == "state":
-            out = self.state.run([ids])
-            return out[0].to_numpy()[0, -1]
-        out = self.state.run([ids, *self.past])
-        self.past = [t.to_numpy() for t in out[1:]]
-        return out[0].to_numpy()[0, -1]
+            out = self.state.run([ids, *rows])
+        else:
+            out = self.state.run([ids, *self.past, *rows])
+            self.past = [t.to_numpy() for t in out[1:]]
+        logits = out[0].to_numpy()[0]
+        return logits[-keep:]
 
 
 def generate(
