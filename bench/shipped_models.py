@@ -5,11 +5,12 @@ each exported through ``auto`` and checked in tract; one row per model.
     [--only NAME,NAME]
 
 Prints a table: model, input shape, front end ``auto`` chose, whether every check point passed,
-the max |torch − tract| over the points, the export time (capture + lowering + the check), and
-what ``auto`` noted (front ends skipped, bounds adopted). Random weights everywhere except
-silero-vad (its shipped pretrained ``silero_vad.jit``); nothing is downloaded. A model whose
-package is missing or which cannot be built is a row saying why. Single-threaded, with the load
-average printed: the export times are wall times on a shared machine.
+the max |torch − tract| over the points (and relative to torch's values), the export time
+(capture + lowering + the check), and what ``auto`` noted (front ends skipped, bounds
+adopted). Random weights everywhere except silero-vad (its shipped pretrained
+``silero_vad.jit``); nothing is downloaded. A model whose package is missing or which cannot be
+built is a row saying why. Single-threaded, with the load average printed: the export times
+are wall times on a shared machine.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def run_case(name: str, build: Case, folder: Path) -> dict[str, Any]:
     try:
         model, inputs, options = build()
     except Exception as exc:  # the package is missing or cannot build the model here
-        return {"model": name, "shape": "", "frontend": "—", "verified": "not built", "error": "",
+        return {"model": name, "shape": "", "frontend": "—", "verified": "not built", "error": "", "rel": "",
                 "time": "", "notes": _first(exc)}  # fmt: skip
     shape = " ".join("×".join(map(str, t.shape)) for t in inputs)
     start = time.perf_counter()
@@ -175,7 +176,7 @@ def run_case(name: str, build: Case, folder: Path) -> dict[str, Any]:
             model.eval(), inputs, folder / f"{len(os.listdir(folder))}.nnef.tgz", **options
         )
     except Exception as exc:
-        return {"model": name, "shape": shape, "frontend": "—", "verified": "failed", "error": "",
+        return {"model": name, "shape": shape, "frontend": "—", "verified": "failed", "error": "", "rel": "",
                 "time": f"{time.perf_counter() - start:.1f}", "notes": _first(exc)}  # fmt: skip
     elapsed = time.perf_counter() - start
     checked = [p for p in report.points if p.skipped is None]
@@ -184,13 +185,15 @@ def run_case(name: str, build: Case, folder: Path) -> dict[str, Any]:
         "model": name, "shape": shape, "frontend": report.frontend,
         "verified": f"yes ({len(checked)} points)" if checked and all(p.ok for p in checked) else "NO",
         "error": f"{report.max_abs_error:.2e}", "time": f"{elapsed:.1f}",
+        "rel": f"{max((e.max_rel for e in report.errors), default=0.0):.2e}",
         "notes": "; ".join(n[:140].replace("|", "/") for n in notes),
     }  # fmt: skip
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    keys = ("model", "shape", "frontend", "verified", "error", "time", "notes")
-    head = "| model | input | front end | verified | max abs err | export s | notes |\n" + "|---" * 7 + "|\n"
+    keys = ("model", "shape", "frontend", "verified", "error", "rel", "time", "notes")
+    head = "| model | input | front end | verified | max abs err | max rel err | export s | notes |\n"
+    head += "|---" * len(keys) + "|\n"
     return head + "".join("| " + " | ".join(str(r[k]) for k in keys) + " |\n" for r in rows)
 
 

@@ -44,7 +44,7 @@ class Tracer(fx.Tracer):
         rules: Registry | None = None,
         autowrap_functions: Sequence[Any] = (),
         example: Sequence[Any] | None = None,
-        leaves: set[int] = frozenset(),  # type: ignore[assignment]
+        leaves: frozenset[int] = frozenset(),
     ) -> None:
         from torchlower.rules import NNEF_RULES
 
@@ -153,7 +153,7 @@ def trace(
     """
     leaves: dict[int, str] = {}
     while True:
-        tracer = Tracer(rules, example=example, leaves=set(leaves))
+        tracer = Tracer(rules, example=example, leaves=frozenset(leaves))
         try:
             with torch.no_grad(), _packed_sizes(), functions_inlined():
                 graph = tracer.trace(model, concrete_args=_defaulted(model, example))
