@@ -7,7 +7,9 @@ bound is the model's and is adopted (noted, asserted in the artifact); a suggest
 (``H = 32*_H``, a U-Net) where PyTorch fails at ``H + 1`` and runs at ``H + 32`` is adopted the
 same way (the archive declares ``32 * _H``); when the only guards ask whether a derived size is
 1 (a ResNet stem), the program is exported size-oblivious and checked at the symbols' lower
-bounds too.
+bounds too. When all of that fails and the user asked for ``frontend="export"``, torch.export's
+own bounds are adopted (declared, noted with a size PyTorch runs at that the archive refuses,
+checked at the bound): whisper's log-mel at ``320 <= T``.
 """
 
 from __future__ import annotations
