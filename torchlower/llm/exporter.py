@@ -25,9 +25,9 @@ from torchlower.core import tolerance as tolerances
 from torchlower.core.comparison import OutputError
 from torchlower.core.staging import target_of
 from torchlower.errors import InvalidArgumentError
-from torchlower.llm import bundle, checks, stages
+from torchlower.llm import bundle, checks, stages, vlm_families
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype
-from torchlower.llm.source import SourceError, WrongModelError, open_speech_seq2seq
+from torchlower.llm.source import SourceError, WrongModelError, open_named, open_speech_seq2seq
 from torchlower.llm.wrapper import (
     CacheLayout,
     attributes_kept,
@@ -38,6 +38,7 @@ from torchlower.pipeline import write
 
 if TYPE_CHECKING:
     from torchlower.llm.seq2seq import Seq2SeqReport
+    from torchlower.llm.vlm import MultimodalReport
 
 log = logging.getLogger("torchlower")
 
@@ -103,7 +104,7 @@ def export(
     io_samples: bool = False,
     f32_parts: tuple[str, ...] | None = None,
     part: str | None = None,
-) -> ExportReport | Seq2SeqReport:
+) -> ExportReport | Seq2SeqReport | MultimodalReport:
     """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract; a
     ``WhisperForConditionalGeneration`` (or Speech2Text's, Moonshine's) becomes a folder of two
     archives (``seq2seq.export``,
@@ -137,6 +138,15 @@ def export(
         return seq2seq.export(
             speech[0], speech[1], path, precision=precision, compress=compress, max_context=max_context,
             check=check,
+        )  # fmt: skip
+    multimodal = open_named(source, vlm_families.ARCHITECTURES) if part is None else None
+    if multimodal is not None:  # a vision/audio LM: a folder of three archives (vlm.py)
+        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts, "a multimodal LM")
+        from torchlower.llm import vlm
+
+        return vlm.export(
+            multimodal[0], multimodal[1], path, precision=precision, compress=compress,
+            max_context=max_context, check=check,
         )  # fmt: skip
     storage = table_storage(compress, embeddings, lm_head)
     parts = _f32_parts(precision, f32_parts)
@@ -331,16 +341,16 @@ def _validate_options(
 
 
 def _refuse_causal_options(
-    embeddings: str | None, lm_head: str | None, logits: str, io_samples: bool, f32_parts: Any
-) -> None:
-    """Options of the causal-LM export a speech encoder-decoder export does not honour yet."""
+    embeddings: str | None, lm_head: str | None, logits: str, io_samples: bool, f32_parts: Any,
+    kind: str = "a speech encoder-decoder (Whisper, Speech2Text, Moonshine)",
+) -> None:  # fmt: skip
+    """Options of the causal-LM export a multi-archive export does not honour yet."""
     given = {"embeddings": embeddings, "lm_head": lm_head, "f32_parts": f32_parts}
     given |= {"logits": logits if logits != "last" else None, "io_samples": io_samples or None}
     used = [k for k, v in given.items() if v is not None]
     if used:
         raise InvalidArgumentError(
-            f"{', '.join(used)}: not available for a speech encoder-decoder export (Whisper,"
-            " Speech2Text, Moonshine); leave them"
+            f"{', '.join(used)}: not available for the export of {kind}; leave them"
             " out, or export the decoder alone with part='decoder'"
         )
 

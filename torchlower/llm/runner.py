@@ -36,7 +36,8 @@ class Decoder:
         nnef = tract.nnef().with_tract_extra().with_tract_transformers()
         model = nnef.load(str(path))
         self.n_inputs = model.input_count()
-        if self.n_inputs < 3 or model.input_name(0) != "input_ids":
+        self.feed = model.input_name(0)  # inputs_embeds: a multimodal LM's decoder (vlm_runner.py)
+        if self.n_inputs < 3 or self.feed not in ("input_ids", "inputs_embeds"):
             raise InvalidArgumentError(
                 f"{path}: not an LLM export (inputs must be input_ids then the caches); "
                 "write one with torchlower.llm.export"
@@ -95,12 +96,16 @@ class Decoder:
                 f"token id {bad} is outside the vocabulary of this model (ids 0..{self.vocab - 1}); "
                 "encode the prompt with the tokenizer the model was exported with"
             )
-        self.refuse_past_context(self.length + ids.shape[1])
-        self.length += ids.shape[1]
+        return self.run(ids)
+
+    def run(self, feed: np.ndarray) -> np.ndarray:
+        """Logits of the last position after feeding ``feed`` (ids [1, S] or embeddings [1, S, hidden])."""
+        self.refuse_past_context(self.length + feed.shape[1])
+        self.length += feed.shape[1]
         if self.mode == "state":
-            out = self.state.run([ids])
+            out = self.state.run([feed])
             return out[0].to_numpy()[0, -1]
-        out = self.state.run([ids, *self.past])
+        out = self.state.run([feed, *self.past])
         self.past = [t.to_numpy() for t in out[1:]]
         return out[0].to_numpy()[0, -1]
 
@@ -117,6 +122,7 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     kv: str = "auto",
     input_features: Any = None,
+    pixel_values: Any = None,
 ) -> list[int]:
     """The new token ids after ``input_ids`` (a list, or a [1, S] array/tensor), run in tract.
 
@@ -138,8 +144,22 @@ def generate(
     if temperature <= 0:
         raise InvalidArgumentError(f"temperature must be > 0, got {temperature!r}")
     stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
-    from torchlower.llm import seq2seq_runner
+    from torchlower.llm import seq2seq_runner, vlm_runner
 
+    if vlm_runner.is_multimodal(Path(artifact)):
+        if do_sample:
+            raise InvalidArgumentError(
+                f"{artifact}: a multimodal LM export decodes greedily (do_sample=False)"
+            )
+        mm = vlm_runner.MultimodalRunner(artifact, kv=kv)
+        media = pixel_values if mm.media["input"] == "pixel_values" else input_features
+        if media is None and (pixel_values is not None or input_features is not None):
+            raise InvalidArgumentError(f"{artifact}: this model's media input is {mm.media['input']}=")
+        if eos_token_id is None:  # HF's default: the generation config's end of text
+            stops = set(mm.manifest.get("eos_token_id", []))
+        return mm.greedy(prompt, max_new_tokens, media, stops)[0]
+    if pixel_values is not None:
+        raise InvalidArgumentError(f"{artifact}: pixel_values= is for multimodal LM exports (LLaVA, …)")
     if seq2seq_runner.is_seq2seq(Path(artifact)):
         if input_features is None or do_sample:
             raise InvalidArgumentError(

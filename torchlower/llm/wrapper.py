@@ -199,6 +199,8 @@ class CachedCausalLM(nn.Module):
         self.positions = "position_ids" in params
         self.own_mask = mask_from_model(model.config)
 
+    feed = "input_ids"  # the keyword the first graph input goes to (``inputs_embeds``: EmbedsCausalLM)
+
     def forward(self, input_ids: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
         p, s = past[0].shape[2], input_ids.shape[1]
         cache = dynamic_cache(tuple(t.to(self.model.dtype) for t in past))
@@ -210,7 +212,7 @@ class CachedCausalLM(nn.Module):
             options["position_ids"] = query.unsqueeze(0)
         if self.keep:
             options["logits_to_keep"] = 1 if self.last_only else 0
-        out = self.model(input_ids=input_ids, **options)
+        out = self.model(**{self.feed: input_ids}, **options)
         logits = out.logits
         if self.last_only and logits.shape[1] != 1:
             logits = logits[:, -1:, :]
@@ -228,6 +230,13 @@ class CachedCausalLM(nn.Module):
         if not self.layer_types:
             return sliding
         return {"full_attention": full, "sliding_attention": sliding}
+
+
+class EmbedsCausalLM(CachedCausalLM):
+    """``forward(inputs_embeds, *past)`` → ``(logits, *present)``: the decoder of a multimodal LM,
+    fed embeddings so one graph serves text tokens and image/audio features alike."""
+
+    feed = "inputs_embeds"
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,96 @@
+"""Tiny random multimodal LMs from configs (never the hub): LLaVA (CLIP vision tower, Llama text).
+
+Matrices drawn N(0, 0.6) as in ``speech_models`` so greedy chains move; no bos/eos/pad ids, so
+HF ``generate`` is the plain arg-max chain tract must reproduce. ``vision_feature_layer=-1``
+so every checkpoint weight takes part in the graph (LLaVA's usual -2 leaves the last vision
+layer unused by HF itself).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+CLIP = {
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "image_size": 16,
+    "patch_size": 4,  # 16 patches: 16 image rows per image
+    "projection_dim": 16,
+}
+LLAMA = {
+    "vocab_size": 160,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
+}
+IMAGE_TOKEN = 150
+
+
+def _spread(model: Any, seed: int) -> Any:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.6)
+    return model.eval()
+
+
+def llava(seed: int = 0, **fields: Any) -> Any:
+    """A ``LlavaForConditionalGeneration`` with seeded random weights."""
+    import transformers
+
+    config = transformers.LlavaConfig(
+        vision_config=transformers.CLIPVisionConfig(**CLIP),
+        text_config=transformers.LlamaConfig(**LLAMA),
+        image_token_id=IMAGE_TOKEN,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        **fields,
+    )
+    torch.manual_seed(seed)
+    return _spread(transformers.LlavaForConditionalGeneration(config), seed)
+
+
+def llava_folder(path: Path, seed: int = 0) -> tuple[Path, Any]:
+    """The model saved with a CLIP image processor's ``preprocessor_config.json`` (its sizes)."""
+    import transformers
+
+    model = llava(seed)
+    model.save_pretrained(path)
+    size = CLIP["image_size"]
+    transformers.CLIPImageProcessor(size={"shortest_edge": size}, crop_size=size).save_pretrained(path)
+    return path, model
+
+
+def pixels(model: Any, seed: int = 0, images: int = 1) -> torch.Tensor:
+    """Normalized-image-like pixel values [images, 3, size, size]."""
+    size = model.config.vision_config.image_size
+    return torch.randn(images, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def prompt(model: Any, images: int = 1, seed: int = 0, text: tuple[int, int] = (4, 3)) -> torch.Tensor:
+    """Text ids around ``images`` runs of image tokens (one per feature row), as LLaVA's processor
+    writes them."""
+    from torchlower.llm.vlm import check_prompt
+    from torchlower.llm.vlm_families import media_part
+
+    layout = media_part(model)[1]
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.text_config.vocab_size
+    ids = check_prompt(layout, vocab, items=images, seed=seed)[0]
+    head = torch.randint(0, IMAGE_TOKEN, (text[0],), generator=g)
+    return torch.cat([head, ids])[None]

@@ -1,0 +1,52 @@
+"""Which parts a multimodal LM has, by ``model_type``: the class its config names, its media
+encoder part and layout, its language model (whose tables bound the context), and the
+preprocessing its encoder expects (read from the bundled ``preprocessor_config.json``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlower.llm.vlm_parts import LlavaVisionPart, MediaLayout, llava_layout
+
+# model_type → the class its config names (what ``source.open_named`` loads)
+ARCHITECTURES = {
+    "llava": "LlavaForConditionalGeneration",
+}
+# what each encoder's preprocessing is, as the model's processor does it (preprocessor_config.json)
+PREPROCESSING_KEYS = {
+    "vision": ("image_processor_type", "do_resize", "size", "crop_size", "resample", "do_rescale",
+               "rescale_factor", "do_normalize", "image_mean", "image_std", "do_convert_rgb"),
+    "audio": ("feature_extractor_type", "feature_size", "sampling_rate", "n_fft", "hop_length",
+              "chunk_length", "n_samples", "padding_value"),
+}  # fmt: skip
+
+
+def media_part(model: nn.Module) -> tuple[nn.Module, MediaLayout]:
+    """The encoder part of ``model`` (eval mode) and its layout."""
+    part = LlavaVisionPart(model).eval()
+    return part, llava_layout(model, part)
+
+
+def language_model(model: nn.Module) -> nn.Module:
+    """The decoder stack (its position tables bound ``max_context``; the media tower's do not)."""
+    return model.model.language_model
+
+
+def preprocessing(files: dict[str, bytes], part: str) -> dict[str, Any]:
+    """The bundled preprocessor's settings for ``part`` ({} when the folder had none)."""
+    blob = files.get("preprocessor_config.json")
+    if blob is None:
+        return {}
+    data = json.loads(blob)
+    return {k: data[k] for k in PREPROCESSING_KEYS[part] if k in data} | {
+        "source": "preprocessor_config.json"
+    }
+
+
+def media_inputs(model: nn.Module, item: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The keyword arguments HF's forward takes one media item by."""
+    return {"pixel_values": item}

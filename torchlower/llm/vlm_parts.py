@@ -1,0 +1,87 @@
+"""A multimodal LM (LLaVA, …) as three functions of plain tensors, the graphs of its export.
+
+- ``EmbedPart(input_ids) -> inputs_embeds`` [1, S, hidden]: the decoder's token embedding
+  (with the model's own scaling, e.g. Gemma's), so text steps and media steps feed the decoder
+  the same kind of input;
+- an encoder part, e.g. ``LlavaVisionPart(pixel_values) -> image_features`` [1, tokens,
+  hidden]: the vision tower and the projector, one image per call (what HF's
+  ``get_image_features`` returns, in the decoder's hidden size);
+- the decoder, ``wrapper.EmbedsCausalLM(inputs_embeds, *past) -> (logits, *present)``: the
+  causal-LM graph with the KV cache in tract's naming, fed embeddings instead of ids.
+
+Between them (``vlm_runner.py``), as HF's ``masked_scatter`` does: the rows of
+``inputs_embeds`` at the image token's positions are replaced, in order, by the features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class MediaLayout:
+    """What the encoder part takes and gives, and where its output goes in the prompt."""
+
+    part: str  # the manifest entry and archive stem: "vision" or "audio"
+    input_name: str  # pixel_values / input_features
+    input_shape: tuple[int, ...]  # one item (batch 1)
+    output_name: str  # image_features / audio_features
+    token_id: int  # the placeholder token whose embedding rows the features replace
+    tokens: int  # feature rows per item
+    hidden: int  # the decoder's hidden size (each row's width)
+
+
+class EmbedPart(nn.Module):
+    """``input_ids`` [1, S] → the decoder's input embeddings [1, S, hidden]."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.embed = model.get_input_embeddings()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(input_ids)
+
+
+class LlavaVisionPart(nn.Module):
+    """``pixel_values`` [1, 3, H, W] → projected image features [1, tokens, hidden], through
+    HF's ``get_image_features`` with the config's feature layer and selection strategy."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model.model
+        config = model.config
+        self.layer = config.vision_feature_layer
+        self.strategy = config.vision_feature_select_strategy
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        out = self.model.get_image_features(
+            pixel_values=pixel_values,
+            vision_feature_layer=self.layer,
+            vision_feature_select_strategy=self.strategy,
+        )
+        return torch.stack(list(out.pooler_output))
+
+
+def llava_layout(model: nn.Module, part: nn.Module) -> MediaLayout:
+    """The vision layout of a LLaVA model, its token count from one run of ``part``."""
+    config = model.config
+    size = int(config.vision_config.image_size)
+    shape = (1, int(config.vision_config.num_channels), size, size)
+    with torch.no_grad():
+        rows = part(torch.zeros(shape)).shape
+    return MediaLayout(
+        "vision", "pixel_values", shape, "image_features", int(config.image_token_id), int(rows[1]),
+        int(rows[2]),
+    )  # fmt: skip
+
+
+def scatter_media(embeds: Any, ids: Any, token_id: int, features: Any) -> Any:
+    """``embeds`` with the rows where ``ids == token_id`` replaced by ``features``' rows, in
+    order (HF's ``masked_scatter``); numpy arrays [1, S, hidden], [1, S], [n, hidden]."""
+    out = embeds.copy()
+    out[0, ids[0] == token_id] = features.astype(out.dtype)
+    return out

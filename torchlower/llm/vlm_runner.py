@@ -1,0 +1,138 @@
+"""Running a multimodal LM export (``vlm.py``) in tract: encode the media, splice, decode greedily.
+
+Per prompt: the embedding graph maps the ids to rows, the encoder graph (vision or audio) runs
+once per item, its feature rows replace the rows of the placeholder token in order (the
+manifest's ``media``), and the decoder prefills on those embeddings; each later step embeds
+the one new token and feeds it. The decoder's KV cache is tract state when tract's
+``detect_kv_cache`` recognizes every cache, else explicit tensors (``runner.Decoder``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from torchlower.errors import ArtifactError, InvalidArgumentError
+from torchlower.llm.runner import Decoder
+from torchlower.llm.vlm_parts import scatter_media
+
+MANIFEST = "manifest.json"
+FORMAT = "torchlower.multimodal_lm"
+
+
+def is_multimodal(path: Path) -> bool:
+    """A folder whose manifest is a multimodal LM's (not a speech encoder-decoder's)."""
+    if not (path.is_dir() and (path / MANIFEST).is_file()):
+        return False
+    try:
+        return json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ArtifactError(f"{folder / MANIFEST}: not readable JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(
+            f"{folder / MANIFEST}: not a {FORMAT} manifest (written by torchlower.llm.export)"
+        )
+    return manifest
+
+
+def as_array(value: Any) -> np.ndarray:
+    """A tensor or array-like as a numpy array."""
+    return np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
+
+
+class MultimodalRunner:
+    """The embedding, encoder and decoder archives of ``folder`` loaded in tract."""
+
+    def __init__(self, folder: str | Path, kv: str = "auto") -> None:
+        import tract
+
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder)
+        self.media = self.manifest["media"]
+        nnef = tract.nnef().with_tract_extra().with_tract_transformers()
+
+        def load(part: str) -> Any:
+            return nnef.load(str(self.folder / self.manifest[part]["archive"])).into_runnable()
+
+        self.embed = load("embed")
+        self.encoder = load(self.media["part"])
+        self.decoder = Decoder(self.folder / self.manifest["decoder"]["archive"], kv=kv)
+        self.vocab = int(self.manifest["vocab_size"])
+
+    @property
+    def mode(self) -> str:
+        return self.decoder.mode
+
+    def features(self, media: Any) -> np.ndarray:
+        """The encoder's feature rows [items * tokens, hidden] of ``media`` (one item, or a
+        batch of items along axis 0), each item of the manifest's input shape."""
+        entry = self.manifest[self.media["part"]]
+        want = list(next(iter(entry["inputs"].values())))  # one input, batch 1
+        array = as_array(media)
+        if array.ndim == len(want) - 1:  # one item without the batch axis
+            array = array[None]
+        if array.ndim != len(want) or list(array.shape[1:]) != want[1:] or array.dtype.kind != "f":
+            raise InvalidArgumentError(
+                f"{self.media['input']} must be float [n, {', '.join(map(str, want[1:]))}] (n items,"
+                f" preprocessed as the manifest's {self.media['part']}.preprocessing says); got"
+                f" {array.dtype} {list(array.shape)}"
+            )
+        rows = [
+            self.encoder.run([np.ascontiguousarray(item[None], np.float32)])[0].to_numpy()[0]
+            for item in array
+        ]
+        return np.concatenate(rows, axis=0)
+
+    def embeddings(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1)
+        if ids.min() < 0 or ids.max() >= self.vocab:
+            bad = int(ids.min() if ids.min() < 0 else ids.max())
+            raise InvalidArgumentError(f"token id {bad} is outside the vocabulary (ids 0..{self.vocab - 1})")
+        return self.embed.run([ids])[0].to_numpy()
+
+    def prefill(self, ids: np.ndarray, media: Any) -> np.ndarray:
+        """Logits of the prompt's last position: ``ids`` [1, S] with one placeholder row per
+        feature row of ``media`` (None: a text-only prompt)."""
+        self.decoder.reset()
+        embeds = self.embeddings(ids)
+        slots = int((ids == self.media["token_id"]).sum())
+        if media is not None or slots:
+            rows = self.features(media) if media is not None else np.zeros((0, embeds.shape[2]))
+            if slots != rows.shape[0]:
+                raise InvalidArgumentError(
+                    f"the prompt holds {slots} {self.media['token_id']} tokens (the {self.media['part']}"
+                    f" placeholder) but the {self.media['input']} give {rows.shape[0]} feature rows"
+                    f" ({self.media['tokens_per_item']} per item): put {self.media['tokens_per_item']}"
+                    " placeholders per item in the prompt, as the model's processor does"
+                )
+            embeds = scatter_media(embeds, ids, int(self.media["token_id"]), rows)
+        return self.decoder.run(embeds)
+
+    def step(self, token: int) -> np.ndarray:
+        return self.decoder.run(self.embeddings(np.array([[token]])))
+
+    def greedy(
+        self, prompt: np.ndarray, steps: int, media: Any, stops: set[int] | None = None
+    ) -> tuple[list[int], list[np.ndarray]]:
+        """Arg-max tokens after ``prompt`` and the logits that chose each."""
+        if steps:  # the last new token is not fed back
+            self.decoder.refuse_past_context(prompt.shape[1] + steps - 1)
+        tokens: list[int] = []
+        logits: list[np.ndarray] = []
+        for i in range(steps):
+            row = self.prefill(prompt, media) if i == 0 else self.step(tokens[-1])
+            logits.append(row)
+            tokens.append(int(np.argmax(row)))
+            if stops and tokens[-1] in stops:
+                break
+        return tokens, logits
