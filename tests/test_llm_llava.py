@@ -90,7 +90,7 @@ def test_manifest_and_archives(exported: Any) -> None:
 def test_prompt_and_image_checks(llava: tuple[Path, Any], exported: Any) -> None:
     model = llava[1]
     ids = vlm_models.prompt(model, images=1)
-    with pytest.raises(InvalidArgumentError, match="holds 16 150 tokens .* give 32 feature rows"):
+    with pytest.raises(InvalidArgumentError, match=r"holds 16 150 tokens .* give 32 feature rows"):
         llm.generate(exported.path, ids, 2, pixel_values=vlm_models.pixels(model, images=2))
     with pytest.raises(InvalidArgumentError, match=r"pixel_values must be float \[n, 3, 16, 16\]"):
         llm.generate(exported.path, ids, 2, pixel_values=np.zeros((1, 3, 8, 8), np.float32))
@@ -150,6 +150,6 @@ def test_cli_export_and_unused_weights(
     save_file(
         weights | {"value_head.weight": torch.zeros(2, 2)}, extra / "model.safetensors", {"format": "pt"}
     )
-    with pytest.raises(llm.WrongModelError, match="value_head.weight") as err:
+    with pytest.raises(llm.WrongModelError, match=r"value_head\.weight") as err:
         llm.export(extra, tmp_path / "x_tract")
     assert err.value.loaded_class == "LlavaForConditionalGeneration"
