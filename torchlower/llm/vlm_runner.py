@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from torchlower.errors import ArtifactError, InvalidArgumentError
-from torchlower.llm.runner import Decoder
+from torchlower.llm.decoder import Decoder
 from torchlower.llm.vlm_parts import scatter_media
 
 MANIFEST = "manifest.json"
