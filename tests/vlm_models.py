@@ -91,6 +91,56 @@ def prompt(model: Any, images: int = 1, seed: int = 0, text: tuple[int, int] = (
     layout = media_part(model)[1]
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.text_config.vocab_size
-    ids = check_prompt(layout, vocab, items=images, seed=seed)[0]
+    ids = check_prompt(layout, vocab, layout.tokens * images, seed=seed)[0]
     head = torch.randint(0, IMAGE_TOKEN, (text[0],), generator=g)
     return torch.cat([head, ids])[None]
+
+
+QWEN2_AUDIO_ENCODER = {
+    "d_model": 16,
+    "encoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "encoder_ffn_dim": 32,
+    "num_mel_bins": 8,
+    "max_source_positions": 20,  # 40 input frames, 10 audio rows
+}
+AUDIO_TOKEN = 151
+
+
+def qwen2_audio(seed: int = 0) -> Any:
+    """A ``Qwen2AudioForConditionalGeneration`` (Whisper-like encoder, Qwen2 text) with seeded
+    random weights."""
+    import transformers
+
+    text = LLAMA | {"num_key_value_heads": 2}
+    config = transformers.Qwen2AudioConfig(
+        audio_config=transformers.Qwen2AudioEncoderConfig(**QWEN2_AUDIO_ENCODER),
+        text_config=transformers.Qwen2Config(**text),
+        audio_token_index=AUDIO_TOKEN,
+    )
+    torch.manual_seed(seed)
+    return _spread(transformers.Qwen2AudioForConditionalGeneration(config), seed)
+
+
+def qwen2_audio_folder(path: Path, seed: int = 0) -> tuple[Path, Any]:
+    model = qwen2_audio(seed)
+    model.save_pretrained(path)
+    return path, model
+
+
+def audio_features(model: Any, seed: int = 0, real: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-mel-like features [1, mels, 2 * max_source_positions] and the mask of the ``real``
+    first frames (default all)."""
+    audio = model.config.audio_config
+    frames = 2 * audio.max_source_positions
+    features = torch.randn(1, audio.num_mel_bins, frames, generator=torch.Generator().manual_seed(seed))
+    mask = (torch.arange(frames) < (frames if real is None else real)).long()[None]
+    return features, mask
+
+
+def audio_prompt(model: Any, mask: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """Text ids around one audio token per real audio row (what Qwen2-Audio's processor writes)."""
+    rows = int(model.model.audio_tower._get_feat_extract_output_lengths(mask.sum(-1))[1])
+    g = torch.Generator().manual_seed(seed)
+    before, after = torch.randint(0, 150, (4,), generator=g), torch.randint(0, 150, (3,), generator=g)
+    return torch.cat([before, torch.full((rows,), AUDIO_TOKEN), after])[None]

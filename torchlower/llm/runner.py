@@ -36,6 +36,7 @@ def generate(
     kv: str = "auto",
     input_features: Any = None,
     pixel_values: Any = None,
+    feature_attention_mask: Any = None,
 ) -> list[int]:
     """The new token ids after ``input_ids`` (a list, or a [1, S] array/tensor), run in tract.
 
@@ -70,7 +71,7 @@ def generate(
             raise InvalidArgumentError(f"{artifact}: this model's media input is {mm.media['input']}=")
         if eos_token_id is None:  # HF's default: the generation config's end of text
             stops = set(mm.manifest.get("eos_token_id", []))
-        return mm.greedy(prompt, max_new_tokens, media, stops)[0]
+        return mm.greedy(prompt, max_new_tokens, media, feature_attention_mask, stops)[0]
     if pixel_values is not None:
         raise InvalidArgumentError(f"{artifact}: pixel_values= is for multimodal LM exports (LLaVA, …)")
     if seq2seq_runner.is_seq2seq(Path(artifact)):

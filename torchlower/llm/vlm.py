@@ -32,7 +32,7 @@ from torchlower.errors import CheckError, InvalidArgumentError
 from torchlower.llm import stages
 from torchlower.llm.part_export import dequantized_model, export_part, folder_target, naming
 from torchlower.llm.rope import rotary_tables
-from torchlower.llm.vlm_families import language_model, media_inputs, media_part, preprocessing
+from torchlower.llm.vlm_families import language_model, media_example, media_inputs, media_part, preprocessing
 from torchlower.llm.vlm_parts import EmbedPart, MediaLayout
 from torchlower.llm.wrapper import (
     CacheLayout,
@@ -112,10 +112,9 @@ def export(
                 {"input_ids": {1: ("S", 1, context)}}, *common, [], props | {_PART: "embed"}, {},
             )  # fmt: skip
         with progress.stage(media.part):
-            pixels = torch.randn(media.input_shape, generator=torch.Generator().manual_seed(0))
             enc, enc_weights = export_part(
-                encoder, (pixels,), folder / f"{media.part}.nnef.tgz", [media.input_name],
-                [media.output_name], None, *common, [], props | {_PART: media.part}, {},
+                encoder, media_example(media, 0), folder / f"{media.part}.nnef.tgz", media.input_names,
+                media.output_names, None, *common, [], props | {_PART: media.part}, {},
             )  # fmt: skip
         with progress.stage("decoder"):
             decoder = EmbedsCausalLM(model, layout).eval()
@@ -141,7 +140,7 @@ def export(
                 model, (embed_part, emb_weights), (encoder, enc_weights), (decoder, dec_weights)
             )
             with progress.stage("checking against Hugging Face"):
-                _check_end_to_end(result, model, reference_model, media, precision)
+                _check_end_to_end(result, model, reference_model, encoder, media, precision)
         result.archive_bytes = sum(f.stat().st_size for f in folder.iterdir())
     result.path = target
     for name, part in (("embed", EMBED), ("encoder", f"{media.part}.nnef.tgz"), ("decoder", DECODER)):
@@ -176,29 +175,32 @@ def _bounds(context: int) -> list[str]:
     return [f"tract_assert P + S <= {context}", "tract_assert S >= 1", "tract_assert P >= 0"]
 
 
-def check_prompt(media: MediaLayout, vocab: int, items: int = 1, seed: int = 0) -> torch.Tensor:
-    """Text ids around ``items`` runs of the placeholder token (one row per feature row), as a
-    processor writes them; the text avoids the placeholder id."""
+def check_prompt(media: MediaLayout, vocab: int, slots: int, seed: int = 0) -> torch.Tensor:
+    """Text ids around ``slots`` placeholder tokens (one per feature row), as a processor writes
+    them; the text avoids the placeholder id."""
     g = torch.Generator().manual_seed(seed)
     before, after = (torch.randint(0, vocab, (n,), generator=g) for n in TEXT_AROUND)
     before, after = (torch.where(t == media.token_id, (t + 1) % vocab, t) for t in (before, after))
-    slots = torch.full((media.tokens * items,), media.token_id)
-    return torch.cat([before, slots, after])[None]
+    return torch.cat([before, torch.full((slots,), media.token_id), after])[None]
 
 
 def _check_end_to_end(
-    result: MultimodalReport, model: nn.Module, reference: nn.Module, media: MediaLayout, precision: str
-) -> None:
+    result: MultimodalReport, model: nn.Module, reference: nn.Module, encoder: nn.Module, media: MediaLayout,
+    precision: str,
+) -> None:  # fmt: skip
     """Greedy tokens and every step's logits of tract (media encoded once, decoder step by step)
     vs HF running the weights the archives hold, both with their caches as ``generate`` does.
     f16 is reported, not bounded (the reference runs in f32)."""
     from torchlower.llm.vlm_runner import MultimodalRunner
 
-    prompt = check_prompt(media, layout_vocab(model))
-    item = torch.randn(media.input_shape, generator=torch.Generator().manual_seed(1))
+    item = media_example(media, 1)
+    with torch.no_grad():
+        slots = int(encoder(*item)[1]) if media.count_name else media.tokens
+    prompt = check_prompt(media, layout_vocab(model), slots)
     steps = min(CHECK_TOKENS, result.max_context - prompt.shape[1])
-    tokens, logits = MultimodalRunner(result.path).greedy(prompt.numpy(), steps, item.numpy())
-    inputs = media_inputs(model, item)
+    runner = MultimodalRunner(result.path)
+    tokens, logits = runner.greedy(prompt.numpy(), steps, item[0].numpy(), *[t.numpy() for t in item[1:]])
+    inputs = media_inputs(media, item)
     want = hf_decode(reference, prompt, inputs, steps, forced=tokens)[1]
     ref_tokens = hf_decode(reference, prompt, inputs, steps)[0]
     original = hf_decode(model, prompt, inputs, steps, forced=tokens)[1]
@@ -269,8 +271,9 @@ def _manifest(
         "embed": {"archive": EMBED, "inputs": {"input_ids": [1, "S"]}, "outputs": ["inputs_embeds"]},
         media.part: {
             "archive": f"{media.part}.nnef.tgz",
-            "inputs": {media.input_name: list(media.input_shape)},
-            "outputs": [media.output_name],
+            "inputs": {media.input_name: list(media.input_shape)}
+            | ({media.mask_name: [1, media.input_shape[-1]]} if media.mask_name else {}),
+            "outputs": media.output_names,
             "output_shape": [1, media.tokens, media.hidden],
             "preprocessing": preprocessing(files, media.part),
         },
@@ -284,6 +287,8 @@ def _manifest(
             "input": media.input_name,
             "token_id": media.token_id,
             "tokens_per_item": media.tokens,
+            "mask_input": media.mask_name,  # which frames are real; None: every item is whole
+            "count_output": media.count_name,  # how many rows are real; None: all tokens_per_item
             "hidden_size": media.hidden,
             "placement": "the prompt's rows at token_id, in order, take the feature rows",
         },

@@ -10,11 +10,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlower.llm.vlm_parts import LlavaVisionPart, MediaLayout, llava_layout
+from torchlower.llm.vlm_parts import (
+    LlavaVisionPart,
+    MediaLayout,
+    Qwen2AudioPart,
+    llava_layout,
+    qwen2_audio_layout,
+)
 
 # model_type → the class its config names (what ``source.open_named`` loads)
 ARCHITECTURES = {
     "llava": "LlavaForConditionalGeneration",
+    "qwen2_audio": "Qwen2AudioForConditionalGeneration",
 }
 # what each encoder's preprocessing is, as the model's processor does it (preprocessor_config.json)
 PREPROCESSING_KEYS = {
@@ -27,6 +34,8 @@ PREPROCESSING_KEYS = {
 
 def media_part(model: nn.Module) -> tuple[nn.Module, MediaLayout]:
     """The encoder part of ``model`` (eval mode) and its layout."""
+    if model.config.model_type == "qwen2_audio":
+        return Qwen2AudioPart(model).eval(), qwen2_audio_layout(model)
     part = LlavaVisionPart(model).eval()
     return part, llava_layout(model, part)
 
@@ -47,6 +56,15 @@ def preprocessing(files: dict[str, bytes], part: str) -> dict[str, Any]:
     }
 
 
-def media_inputs(model: nn.Module, item: torch.Tensor) -> dict[str, torch.Tensor]:
+def media_example(media: MediaLayout, seed: int) -> tuple[torch.Tensor, ...]:
+    """One item of media (random features; for audio, the last quarter of frames padding)."""
+    item = torch.randn(media.input_shape, generator=torch.Generator().manual_seed(seed))
+    if media.mask_name is None:
+        return (item,)
+    frames = media.input_shape[-1]
+    return item, (torch.arange(frames) < frames - frames // 4).long()[None]
+
+
+def media_inputs(media: MediaLayout, example: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
     """The keyword arguments HF's forward takes one media item by."""
-    return {"pixel_values": item}
+    return dict(zip(media.input_names, example, strict=True))

@@ -9,6 +9,9 @@
 - the decoder, ``wrapper.EmbedsCausalLM(inputs_embeds, *past) -> (logits, *present)``: the
   causal-LM graph with the KV cache in tract's naming, fed embeddings instead of ids.
 
+``Qwen2AudioPart(input_features, feature_attention_mask) -> (audio_features, audio_tokens)``
+is the audio encoder of Qwen2-Audio (Whisper-like, average-pooled) and its projector.
+
 Between them (``vlm_runner.py``), as HF's ``masked_scatter`` does: the rows of
 ``inputs_embeds`` at the image token's positions are replaced, in order, by the features.
 """
@@ -31,8 +34,18 @@ class MediaLayout:
     input_shape: tuple[int, ...]  # one item (batch 1)
     output_name: str  # image_features / audio_features
     token_id: int  # the placeholder token whose embedding rows the features replace
-    tokens: int  # feature rows per item
+    tokens: int  # feature rows per item (at most, with ``count_name``)
     hidden: int  # the decoder's hidden size (each row's width)
+    mask_name: str | None = None  # a second input: which frames of the item are real (1) or padding (0)
+    count_name: str | None = None  # a second output: how many of the feature rows are real
+
+    @property
+    def input_names(self) -> list[str]:
+        return [self.input_name] + ([self.mask_name] if self.mask_name else [])
+
+    @property
+    def output_names(self) -> list[str]:
+        return [self.output_name] + ([self.count_name] if self.count_name else [])
 
 
 class EmbedPart(nn.Module):
@@ -76,6 +89,43 @@ def llava_layout(model: nn.Module, part: nn.Module) -> MediaLayout:
     return MediaLayout(
         "vision", "pixel_values", shape, "image_features", int(config.image_token_id), int(rows[1]),
         int(rows[2]),
+    )  # fmt: skip
+
+
+class Qwen2AudioPart(nn.Module):
+    """``(input_features [1, mels, frames], feature_attention_mask [1, frames])`` → projected
+    audio features [1, tokens, hidden] and how many are real ([1], the rest come from padding).
+
+    The padded frames are masked out of the encoder's attention keys as HF's forward masks them
+    (an additive mask built from the real length after the first convolution), and the count is
+    HF's ``_get_feat_extract_output_lengths``: HF keeps that many rows.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.tower = model.model.audio_tower
+        self.projector = model.model.multi_modal_projector
+
+    def forward(
+        self, input_features: torch.Tensor, feature_attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        frames, real = self.tower._get_feat_extract_output_lengths(feature_attention_mask.sum(-1))
+        positions = (input_features.shape[-1] - 2) // 2 + 1  # after the stride-2 convolution
+        keep = torch.arange(positions)[None, :] < frames[:, None]
+        low = torch.finfo(input_features.dtype).min
+        mask = torch.where(keep, 0.0, low).to(input_features.dtype)[:, None, None, :]
+        hidden = self.tower(input_features, attention_mask=mask).last_hidden_state
+        return self.projector(hidden), real
+
+
+def qwen2_audio_layout(model: nn.Module) -> MediaLayout:
+    audio = model.config.audio_config
+    frames = int(audio.max_source_positions) * 2  # the stride-2 convolution; HF requires this length
+    tokens = (int(audio.max_source_positions) - 2) // 2 + 1  # the stride-2 average pool
+    return MediaLayout(
+        "audio", "input_features", (1, int(audio.num_mel_bins), frames), "audio_features",
+        int(model.config.audio_token_id), tokens, int(model.config.text_config.hidden_size),
+        "feature_attention_mask", "audio_tokens",
     )  # fmt: skip
 
 

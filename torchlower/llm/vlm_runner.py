@@ -73,11 +73,12 @@ class MultimodalRunner:
     def mode(self) -> str:
         return self.decoder.mode
 
-    def features(self, media: Any) -> np.ndarray:
-        """The encoder's feature rows [items * tokens, hidden] of ``media`` (one item, or a
-        batch of items along axis 0), each item of the manifest's input shape."""
+    def features(self, media: Any, mask: Any = None) -> np.ndarray:
+        """The encoder's feature rows [rows, hidden] of ``media`` (one item, or a batch of items
+        along axis 0), each item of the manifest's input shape; ``mask`` [items, frames] marks
+        each item's real frames (1) and padding (0), default all real, when the encoder takes one."""
         entry = self.manifest[self.media["part"]]
-        want = list(next(iter(entry["inputs"].values())))  # one input, batch 1
+        want = list(entry["inputs"][self.media["input"]])  # batch 1
         array = as_array(media)
         if array.ndim == len(want) - 1:  # one item without the batch axis
             array = array[None]
@@ -87,11 +88,35 @@ class MultimodalRunner:
                 f" preprocessed as the manifest's {self.media['part']}.preprocessing says); got"
                 f" {array.dtype} {list(array.shape)}"
             )
-        rows = [
-            self.encoder.run([np.ascontiguousarray(item[None], np.float32)])[0].to_numpy()[0]
-            for item in array
-        ]
+        masks = self._masks(mask, array.shape[0], want[-1])
+        rows = []
+        for i, item in enumerate(array):
+            feed = [
+                np.ascontiguousarray(item[None], np.float32),
+                *([masks[i : i + 1]] if masks is not None else []),
+            ]
+            out = self.encoder.run(feed)
+            real = int(out[1].to_numpy().reshape(-1)[0]) if len(out) > 1 else None
+            rows.append(out[0].to_numpy()[0, :real])
         return np.concatenate(rows, axis=0)
+
+    def _masks(self, mask: Any, items: int, frames: int) -> np.ndarray | None:
+        name = self.media.get("mask_input")
+        if name is None:
+            if mask is not None:
+                raise InvalidArgumentError(
+                    f"{self.folder}: this model's {self.media['part']} encoder takes no mask"
+                )
+            return None
+        if mask is None:
+            return np.ones((items, frames), np.int64)
+        array = as_array(mask)
+        if array.shape != (items, frames) or not set(np.unique(array)) <= {0, 1}:
+            raise InvalidArgumentError(
+                f"{name} must be 0/1 of shape [{items}, {frames}] (1 for each real frame);"
+                f" got {list(array.shape)}"
+            )
+        return np.ascontiguousarray(array, np.int64)
 
     def embeddings(self, ids: np.ndarray) -> np.ndarray:
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1)
@@ -100,20 +125,20 @@ class MultimodalRunner:
             raise InvalidArgumentError(f"token id {bad} is outside the vocabulary (ids 0..{self.vocab - 1})")
         return self.embed.run([ids])[0].to_numpy()
 
-    def prefill(self, ids: np.ndarray, media: Any) -> np.ndarray:
+    def prefill(self, ids: np.ndarray, media: Any, mask: Any = None) -> np.ndarray:
         """Logits of the prompt's last position: ``ids`` [1, S] with one placeholder row per
         feature row of ``media`` (None: a text-only prompt)."""
         self.decoder.reset()
         embeds = self.embeddings(ids)
         slots = int((ids == self.media["token_id"]).sum())
         if media is not None or slots:
-            rows = self.features(media) if media is not None else np.zeros((0, embeds.shape[2]))
+            rows = self.features(media, mask) if media is not None else np.zeros((0, embeds.shape[2]))
             if slots != rows.shape[0]:
                 raise InvalidArgumentError(
                     f"the prompt holds {slots} {self.media['token_id']} tokens (the {self.media['part']}"
                     f" placeholder) but the {self.media['input']} give {rows.shape[0]} feature rows"
-                    f" ({self.media['tokens_per_item']} per item): put {self.media['tokens_per_item']}"
-                    " placeholders per item in the prompt, as the model's processor does"
+                    f" (up to {self.media['tokens_per_item']} per item): put one placeholder per row in"
+                    " the prompt, as the model's processor does"
                 )
             embeds = scatter_media(embeds, ids, int(self.media["token_id"]), rows)
         return self.decoder.run(embeds)
@@ -122,7 +147,7 @@ class MultimodalRunner:
         return self.decoder.run(self.embeddings(np.array([[token]])))
 
     def greedy(
-        self, prompt: np.ndarray, steps: int, media: Any, stops: set[int] | None = None
+        self, prompt: np.ndarray, steps: int, media: Any, mask: Any = None, stops: set[int] | None = None
     ) -> tuple[list[int], list[np.ndarray]]:
         """Arg-max tokens after ``prompt`` and the logits that chose each."""
         if steps:  # the last new token is not fed back
@@ -130,7 +155,7 @@ class MultimodalRunner:
         tokens: list[int] = []
         logits: list[np.ndarray] = []
         for i in range(steps):
-            row = self.prefill(prompt, media) if i == 0 else self.step(tokens[-1])
+            row = self.prefill(prompt, media, mask) if i == 0 else self.step(tokens[-1])
             logits.append(row)
             tokens.append(int(np.argmax(row)))
             if stops and tokens[-1] in stops:
