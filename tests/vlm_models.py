@@ -144,3 +144,34 @@ def audio_prompt(model: Any, mask: torch.Tensor, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     before, after = torch.randint(0, 150, (4,), generator=g), torch.randint(0, 150, (3,), generator=g)
     return torch.cat([before, torch.full((rows,), AUDIO_TOKEN), after])[None]
+
+
+IDEFICS3_VISION = {
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "image_size": 32,
+    "patch_size": 4,  # 64 patches, pixel-shuffled by 2: 16 image rows per tile
+}
+
+
+def idefics3(seed: int = 0, kind: str = "Idefics3") -> Any:
+    """An ``Idefics3ForConditionalGeneration`` (or SmolVLM's, ``kind="SmolVLM"``) with seeded
+    random weights: a SigLIP-like tower, a pixel-shuffle connector, a Llama text model."""
+    import transformers
+
+    config = getattr(transformers, f"{kind}Config")(
+        vision_config=getattr(transformers, f"{kind}VisionConfig")(**IDEFICS3_VISION),
+        text_config=transformers.LlamaConfig(**LLAMA),
+        scale_factor=2,
+        image_token_id=IMAGE_TOKEN,
+    )
+    torch.manual_seed(seed)
+    return _spread(getattr(transformers, f"{kind}ForConditionalGeneration")(config), seed)
+
+
+def idefics3_folder(path: Path, seed: int = 0, kind: str = "Idefics3") -> tuple[Path, Any]:
+    model = idefics3(seed, kind)
+    model.save_pretrained(path)
+    return path, model

@@ -200,7 +200,7 @@ def _check_end_to_end(
     steps = min(CHECK_TOKENS, result.max_context - prompt.shape[1])
     runner = MultimodalRunner(result.path)
     tokens, logits = runner.greedy(prompt.numpy(), steps, item[0].numpy(), *[t.numpy() for t in item[1:]])
-    inputs = media_inputs(media, item)
+    inputs = media_inputs(model, media, item)
     want = hf_decode(reference, prompt, inputs, steps, forced=tokens)[1]
     ref_tokens = hf_decode(reference, prompt, inputs, steps)[0]
     original = hf_decode(model, prompt, inputs, steps, forced=tokens)[1]

@@ -11,18 +11,23 @@ import torch
 from torch import nn
 
 from torchlower.llm.vlm_parts import (
+    Idefics3VisionPart,
     LlavaVisionPart,
     MediaLayout,
     Qwen2AudioPart,
-    llava_layout,
     qwen2_audio_layout,
+    vision_layout,
 )
 
 # model_type → the class its config names (what ``source.open_named`` loads)
 ARCHITECTURES = {
     "llava": "LlavaForConditionalGeneration",
     "qwen2_audio": "Qwen2AudioForConditionalGeneration",
+    "idefics3": "Idefics3ForConditionalGeneration",
+    "smolvlm": "SmolVLMForConditionalGeneration",
 }
+# HF's forward takes these models' pixel_values with an images axis: [batch, images, 3, H, W]
+IMAGES_AXIS = ("idefics3", "smolvlm")
 # what each encoder's preprocessing is, as the model's processor does it (preprocessor_config.json)
 PREPROCESSING_KEYS = {
     "vision": ("image_processor_type", "do_resize", "size", "crop_size", "resample", "do_rescale",
@@ -36,13 +41,15 @@ def media_part(model: nn.Module) -> tuple[nn.Module, MediaLayout]:
     """The encoder part of ``model`` (eval mode) and its layout."""
     if model.config.model_type == "qwen2_audio":
         return Qwen2AudioPart(model).eval(), qwen2_audio_layout(model)
-    part = LlavaVisionPart(model).eval()
-    return part, llava_layout(model, part)
+    kind = model.config.model_type
+    part = (Idefics3VisionPart if kind in IMAGES_AXIS else LlavaVisionPart)(model).eval()
+    return part, vision_layout(model, part)
 
 
 def language_model(model: nn.Module) -> nn.Module:
     """The decoder stack (its position tables bound ``max_context``; the media tower's do not)."""
-    return model.model.language_model
+    inner = model.model
+    return inner.text_model if hasattr(inner, "text_model") else inner.language_model
 
 
 def preprocessing(files: dict[str, bytes], part: str) -> dict[str, Any]:
@@ -65,6 +72,10 @@ def media_example(media: MediaLayout, seed: int) -> tuple[torch.Tensor, ...]:
     return item, (torch.arange(frames) < frames - frames // 4).long()[None]
 
 
-def media_inputs(media: MediaLayout, example: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
-    """The keyword arguments HF's forward takes one media item by."""
+def media_inputs(
+    model: nn.Module, media: MediaLayout, example: tuple[torch.Tensor, ...]
+) -> dict[str, torch.Tensor]:
+    """The keyword arguments HF's forward takes items of media by (``example``: the graph's inputs)."""
+    if model.config.model_type in IMAGES_AXIS:
+        example = (example[0][None],)
     return dict(zip(media.input_names, example, strict=True))

@@ -79,8 +79,24 @@ class LlavaVisionPart(nn.Module):
         return torch.stack(list(out.pooler_output))
 
 
-def llava_layout(model: nn.Module, part: nn.Module) -> MediaLayout:
-    """The vision layout of a LLaVA model, its token count from one run of ``part``."""
+class Idefics3VisionPart(nn.Module):
+    """Idefics3 / SmolVLM: ``pixel_values`` [1, 3, size, size] (one tile: the processor splits
+    and resizes images into tiles of ``vision_config.image_size``) → [1, tokens, hidden]: the
+    vision transformer with every patch real, then the connector (pixel shuffle by
+    ``scale_factor`` and its projection). HF's ``get_image_features`` drops all-zero padding
+    tiles first, a data-dependent filter: the runner is given real tiles only."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.vision = model.model.vision_model
+        self.connector = model.model.connector
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.connector(self.vision(pixel_values=pixel_values).last_hidden_state)
+
+
+def vision_layout(model: nn.Module, part: nn.Module) -> MediaLayout:
+    """The vision layout of a LLaVA / Idefics3 model, its token count from one run of ``part``."""
     config = model.config
     size = int(config.vision_config.image_size)
     shape = (1, int(config.vision_config.num_channels), size, size)
