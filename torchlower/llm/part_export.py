@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,10 @@ def export_part(
     module: nn.Module, example: tuple[torch.Tensor, ...], target: Path, names_in: list[str],
     names_out: list[str], axes: dict[str, Any] | None, precision: str, compress: str | None,
     check: bool, extensions: list[str], props: dict[str, Any], files: dict[str, bytes],
-    frontend: str = "export",
+    frontend: str = "export", rewrite: Callable[[Any], object] | None = None,
 ) -> tuple[report.ExportReport, dict[str, torch.Tensor] | None]:  # fmt: skip
-    """``torchlower.export``'s stages, with the graph's bounds, properties and bundled files."""
+    """``torchlower.export``'s stages, with the graph's bounds, properties and bundled files;
+    ``rewrite(builder)`` runs after the pipeline's passes (e.g. ``precision.keep_f32``)."""
     req = request.request(
         module, example, target, input_names=names_in, output_names=names_out, frontend=frontend,
         check=check, tolerance=None, precision=precision, compress=compress, dynamic_axes=axes,
@@ -47,6 +48,8 @@ def export_part(
     builder = captured.builder
     dequantized = optimize.compress(builder, ref.module, compress)
     optimize.optimize(builder)
+    if rewrite is not None:
+        rewrite(builder)
     weights = builder.live_weights()
     builder.example_sizes = req.example_sizes
     graph = bundle.with_header(builder.graph_text(), extensions, bundle.properties_fragment(props))

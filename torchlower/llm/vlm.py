@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from torchlower.core.staging import staged
 from torchlower.errors import CheckError, InvalidArgumentError
 from torchlower.llm import stages
 from torchlower.llm.part_export import dequantized_model, export_part, folder_target, naming
+from torchlower.llm.precision import DEFAULT_F32_PARTS, keep_f32
 from torchlower.llm.rope import rotary_tables
 from torchlower.llm.vlm_families import language_model, media_example, media_inputs, media_part, preprocessing
 from torchlower.llm.vlm_parts import EmbedPart, MediaLayout
@@ -126,7 +128,7 @@ def export(
                 dec, dec_weights = export_part(
                     decoder, _decoder_example(layout, hidden), folder / DECODER, names_in,
                     layout.output_names(), axes, *common, _bounds(context),
-                    props | {_PART: "decoder"}, files,
+                    props | {_PART: "decoder"}, files, rewrite=_f32_parts(decoder, precision),
                 )  # fmt: skip
         manifest = _manifest(model, layout, media, context, precision, compress, files)
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -169,6 +171,13 @@ def _decoder_example(layout: CacheLayout, hidden: int) -> tuple[torch.Tensor, ..
     g = torch.Generator().manual_seed(0)
     embeds = torch.randn(1, stages.TRACE_SEQ, hidden, generator=g)
     return (embeds, *[torch.randn(t.shape, generator=g) for t in layout.empty(stages.TRACE_PAST)])
+
+
+def _f32_parts(decoder: nn.Module, precision: str) -> Callable[[Any], object] | None:
+    """f16: attention and norms computed in f32, as the causal-LM export's default (``keep_f32``)."""
+    if precision != "f16":
+        return None
+    return lambda builder: keep_f32(builder, decoder, DEFAULT_F32_PARTS)
 
 
 def _bounds(context: int) -> list[str]:
