@@ -91,9 +91,10 @@ def prompt(model: Any, images: int = 1, seed: int = 0, text: tuple[int, int] = (
     layout = media_part(model)[1]
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.text_config.vocab_size
-    ids = check_prompt(layout, vocab, layout.tokens * images, seed=seed)[0]
+    ids = check_prompt(layout, vocab, layout.tokens * min(images, 1), seed=seed)[0]
     head = torch.randint(0, IMAGE_TOKEN, (text[0],), generator=g)
-    return torch.cat([head, ids])[None]
+    more = [torch.tensor([7]), torch.full((layout.tokens,), IMAGE_TOKEN)] * max(images - 1, 0)
+    return torch.cat([head, ids, *more, torch.tensor([9])])[None]  # a text token between images
 
 
 QWEN2_AUDIO_ENCODER = {
@@ -175,3 +176,49 @@ def idefics3_folder(path: Path, seed: int = 0, kind: str = "Idefics3") -> tuple[
     model = idefics3(seed, kind)
     model.save_pretrained(path)
     return path, model
+
+
+QWEN2_VL_VISION = {
+    "depth": 2,
+    "embed_dim": 16,
+    "hidden_size": 32,  # the text model's
+    "num_heads": 2,
+    "mlp_ratio": 2,
+    "patch_size": 4,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "in_channels": 3,
+}
+
+
+def qwen2_vl(seed: int = 0) -> Any:
+    """A ``Qwen2VLForConditionalGeneration`` with seeded random weights (M-RoPE sections 1, 1, 2)."""
+    import transformers
+
+    rope = {"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0}
+    config = transformers.Qwen2VLConfig(
+        vision_config=QWEN2_VL_VISION,
+        text_config=LLAMA | {"rope_parameters": rope},
+        image_token_id=IMAGE_TOKEN,
+        vision_start_token_id=151,
+        vision_end_token_id=152,
+        video_token_id=153,
+    )
+    torch.manual_seed(seed)
+    return _spread(transformers.Qwen2VLForConditionalGeneration(config), seed)
+
+
+def qwen2_vl_folder(path: Path, seed: int = 0) -> tuple[Path, Any]:
+    model = qwen2_vl(seed)
+    model.save_pretrained(path)
+    return path, model
+
+
+def qwen2_vl_pixels(model: Any, seed: int = 0, images: int = 1) -> torch.Tensor:
+    """Flattened patches of ``images`` images of the exported grid, concatenated: [images · 64, 96]."""
+    from torchlower.llm.vlm_families import image_grid
+
+    v = model.config.vision_config
+    patches = int(torch.tensor(image_grid(model)).prod())
+    width = v.in_channels * v.temporal_patch_size * v.patch_size**2
+    return torch.randn(images * patches, width, generator=torch.Generator().manual_seed(seed))

@@ -35,7 +35,9 @@ class Decoder:
                 f"{path}: not an LLM export (inputs must be input_ids then the caches); "
                 "write one with torchlower.llm.export"
             )
-        self.cache_facts = [str(model.input_fact(i)) for i in range(1, self.n_inputs)]
+        # inputs before the caches: the ids or embeddings, then Qwen2-VL's position_ids
+        self.feeds = next(i for i in range(self.n_inputs) if model.input_name(i).startswith("in_cache_"))
+        self.cache_facts = [str(model.input_fact(i)) for i in range(self.feeds, self.n_inputs)]
         self.vocab = _vocabulary(str(model.output_fact(0)))
         self.dtypes = [_dtype(f) for f in self.cache_facts]
         self.shapes = [_empty_shape(f) for f in self.cache_facts]
@@ -43,12 +45,12 @@ class Decoder:
         if kv in ("auto", "state"):
             stateful = nnef.load(str(path))
             stateful.transform("detect_kv_cache")
-            if stateful.input_count() == 1:
+            if stateful.input_count() == self.feeds:
                 model, self.mode = stateful, "state"
             elif kv == "state":
                 raise InvalidArgumentError(
                     f"{path}: tract's detect_kv_cache recognized {self.n_inputs - stateful.input_count()} "
-                    f"of {self.n_inputs - 1} caches; use kv='explicit'"
+                    f"of {self.n_inputs - self.feeds} caches; use kv='explicit'"
                 )
             else:
                 self.mode = "explicit"
@@ -91,14 +93,15 @@ class Decoder:
             )
         return self.run(ids)
 
-    def run(self, feed: np.ndarray) -> np.ndarray:
-        """Logits of the last position after feeding ``feed`` (ids [1, S] or embeddings [1, S, hidden])."""
+    def run(self, feed: np.ndarray, *extra: np.ndarray) -> np.ndarray:
+        """Logits of the last position after feeding ``feed`` (ids [1, S] or embeddings [1, S, hidden])
+        and the ``extra`` inputs before the caches (Qwen2-VL's position_ids [3, 1, S])."""
         self.refuse_past_context(self.length + feed.shape[1])
         self.length += feed.shape[1]
         if self.mode == "state":
-            out = self.state.run([feed])
+            out = self.state.run([feed, *extra])
             return out[0].to_numpy()[0, -1]
-        out = self.state.run([feed, *self.past])
+        out = self.state.run([feed, *extra, *self.past])
         self.past = [t.to_numpy() for t in out[1:]]
         return out[0].to_numpy()[0, -1]
 

@@ -14,6 +14,7 @@ step's logits. A failed check writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -34,11 +35,19 @@ from torchlower.llm import stages
 from torchlower.llm.part_export import dequantized_model, export_part, folder_target, naming
 from torchlower.llm.precision import DEFAULT_F32_PARTS, keep_f32
 from torchlower.llm.rope import rotary_tables
-from torchlower.llm.vlm_families import language_model, media_example, media_inputs, media_part, preprocessing
+from torchlower.llm.vlm_families import (
+    language_model,
+    media_example,
+    media_inputs,
+    media_part,
+    positions,
+    preprocessing,
+)
 from torchlower.llm.vlm_parts import EmbedPart, MediaLayout
 from torchlower.llm.wrapper import (
     CacheLayout,
     EmbedsCausalLM,
+    MropeCausalLM,
     attributes_kept,
     cache_arg,
     layout_of,
@@ -116,17 +125,20 @@ def export(
         with progress.stage(media.part):
             enc, enc_weights = export_part(
                 encoder, media_example(media, 0), folder / f"{media.part}.nnef.tgz", media.input_names,
-                media.output_names, None, *common, [], props | {_PART: media.part}, {},
+                media.output_names, None, *common, [], props | {_PART: media.part}, {}, media.frontend,
             )  # fmt: skip
         with progress.stage("decoder"):
-            decoder = EmbedsCausalLM(model, layout).eval()
-            names_in = ["inputs_embeds", *layout.input_names()[1:]]
-            axes = {"inputs_embeds": {1: ("S", 1, context)}} | {
-                n: {2: ("P", 1, context)} for n in names_in[1:]
-            }
-            with attributes_kept(model), static_rope(model), rotary_tables(model, context):
+            mrope = positions(model) is not None
+            decoder = (MropeCausalLM if mrope else EmbedsCausalLM)(model, layout).eval()
+            feeds = ["inputs_embeds", "position_ids"] if mrope else ["inputs_embeds"]
+            names_in = [*feeds, *layout.input_names()[1:]]
+            axes = {"inputs_embeds": {1: ("S", 1, context)}, "position_ids": {2: ("S", 1, context)}}
+            axes = {n: axes[n] for n in feeds} | {n: {2: ("P", 1, context)} for n in names_in[len(feeds) :]}
+            # M-RoPE's [3, 1, S] positions take the computed rotary form (the tables index [1, S])
+            tables = contextlib.nullcontext() if mrope else rotary_tables(model, context)
+            with attributes_kept(model), static_rope(model), tables:
                 dec, dec_weights = export_part(
-                    decoder, _decoder_example(layout, hidden), folder / DECODER, names_in,
+                    decoder, _decoder_example(layout, hidden, mrope), folder / DECODER, names_in,
                     layout.output_names(), axes, *common, _bounds(context),
                     props | {_PART: "decoder"}, files, rewrite=_f32_parts(decoder, precision),
                 )  # fmt: skip
@@ -167,10 +179,13 @@ def _context(model: nn.Module, max_context: int | None) -> int:
     return int(max_context or limit)
 
 
-def _decoder_example(layout: CacheLayout, hidden: int) -> tuple[torch.Tensor, ...]:
+def _decoder_example(layout: CacheLayout, hidden: int, mrope: bool) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     embeds = torch.randn(1, stages.TRACE_SEQ, hidden, generator=g)
-    return (embeds, *[torch.randn(t.shape, generator=g) for t in layout.empty(stages.TRACE_PAST)])
+    feeds = [embeds]
+    if mrope:  # three position rows continuing the cache
+        feeds.append(torch.arange(stages.TRACE_PAST, stages.TRACE_PAST + stages.TRACE_SEQ).expand(3, 1, -1))
+    return (*feeds, *[torch.randn(t.shape, generator=g) for t in layout.empty(stages.TRACE_PAST)])
 
 
 def _f32_parts(decoder: nn.Module, precision: str) -> Callable[[Any], object] | None:
@@ -209,7 +224,7 @@ def _check_end_to_end(
     steps = min(CHECK_TOKENS, result.max_context - prompt.shape[1])
     runner = MultimodalRunner(result.path)
     tokens, logits = runner.greedy(prompt.numpy(), steps, item[0].numpy(), *[t.numpy() for t in item[1:]])
-    inputs = media_inputs(model, media, item)
+    inputs = media_inputs(model, media, item, prompt)
     want = hf_decode(reference, prompt, inputs, steps, forced=tokens)[1]
     ref_tokens = hf_decode(reference, prompt, inputs, steps)[0]
     original = hf_decode(model, prompt, inputs, steps, forced=tokens)[1]
@@ -288,7 +303,7 @@ def _manifest(
         },
         "decoder": {
             "archive": DECODER,
-            "inputs": ["inputs_embeds", *cache],
+            "inputs": ["inputs_embeds", *(["position_ids"] if positions(model) else []), *cache],
             "outputs": layout.output_names(),
         },
         "media": {
@@ -301,6 +316,7 @@ def _manifest(
             "hidden_size": media.hidden,
             "placement": "the prompt's rows at token_id, in order, take the feature rows",
         },
+        "positions": positions(model),  # None: arange(P, P + S) inside the decoder
         "max_context": context,
         "vocab_size": int(text.vocab_size),
         "hidden_size": int(model.get_input_embeddings().embedding_dim),

@@ -15,7 +15,9 @@ from torchlower.llm.vlm_parts import (
     LlavaVisionPart,
     MediaLayout,
     Qwen2AudioPart,
+    Qwen2VLVisionPart,
     qwen2_audio_layout,
+    qwen2_vl_layout,
     vision_layout,
 )
 
@@ -25,7 +27,11 @@ ARCHITECTURES = {
     "qwen2_audio": "Qwen2AudioForConditionalGeneration",
     "idefics3": "Idefics3ForConditionalGeneration",
     "smolvlm": "SmolVLMForConditionalGeneration",
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
 }
+# Qwen2-VL's one image grid per export, in merged tokens per side (an image of
+# 4 · spatial_merge_size · patch_size pixels a side, 16 tokens)
+QWEN2_VL_TOKENS_SIDE = 4
 # HF's forward takes these models' pixel_values with an images axis: [batch, images, 3, H, W]
 IMAGES_AXIS = ("idefics3", "smolvlm")
 # what each encoder's preprocessing is, as the model's processor does it (preprocessor_config.json)
@@ -42,6 +48,9 @@ def media_part(model: nn.Module) -> tuple[nn.Module, MediaLayout]:
     if model.config.model_type == "qwen2_audio":
         return Qwen2AudioPart(model).eval(), qwen2_audio_layout(model)
     kind = model.config.model_type
+    if kind == "qwen2_vl":
+        grid = image_grid(model)
+        return Qwen2VLVisionPart(model, grid).eval(), qwen2_vl_layout(model, grid)
     part = (Idefics3VisionPart if kind in IMAGES_AXIS else LlavaVisionPart)(model).eval()
     return part, vision_layout(model, part)
 
@@ -72,10 +81,31 @@ def media_example(media: MediaLayout, seed: int) -> tuple[torch.Tensor, ...]:
     return item, (torch.arange(frames) < frames - frames // 4).long()[None]
 
 
+def image_grid(model: nn.Module) -> tuple[int, int, int]:
+    """Qwen2-VL's patch grid ``[t, h, w]`` of the exported image size."""
+    side = QWEN2_VL_TOKENS_SIDE * int(model.config.vision_config.spatial_merge_size)
+    return (1, side, side)
+
+
+def positions(model: nn.Module) -> dict[str, Any] | None:
+    """The manifest's ``positions``: how the runner computes Qwen2-VL's M-RoPE input (``mrope.py``)."""
+    if model.config.model_type != "qwen2_vl":
+        return None
+    merge = int(model.config.vision_config.spatial_merge_size)
+    t, h, w = image_grid(model)
+    return {"kind": "mrope", "input": "position_ids", "image_grid_thw": [t, h, w],
+            "merged_grid": [t, h // merge, w // merge]}  # fmt: skip
+
+
 def media_inputs(
-    model: nn.Module, media: MediaLayout, example: tuple[torch.Tensor, ...]
+    model: nn.Module, media: MediaLayout, example: tuple[torch.Tensor, ...], prompt: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """The keyword arguments HF's forward takes items of media by (``example``: the graph's inputs)."""
-    if model.config.model_type in IMAGES_AXIS:
+    """The keyword arguments HF's forward takes the prompt's media by (``example``: the graph's
+    inputs for one item)."""
+    kind = model.config.model_type
+    if kind in IMAGES_AXIS:
         example = (example[0][None],)
+    if kind == "qwen2_vl":
+        return {"pixel_values": example[0][0], "image_grid_thw": torch.tensor([image_grid(model)]),
+                "mm_token_type_ids": (prompt == media.token_id).int()}  # fmt: skip
     return dict(zip(media.input_names, example, strict=True))

@@ -38,6 +38,7 @@ class MediaLayout:
     hidden: int  # the decoder's hidden size (each row's width)
     mask_name: str | None = None  # a second input: which frames of the item are real (1) or padding (0)
     count_name: str | None = None  # a second output: how many of the feature rows are real
+    frontend: str = "export"  # what lowers the encoder (jit: Qwen2-VL's grid-dependent python)
 
     @property
     def input_names(self) -> list[str]:
@@ -105,6 +106,32 @@ def vision_layout(model: nn.Module, part: nn.Module) -> MediaLayout:
     return MediaLayout(
         "vision", "pixel_values", shape, "image_features", int(config.image_token_id), int(rows[1]),
         int(rows[2]),
+    )  # fmt: skip
+
+
+class Qwen2VLVisionPart(nn.Module):
+    """Qwen2-VL: ``pixel_values`` [1, patches, channels · temporal · patch²] (the processor's
+    flattened patches of one image) → [1, tokens, hidden], for the one patch grid ``[t, h, w]``
+    the export fixes (the vision tower's rotary table and attention spans follow the grid;
+    lowered by the jit front end, which records them for that grid)."""
+
+    def __init__(self, model: nn.Module, grid: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.visual = model.model.visual
+        self.grid = grid
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.visual(pixel_values[0], grid_thw=torch.tensor([self.grid])).pooler_output[None]
+
+
+def qwen2_vl_layout(model: nn.Module, grid: tuple[int, int, int]) -> MediaLayout:
+    vision = model.config.vision_config
+    patch = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+    merge = int(vision.spatial_merge_size) ** 2
+    patches = grid[0] * grid[1] * grid[2]
+    return MediaLayout(
+        "vision", "pixel_values", (1, patches, patch), "image_features", int(model.config.image_token_id),
+        patches // merge, int(model.config.text_config.hidden_size), frontend="jit",
     )  # fmt: skip
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from torchlower.errors import ArtifactError, InvalidArgumentError
 from torchlower.llm.decoder import Decoder
+from torchlower.llm.mrope import mrope_positions, text_positions
 from torchlower.llm.vlm_parts import scatter_media
 
 MANIFEST = "manifest.json"
@@ -68,6 +69,8 @@ class MultimodalRunner:
         self.encoder = load(self.media["part"])
         self.decoder = Decoder(self.folder / self.manifest["decoder"]["archive"], kv=kv)
         self.vocab = int(self.manifest["vocab_size"])
+        self.positions = self.manifest.get("positions")  # Qwen2-VL's M-RoPE: fed by the runner
+        self.next_position = 0
 
     @property
     def mode(self) -> str:
@@ -80,8 +83,9 @@ class MultimodalRunner:
         entry = self.manifest[self.media["part"]]
         want = list(entry["inputs"][self.media["input"]])  # batch 1
         array = as_array(media)
-        if array.ndim == len(want) - 1:  # one item without the batch axis
-            array = array[None]
+        # one item without the batch axis, or items concatenated along axis 0 (Qwen2-VL's patches)
+        if array.ndim == len(want) - 1 and array.size % int(np.prod(want[1:])) == 0:
+            array = array.reshape(-1, *want[1:])
         if array.ndim != len(want) or list(array.shape[1:]) != want[1:] or array.dtype.kind != "f":
             raise InvalidArgumentError(
                 f"{self.media['input']} must be float [n, {', '.join(map(str, want[1:]))}] (n items,"
@@ -141,10 +145,18 @@ class MultimodalRunner:
                     " the prompt, as the model's processor does"
                 )
             embeds = scatter_media(embeds, ids, int(self.media["token_id"]), rows)
-        return self.decoder.run(embeds)
+        if self.positions is None:
+            return self.decoder.run(embeds)
+        grid = self.positions["merged_grid"]
+        where, self.next_position = mrope_positions(ids, int(self.media["token_id"]), grid)
+        return self.decoder.run(embeds, where)
 
     def step(self, token: int) -> np.ndarray:
-        return self.decoder.run(self.embeddings(np.array([[token]])))
+        embeds = self.embeddings(np.array([[token]]))
+        if self.positions is None:
+            return self.decoder.run(embeds)
+        self.next_position += 1
+        return self.decoder.run(embeds, text_positions(self.next_position - 1))
 
     def greedy(
         self, prompt: np.ndarray, steps: int, media: Any, mask: Any = None, stops: set[int] | None = None

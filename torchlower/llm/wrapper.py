@@ -202,6 +202,12 @@ class CachedCausalLM(nn.Module):
     feed = "input_ids"  # the keyword the first graph input goes to (``inputs_embeds``: EmbedsCausalLM)
 
     def forward(self, input_ids: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.step(input_ids, None, past)
+
+    def step(
+        self, input_ids: torch.Tensor, positions: torch.Tensor | None, past: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, ...]:
+        """One call of the model; ``positions`` given (M-RoPE's [3, 1, S]) or ``arange(P, P+S)``."""
         p, s = past[0].shape[2], input_ids.shape[1]
         cache = dynamic_cache(tuple(t.to(self.model.dtype) for t in past))
         query = torch.arange(p, p + s, device=input_ids.device)
@@ -209,7 +215,7 @@ class CachedCausalLM(nn.Module):
         if not self.own_mask:
             options["attention_mask"] = self._mask(query, p + s)
         if self.positions:
-            options["position_ids"] = query.unsqueeze(0)
+            options["position_ids"] = query.unsqueeze(0) if positions is None else positions
         if self.keep:
             options["logits_to_keep"] = 1 if self.last_only else 0
         out = self.model(**{self.feed: input_ids}, **options)
@@ -237,6 +243,17 @@ class EmbedsCausalLM(CachedCausalLM):
     fed embeddings so one graph serves text tokens and image/audio features alike."""
 
     feed = "inputs_embeds"
+
+
+class MropeCausalLM(EmbedsCausalLM):
+    """``forward(inputs_embeds, position_ids, *past)``: Qwen2-VL's decoder, whose multimodal
+    rotary positions ([3, 1, S]: time, height, width) are not ``arange`` but come from the
+    prompt's layout of text and image tokens (computed by the runner from the manifest)."""
+
+    def forward(
+        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        return self.step(inputs_embeds, position_ids, past)
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
