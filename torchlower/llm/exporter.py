@@ -107,8 +107,9 @@ def export(
 ) -> ExportReport | Seq2SeqReport | MultimodalReport:
     """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract; a
     ``WhisperForConditionalGeneration`` (or Speech2Text's, Moonshine's) becomes a folder of two
-    archives (``seq2seq.export``,
-    a ``Seq2SeqReport``).
+    archives (``seq2seq.export``, a ``Seq2SeqReport``); a vision or audio LM (LLaVA, Idefics3,
+    SmolVLM, Qwen2-VL, Qwen2-Audio) a folder of three and a manifest (``vlm.export``, a
+    ``MultimodalReport``).
 
     Graph inputs ``input_ids`` [1, S] and per layer ``in_cache_key_{i}``/``in_cache_value_{i}``
     [1, kv_heads, P, head_dim]; outputs ``outputs`` (logits: [1, 1, vocab] with
