@@ -111,7 +111,6 @@ def export(
     context = _context(model, max_context)
     encoder, media = media_part(model)
     props = _properties(model, layout, context, precision, compress)
-    hidden = int(model.get_input_embeddings().embedding_dim)
     with staged(target) as folder, naming(folder, target):
         folder.mkdir()
         common = (precision, compress, check)
@@ -128,20 +127,9 @@ def export(
                 media.output_names, None, *common, [], props | {_PART: media.part}, {}, media.frontend,
             )  # fmt: skip
         with progress.stage("decoder"):
-            mrope = positions(model) is not None
-            decoder = (MropeCausalLM if mrope else EmbedsCausalLM)(model, layout).eval()
-            feeds = ["inputs_embeds", "position_ids"] if mrope else ["inputs_embeds"]
-            names_in = [*feeds, *layout.input_names()[1:]]
-            axes = {"inputs_embeds": {1: ("S", 1, context)}, "position_ids": {2: ("S", 1, context)}}
-            axes = {n: axes[n] for n in feeds} | {n: {2: ("P", 1, context)} for n in names_in[len(feeds) :]}
-            # M-RoPE's [3, 1, S] positions take the computed rotary form (the tables index [1, S])
-            tables = contextlib.nullcontext() if mrope else rotary_tables(model, context)
-            with attributes_kept(model), static_rope(model), tables:
-                dec, dec_weights = export_part(
-                    decoder, _decoder_example(layout, hidden, mrope), folder / DECODER, names_in,
-                    layout.output_names(), axes, *common, _bounds(context),
-                    props | {_PART: "decoder"}, files, rewrite=_f32_parts(decoder, precision),
-                )  # fmt: skip
+            decoder, (dec, dec_weights) = _export_decoder(
+                model, layout, folder, context, common, props, files
+            )
         manifest = _manifest(model, layout, media, context, precision, compress, files)
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
         result = MultimodalReport(
@@ -161,6 +149,28 @@ def export(
         getattr(result, name).path = target / part
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _export_decoder(
+    model: nn.Module, layout: CacheLayout, folder: Path, context: int, common: tuple[Any, ...],
+    props: dict[str, Any], files: dict[str, bytes],
+) -> tuple[nn.Module, tuple[report.ExportReport, dict[str, torch.Tensor] | None]]:  # fmt: skip
+    """The decoder fed embeddings (and Qwen2-VL's positions) with the KV cache, and its export."""
+    mrope = positions(model) is not None
+    decoder = (MropeCausalLM if mrope else EmbedsCausalLM)(model, layout).eval()
+    feeds = ["inputs_embeds", "position_ids"] if mrope else ["inputs_embeds"]
+    names_in = [*feeds, *layout.input_names()[1:]]
+    axes = {"inputs_embeds": {1: ("S", 1, context)}, "position_ids": {2: ("S", 1, context)}}
+    axes = {n: axes[n] for n in feeds} | {n: {2: ("P", 1, context)} for n in names_in[len(feeds) :]}
+    hidden = int(model.get_input_embeddings().embedding_dim)
+    # M-RoPE's [3, 1, S] positions take the computed rotary form (the tables index [1, S])
+    tables = contextlib.nullcontext() if mrope else rotary_tables(model, context)
+    with attributes_kept(model), static_rope(model), tables:
+        return decoder, export_part(
+            decoder, _decoder_example(layout, hidden, mrope), folder / DECODER, names_in,
+            layout.output_names(), axes, *common, _bounds(context), props | {_PART: "decoder"}, files,
+            rewrite=_f32_parts(decoder, common[0]),
+        )  # fmt: skip
 
 
 def layout_vocab(model: nn.Module) -> int:
