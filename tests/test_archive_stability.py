@@ -34,7 +34,7 @@ DIGESTS = {
     "mlp_dynamic": "02e37fc82da407733205ceee8859f7522884c790fe23bbddd795f48032f54b72",
     "mlp_q4_0": "c698cccdaaac297ebaa90c917dfe50452ea908ba23ff047a6848ef75fcdc3308",
     "encoder_layer": "3becbdba1a948388c7a5aa1ff29bd2511d6f4fc4297724f2f8a08f51c0298652",
-    "gpt2_llm": "5ac12a19c57d5419a63b6bc9f9a64b9f71c69452b8c126c5b60eaa04b5a30b3f",
+    "gpt2_llm": "e24d35b9b98e077c678104d7cdc6cc1caff85dd3c4ba7f9e10bd4b7311c9adb7",
     "lattice_head": "50efb4272e4b0de46dfc9c5fd79fddf2cc7a23ce514734b1e8c9bd7af805037a",
 }
 

@@ -114,7 +114,12 @@ def test_cli_q4_0_with_lm_head_apart(
     args = ["llm", "export", str(folder[0]), "-o", str(tmp_path / "q.nnef.tgz"), "--compress", "q4_0"]
     assert main([*args, "--lm-head", "f16", "--no-check", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert (data["embeddings"], data["lm_head"], data["unquantized"]) == ("f32", "f16", {})
+    assert (data["embeddings"], data["lm_head"]) == ("f32", "f16")
+    left = data["unquantized"]  # every float matrix of a q4_0 archive, with its reason
+    assert left["lm_head.weight"] == "LM head: lm_head='f16'; lm_head='q4_0' packs it"
+    assert left["model.embed_tokens.weight"].startswith("token embedding table: embeddings='f32'")
+    assert set(left) == {"lm_head.weight", "model.embed_tokens.weight", "model.rotary_emb._torchlower_cos",
+                         "model.rotary_emb._torchlower_sin"}  # fmt: skip
     formats = data["weight_bytes_by_format"]
     assert formats["q4_0"] > 0 and formats["float16"] == 160 * 32 * 2  # the LM head alone
 

@@ -30,7 +30,8 @@ CHECKED = {"B=2, T=8000": (2, 8000), "B=5, T=16004": (5, 16004)}
 MORE = [(1, 4321), (3, 48000), (2, 401)]  # run here besides: odd, three seconds, a few frames
 DYNAMIC = {"waveform": {0: "B", 1: "T"}}
 # whisper's ``[..., :-1]`` leaves one frame for 200 <= T < 320, a size torch.export specializes
-# (it asks for 320 <= T and says so; eager runs there, so it is not adopted as a bound): declared
+# (it asks for 320 <= T; eager runs below, so only frontend="export" adopts it, see
+# test_torch_export_bound_adopted_when_undeclared): declared here, so auto takes export too
 BOUNDED = {"waveform": {0: "B", 1: ("T", 320, None)}}
 
 
@@ -222,3 +223,33 @@ def test_openai_whisper_log_mel_as_shipped(frontend: str, tmp_path) -> None:
     assert all(p.ok for p in checked) and len(checked) >= 5, report.points
     assert report.max_abs_error < 1e-4
     _check_more(model, report.path)
+
+
+def _speechbrain_deltas() -> nn.Module:
+    features = pytest.importorskip("speechbrain.lobes.features")  # requirements-dev.txt
+    model = features.Fbank(n_mels=40, deltas=True, context=True).eval()
+    with torch.no_grad():
+        model(torch.randn(*EXAMPLE))  # builds its delta kernel (see above)
+    return model
+
+
+@pytest.mark.parametrize("name", ["whisper", "speechbrain_deltas"])
+def test_torch_export_bound_adopted_when_undeclared(name: str, tmp_path) -> None:
+    """T left unbounded: torch.export's program holds for 320 <= T only (whisper's ``[..., :-1]``
+    leaves one frame for 200 <= T < 320, a size it specializes; size-oblivious it still asks
+    ``T // 160 != 1``), 160 <= T for speechbrain's deltas. PyTorch runs below; with
+    ``frontend="export"`` the bound is adopted, declared, noted with the size refused and checked
+    at the bound, and the archive refuses one below by name."""
+    model, bound = (OpenAIWhisperLogMel().eval(), 320) if name == "whisper" else (_speechbrain_deltas(), 160)
+    report = torchlower.export(
+        model, (torch.randn(*EXAMPLE),), tmp_path / "m.nnef.tgz", frontend="export",
+        input_names=["waveform"], dynamic_axes=DYNAMIC,
+    )  # fmt: skip
+    assert any(f"{bound} <= T adopted" in n and f"T={bound - 1}" in n for n in report.notes), report.notes
+    at = {p.label: p for p in report.points}
+    assert at[f"B=1, T={bound}"].ok and all(p.ok for p in at.values() if p.skipped is None), report.points
+    assert f"tract_assert T >= {bound}" in torchlower.inspect(report.path)["extensions"]
+    with torchlower.load(report.path) as art:
+        assert art.run([np.zeros((1, bound), np.float32)])["output"].shape[0] == 1
+        with pytest.raises(torchlower.errors.InvalidArgumentError, match=f"T = {bound - 1}"):
+            art.run([np.zeros((1, bound - 1), np.float32)])

@@ -57,6 +57,16 @@ class GCN(nn.Module):
         return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
 
 
+class GAT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = geometric.nn.GATConv(8, 8, heads=2)
+        self.conv2 = geometric.nn.GATConv(16, 4)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
 def _checked(report: torchlower.ExportReport, bound: float) -> None:
     assert report.points and all(p.ok for p in report.points if p.skipped is None), report.points
     assert report.max_abs_error <= bound, report.max_abs_error
@@ -110,6 +120,24 @@ def test_torch_geometric_gcn_through_jit(tmp_path: Path) -> None:
     x, edge_index = _graph(20, 60, 7)
     report = torchlower.export(GCN().eval(), (x, edge_index), tmp_path / "m.nnef.tgz", frontend="jit")
     _checked(report, 1e-5)
+
+
+def test_torch_geometric_gat_through_auto(tmp_path: Path) -> None:
+    """GATConv: self loops removed by mask and added back, attention softmax over each node's
+    incoming edges (a scatter), two heads concatenated."""
+    report = torchlower.export(GAT().eval(), _graph(20, 60, 7), tmp_path / "m.nnef.tgz")
+    assert report.frontend == "export", report.notes
+    _checked(report, 1e-5)
+
+
+@pytest.mark.parametrize("model", [GCN, GAT])
+def test_torch_geometric_through_fx(model: type[nn.Module], tmp_path: Path) -> None:
+    """FX cannot trace into ``MessagePassing`` (``isinstance(edge_index, Tensor)`` is False for a
+    proxy; GATConv asserts on it): each conv is kept whole and lowered through torch.export."""
+    report = torchlower.export(model().eval(), _graph(20, 60, 7), tmp_path / "m.nnef.tgz", frontend="fx")
+    _checked(report, 1e-5)
+    kept = [n for n in report.notes if n.startswith("fx: lowered conv")]
+    assert len(kept) == 2 and all("FX cannot trace it" in n for n in kept), report.notes
 
 
 class WarpPerspectiveInput(nn.Module):

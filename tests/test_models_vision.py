@@ -23,8 +23,6 @@ from torch import nn
 
 import torchlower
 from tests import torchvision_shim
-from tests.conftest import frontend_limit
-from torchlower.errors import TraceError
 
 
 @cache
@@ -138,9 +136,6 @@ def _calibrated(model: nn.Module, args: tuple[torch.Tensor, ...]) -> nn.Module:
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_vision_architecture(name: str, tmp_path, frontend, request) -> None:
-    if name == "raft":
-        reason = "RAFT branches on traced tensors (FX cannot trace it)"
-        frontend_limit(request, frontend, "fx", TraceError, reason)
     make, inputs = MODELS[name]
     args = inputs()
     model = _calibrated(make(), args)

@@ -166,3 +166,48 @@ class OverlapAdd(nn.Module):
 def test_script_if_tracing_helpers_are_inlined_under_jit(tmp_path: Path) -> None:
     report = torchlower.export(OverlapAdd(), torch.randn(2, 5, 4), tmp_path / "m.nnef.tgz", frontend="jit")
     assert report.frontend == "jit" and report.max_abs_error < 1e-6
+
+
+@torch.jit.script_if_tracing
+def _glob_norm(x: torch.Tensor) -> torch.Tensor:
+    """asteroid's ``_glob_norm``: the dims from the rank, read back from a tensor (``tolist``)."""
+    dims: list[int] = torch.arange(1, len(x.shape)).tolist()
+    if x.ndim == 3:
+        mean = x.mean(dim=dims, keepdim=True)
+        return (x - mean) / (torch.var(x, dim=dims, keepdim=True, unbiased=False) + 1e-8).sqrt()
+    return x
+
+
+class GlobNorm(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _glob_norm(x * 2)
+
+
+def test_script_if_tracing_helpers_follow_dynamic_axes(tmp_path: Path) -> None:
+    """The helper is traced through as Python (its nodes have shapes; a scripted graph's control
+    flow could not follow a dynamic axis), checked at the export's other sizes."""
+    report = torchlower.export(
+        GlobNorm().eval(), torch.randn(2, 3, 16), tmp_path / "m.nnef.tgz", frontend="jit",
+        dynamic_axes={"x": {0: "B", 2: "T"}},
+    )  # fmt: skip
+    assert report.inputs[0].shape == ("B", 3, "T") and report.outputs[0].shape == ("B", 3, "T")
+    sized = [p for p in report.points if "T=" in p.label]
+    assert len(sized) >= 2 and all(p.ok for p in sized) and report.max_abs_error < 1e-5, report.points
+
+
+class ShapeLists(nn.Module):
+    """What scripted helpers do with sizes: ``tolist()`` of an ``arange`` over the rank,
+    ``torch.tensor(x.shape)``, ``x.shape[:-2] + [-1]`` (list slice and concatenation)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dims: list[int] = torch.arange(1, len(x.shape)).tolist()
+        size = torch.tensor(x.shape)
+        y = x - x.mean(dim=dims, keepdim=True) if len(size) == 3 else x
+        return y.reshape(x.shape[:-2] + [-1])  # noqa: RUF005  (a list concatenation, as scripted)
+
+
+def test_scripted_size_lists_fold(tmp_path: Path) -> None:
+    report = torchlower.export(
+        torch.jit.script(ShapeLists().eval()), torch.randn(2, 3, 16), tmp_path / "m.nnef.tgz", frontend="jit"
+    )
+    assert report.outputs[0].shape == (2, 48) and report.max_abs_error < 1e-5

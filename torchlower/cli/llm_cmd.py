@@ -38,7 +38,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="LM head storage (default q4_0 with --compress q4_0, else as --embeddings)",
     )  # fmt: skip
     p.add_argument(
-        "--logits", choices=["last", "all"], default="last", help="logits of the last or every position"
+        "--logits",
+        choices=["last", "all", "keep"],
+        default="last",
+        help="logits of the last or every position, or (keep) of the positions a last input"
+        " logits_to_keep [K] names (speculative decoding)",
     )
     p.add_argument("--max-context", type=int, help="largest P + S (default: the config's positions)")
     p.add_argument("--no-check", action="store_true", help="write without comparing with Hugging Face")
@@ -54,6 +58,15 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         choices=["decoder"],
         help="export only this part of a larger checkpoint (e.g. Whisper's decoder, without"
         " cross-attention); without it a checkpoint that would leave weights unused is refused",
+    )
+    p.add_argument(
+        "--lora",
+        metavar="ADAPTER",
+        help="a peft LoRA adapter folder (adapter_config.json + adapter_model.safetensors) for DIR;"
+        " its A/B matrices are separate tensors computed in the graph (swappable) unless --merge-lora",
+    )
+    p.add_argument(
+        "--merge-lora", action="store_true", help="with --lora: merge W + scale·B@A into the weights"
     )
     p.set_defaults(run=run)
     llm.set_defaults(run=None)
@@ -76,6 +89,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
             io_samples=args.io_samples,
             f32_parts=_parts(args.f32_parts),
             part=args.part,
+            lora=args.lora,
+            merge_lora=args.merge_lora,
         )
     if hasattr(report, "media"):  # a multimodal LM: a folder of three archives
         data = multimodal_json(report)
@@ -234,6 +249,8 @@ def report_json(report: Any) -> dict[str, Any]:
         "bundled": report.bundled,
         "part": report.part,
         "unused_weights": report.unused_weights,
+        "notes": report.notes,
+        "lora": report.properties.get("torchlower.llm.lora"),  # merged / separate, None without
         "seconds": round(report.seconds, 3),
         "checked": bool(report.errors),
         "max_abs_error": report.max_abs_error if report.errors else None,
@@ -261,6 +278,10 @@ def render(console: Console, data: dict[str, Any]) -> None:
     table.add_row("weights", f"{data['weight_bytes']:,} bytes ({formats})")
     for name, why in data["unquantized"].items():
         table.add_row("left float", f"{name}: {why}")
+    if data["lora"]:
+        table.add_row("lora", f"adapter {data['lora']}")
+    for note in data["notes"]:
+        table.add_row("note", note)
     table.add_row("artifact", f"{data['artifact_bytes']:,} bytes; bundled {', '.join(data['bundled'])}")
     if data["checked"]:
         logits = [e for e in data["outputs_checked"] if e["name"].startswith("outputs")]

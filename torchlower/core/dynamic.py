@@ -53,6 +53,7 @@ class Spec:
     extra_checks: list[dict[str, int]] = field(default_factory=list)  # sizes a front end wants checked
     forms: dict[int, dict[int, Form]] = field(default_factory=dict)  # input -> axis -> k*symbol + c
     notes: list[str] = field(default_factory=list)  # what the probe adopted, for the report
+    export_restricts: bool = True  # torch.export's own bounds (sizes PyTorch runs at) may be adopted
 
     def drop_far(self) -> None:
         """Forget the far point (e.g. a sequence longer than the model's context)."""

@@ -7,7 +7,9 @@ bound is the model's and is adopted (noted, asserted in the artifact); a suggest
 (``H = 32*_H``, a U-Net) where PyTorch fails at ``H + 1`` and runs at ``H + 32`` is adopted the
 same way (the archive declares ``32 * _H``); when the only guards ask whether a derived size is
 1 (a ResNet stem), the program is exported size-oblivious and checked at the symbols' lower
-bounds too.
+bounds too. When all of that fails and the user asked for ``frontend="export"``, torch.export's
+own bounds are adopted (declared, noted with a size PyTorch runs at that the archive refuses,
+checked at the bound): whisper's log-mel at ``320 <= T``.
 """
 
 from __future__ import annotations
@@ -127,6 +129,18 @@ def _model_bounds(
     """The bounds torch.export suggests, when they are the model's own: PyTorch itself fails
     just outside each of them (reflect padding needs ``T > pad``), so declaring them restricts
     nothing the model could run. None when a suggestion pins a size or eager PyTorch runs there."""
+    found = _suggested_bounds(spec, symbols, text)
+    if found is None:
+        return None
+    for sym, (lo, hi) in found.items():
+        if any(_runs(module, spec, example, sym, v) for v in _outside(lo, hi)):
+            return None  # PyTorch runs there: a restriction of torch.export, not of the model
+    return found
+
+
+def _suggested_bounds(spec: Any, symbols: list[str], text: str) -> dict[str, tuple[int, int | None]] | None:
+    """torch.export's suggested ``Dim('T', min=320)`` for every one of ``symbols``, merged with
+    the declared bounds; None when one pins a size, is missing or excludes the example."""
     found: dict[str, tuple[int, int | None]] = {}
     for sym, lo, hi, const in _FIX.findall(text.split("Suggested fixes:")[-1]):
         if sym in symbols:
@@ -138,17 +152,44 @@ def _model_bounds(
             if spec.base[sym] < new[0] or (new[1] is not None and spec.base[sym] > new[1]):
                 return None
             found[sym] = new
-    if set(found) != set(symbols):
+    return found if set(found) == set(symbols) else None
+
+
+def _outside(lo: int, hi: int | None) -> list[int]:
+    """The sizes just outside ``[lo, hi]`` (none below 1)."""
+    return [lo - 1] * (lo > 1) + ([hi + 1] if hi is not None else [])
+
+
+def _export_restricted(
+    builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, symbols: list[str], text: str
+) -> ExportedProgram | None:
+    """Last resort before refusing: torch.export's own bounds declared though PyTorch runs just
+    outside them (whisper's ``stft[..., :-1]`` leaves one frame for 200 <= T < 320, a size
+    torch.export specializes; speechbrain's deltas at T < 160). The program is exact inside
+    them, so the archive declares them (tract assertions refuse other sizes by name), the report
+    says which sizes PyTorch runs at that the archive refuses, and the check runs at the bound.
+    None (nothing changed) when torch.export still refuses."""
+    bounds = _suggested_bounds(spec, symbols, text) if spec.export_restricts else None
+    if bounds is None:
         return None
-    for sym, (lo, hi) in found.items():
-        for outside in [lo - 1] * (lo > 1) + ([hi + 1] if hi is not None else []):
-            try:
-                with torch.no_grad(), state_kept(module):
-                    module(*spec.example_at(example, {**spec.base, sym: outside}))
-            except Exception:
-                continue
-            return None  # PyTorch runs there: a restriction of torch.export, not of the model
-    return found
+    before, notes, kept = dict(spec.bounds), len(builder.notes), len(spec.extra_checks)
+    spec.bounds.update(bounds)
+    for sym, (lo, hi) in sorted(bounds.items()):
+        span = f"{lo} <= {sym}" + (f" <= {hi}" if hi is not None else "")
+        runs = [v for v in _outside(lo, hi) if _runs(module, spec, example, sym, v)]
+        builder.notes.append(
+            f"dynamic axis {spec.where([sym])}: {span} adopted (torch.export's program holds there only;"
+            f" PyTorch also runs at {sym}={runs[0] if runs else '?'}, which the archive refuses);"
+            f" checked at {sym}={lo}"
+        )
+        spec.extra_checks.append({**spec.base, sym: lo})
+    try:
+        return _export(builder, module, example, spec, oblivious=False)
+    except LoweringError:
+        spec.bounds.clear()
+        spec.bounds.update(before)
+        del builder.notes[notes:], spec.extra_checks[kept:]
+        return None
 
 
 _GUARD = re.compile(r"satisfy the generated guard (.+?)\.(?:\s|$)")
@@ -199,7 +240,10 @@ def _export_size_oblivious(
             return export_again(builder, module, example, spec, exc, rounds, oblivious=True)
         except LoweringError:
             del builder.notes[notes:], spec.extra_checks[kept[0] :], spec.skipped[kept[1] :]
-            raise _pinned(spec, symbols, text, module, example) from exc
+            program = _export_restricted(builder, module, example, spec, symbols, text)
+            if program is None:
+                raise _pinned(spec, symbols, text, module, example) from exc
+            return program
 
 
 def _export_within(

@@ -20,7 +20,7 @@ from torchlower.core.values import Value
 from torchlower.errors import InvalidArgumentError, LoweringError
 from torchlower.frontends import export, fx_dynamic, fx_interpreter
 from torchlower.frontends.export import lower_export, lower_submodule
-from torchlower.frontends.fx_trace import ShapePass, Tracer, trace
+from torchlower.frontends.fx_trace import LEAVES, ShapePass, Tracer, trace
 from torchlower.frontends.session import Session
 from torchlower.rules import NNEF_RULES
 
@@ -57,6 +57,7 @@ def lower_module(
         out = lower_submodule(builder, session, model, tuple(inputs), {}, (tuple(example), {}), "")
     else:
         gm = trace(model, builder.rules, example)
+        builder.notes += [f"fx: lowered {leaf}" for leaf in gm.meta[LEAVES]]
         if spec is not None:
             fx_dynamic.fit_shapes(gm, builder.rules, spec, example)
         else:

@@ -44,6 +44,7 @@ class Tracer(fx.Tracer):
         rules: Registry | None = None,
         autowrap_functions: Sequence[Any] = (),
         example: Sequence[Any] | None = None,
+        leaves: frozenset[int] = frozenset(),
     ) -> None:
         from torchlower.rules import NNEF_RULES
 
@@ -55,6 +56,7 @@ class Tracer(fx.Tracer):
         self._traceable: dict[int, bool] = {}
         self.example = example  # real inputs, when known: ``forward(self, *xs)``, ``a, b = f(x)``
         self._values: dict[fx.Node, Any] = {}
+        self.leaves = leaves  # ids of modules a previous attempt could not trace into
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _Proxy(node, self)
@@ -95,7 +97,7 @@ class Tracer(fx.Tracer):
         return root_fn, ([self.root] if is_module else []) + proxies
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if self.rules.lookup_module(type(m)) is not None:
+        if self.rules.lookup_module(type(m)) is not None or id(m) in self.leaves:
             return True
         if not super().is_leaf_module(m, module_qualified_name):
             return False
@@ -142,19 +144,59 @@ def _traces_into_known_calls(module: nn.Module) -> bool:
 def trace(
     model: nn.Module, rules: Registry | None = None, example: Sequence[Any] | None = None
 ) -> fx.GraphModule:
-    """``model`` as a ``GraphModule`` traced with ``Tracer`` (``example``: the real inputs, if known)."""
-    tracer = Tracer(rules, example=example)
-    try:
-        with torch.no_grad(), _packed_sizes(), functions_inlined():
-            graph = tracer.trace(model, concrete_args=_defaulted(model, example))
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        line = raised_at(exc)
-        raise TraceError(
-            f"FX tracing failed on {type(model).__qualname__}{f' at {line}' if line else ''}:"
-            f" {type(exc).__name__}: {first}"
-        ) from exc
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+    """``model`` as a ``GraphModule`` traced with ``Tracer`` (``example``: the real inputs, if known).
+
+    A submodule FX cannot trace into (torch-geometric's ``MessagePassing`` checks
+    ``isinstance(edge_index, Tensor)``, which a proxy is not) is kept whole on the next attempt
+    and lowered through ``torch.export`` of that module alone, as ``torch.nn`` leaves are;
+    ``gm.meta[LEAVES]`` lists them with FX's reason. The model itself failing is a ``TraceError``.
+    """
+    leaves: dict[int, str] = {}
+    while True:
+        tracer = Tracer(rules, example=example, leaves=frozenset(leaves))
+        try:
+            with torch.no_grad(), _packed_sizes(), functions_inlined():
+                graph = tracer.trace(model, concrete_args=_defaulted(model, example))
+            break
+        except Exception as exc:
+            module = _failed_in(exc, model)
+            if module is None or len(leaves) >= MAX_LEAVES or isinstance(exc, TorchlowerError):
+                raise _failed(model, exc) from exc
+            path, kind = tracer.path_of_module(module), type(module).__name__
+            leaves[id(module)] = (
+                f"{path} ({kind}) whole through torch.export: FX cannot trace it ({_first(exc)})"
+            )
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    gm.meta[LEAVES] = list(leaves.values())
+    return gm
+
+
+LEAVES = "torchlower_untraceable"  # GraphModule.meta key: submodules kept whole, with FX's reason
+MAX_LEAVES = 16  # submodules kept whole before the trace is given up
+
+
+def _failed_in(exc: BaseException, root: nn.Module) -> nn.Module | None:
+    """The innermost submodule whose ``forward`` was running when tracing failed (read off the
+    traceback, so the tracer adds no frame of its own to the stacks nodes record)."""
+    found, tb = None, exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self") if tb.tb_frame.f_code.co_name == "forward" else None
+        if isinstance(owner, nn.Module) and owner is not root and not isinstance(owner, fx.GraphModule):
+            found = owner
+        tb = tb.tb_next
+    return found
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def _failed(model: nn.Module, exc: BaseException) -> TraceError:
+    line = raised_at(exc)
+    return TraceError(
+        f"FX tracing failed on {type(model).__qualname__}{f' at {line}' if line else ''}: {_first(exc)}"
+    )
 
 
 _SIZE_VARARGS = ("zeros", "ones", "empty", "rand", "randn")

@@ -19,7 +19,7 @@ _SCALAR_TYPES = {
     "UInt32": torch.uint32, "UInt64": torch.uint64, "ComplexFloat": torch.complex64,
 }  # fmt: skip
 # ScalarType enum values, as traced graphs store dtype arguments
-_DTYPE_OF_CODE = {
+DTYPE_OF_CODE = {
     0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
     5: torch.float16, 6: torch.float32, 7: torch.float64, 8: torch.complex32, 9: torch.complex64,
     10: torch.complex128, 11: torch.bool, 12: torch.qint8, 13: torch.quint8, 14: torch.qint32,
@@ -50,7 +50,7 @@ def normalize_args(schema: str, args: list[Any]) -> list[Any]:
     params = schema.split("(", 1)[1].rsplit(") ->", 1)[0]
     types = [m.group(1) if (m := _ARG_TYPE.match(p)) else "" for p in _split_params(params)]
     return [
-        _DTYPE_OF_CODE.get(a, a) if t == "ScalarType" and isinstance(a, int) else a
+        DTYPE_OF_CODE.get(a, a) if t == "ScalarType" and isinstance(a, int) else a
         for t, a in zip(types, args, strict=False)
     ]
 

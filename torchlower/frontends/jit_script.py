@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from torchlower.core.values import MISSING, SymDim, Value
+from torchlower.core.values import MISSING, SymDim, Value, constant
 from torchlower.errors import LoweringError
+from torchlower.frontends.jit_nodes import DTYPE_OF_CODE
 
 MAX_UNROLL = 4096  # loop iterations lowered before refusing (a graph that large is a mistake)
 Walk = Callable[[Iterable[torch._C.Node], dict[Any, Any]], None]
@@ -46,6 +47,8 @@ def truth(value: Any, what: str) -> bool:
         return bool(value)
     if isinstance(value, SymDim):
         raise LoweringError(f"{what} depends on a dynamic size ({value}); make that axis static")
+    if value is MISSING:
+        raise LoweringError(f"{what} is computed by an op without a rule (see the ops reported missing)")
     raise LoweringError(
         f"{what} depends on tensor values, which a scripted graph cannot be specialized on;"
         " compute the condition from sizes or attributes, or trace the model instead of scripting it"
@@ -118,6 +121,8 @@ def python_op(node: torch._C.Node, args: list[Any], where: str) -> Any:
             return len(args[0])
         if isinstance(args[0], Value) and args[0].shape is not None:
             return args[0].shape[0] if args[0].shape else 0
+    if kind == "prim::tolist" and isinstance(args[0], Value) and args[0].is_const:
+        return args[0].const.tolist()  # asteroid's ``torch.arange(1, len(x.shape)).tolist()`` dims
     if kind == "aten::dim" and isinstance(args[0], Value) and args[0].shape is not None:
         return len(args[0].shape)
     if kind == "aten::__getitem__" and isinstance(args[0], (list, tuple, dict)):
@@ -125,6 +130,13 @@ def python_op(node: torch._C.Node, args: list[Any], where: str) -> Any:
         if isinstance(index, Value) and index.is_const and index.const.numel() == 1:
             index = index.const.item()
         return args[0][index]
+    if kind == "aten::slice" and isinstance(args[0], list):  # a list of sizes: ``x.shape[:-1]``
+        return args[0][slice(*args[1:4])]
+    if kind == "aten::add" and all(isinstance(a, list) for a in args):
+        return args[0] + args[1]
+    if kind == "aten::tensor" and _numbers(args[0]):  # asteroid's ``torch.tensor(x.shape)``
+        dtype = DTYPE_OF_CODE.get(args[1]) if args[1] is not None else None
+        return constant(torch.tensor(args[0], dtype=dtype))
     if kind == "aten::append" and isinstance(args[0], list):
         args[0].append(args[1])
         return args[0]
@@ -135,6 +147,13 @@ def python_op(node: torch._C.Node, args: list[Any], where: str) -> Any:
     if kind in ("prim::min", "prim::max") and all(isinstance(a, (int, float)) for a in _flat(args)):
         return (min if kind == "prim::min" else max)(_flat(args))
     return NotImplemented
+
+
+def _numbers(value: Any) -> bool:
+    """A Python number or a (nested) list of them: data ``aten::tensor`` can fold (no SymDim)."""
+    if isinstance(value, list):
+        return all(_numbers(v) for v in value)
+    return isinstance(value, (int, float, bool)) and not isinstance(value, SymDim)
 
 
 def _python_scalar(value: Any) -> bool:

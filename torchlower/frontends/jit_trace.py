@@ -18,6 +18,7 @@ from torchlower.errors import DynamicAxisError, LoweringError
 from torchlower.frontends import jit_sizes
 from torchlower.frontends.autograd_inline import functions_inlined
 from torchlower.frontends.provenance import raised_at
+from torchlower.frontends.script_inline import helpers_traced
 
 
 def _is_quantized_input_module(module: nn.Module) -> bool:
@@ -70,7 +71,7 @@ def trace(
     with warnings.catch_warnings(record=True) as caught:  # jit.trace is deprecated upstream
         warnings.simplefilter("always", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
-        with functions_inlined():
+        with functions_inlined(), helpers_traced():
             if fn_name == "forward":
                 traced = torch.jit.trace(module, inputs, **options)
             else:
@@ -137,7 +138,7 @@ def fast_trace(module: nn.Module, args: tuple[Any, ...]) -> FastTrace | None:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", category=torch.jit.TracerWarning)
-            with functions_inlined():
+            with functions_inlined(), helpers_traced():
                 graph, out = torch.jit._get_trace_graph(module, args, strict=False)
     except (RuntimeError, TypeError, ValueError):
         return None  # the full route reports the failure with its own message

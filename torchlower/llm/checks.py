@@ -61,11 +61,20 @@ def reference_cases(
     return cases
 
 
+def kept_positions(length: int) -> torch.Tensor:
+    """The positions a ``logits="keep"`` check keeps: the last ``(length + 1) // 2`` (K = 3 of a
+    6-token prefill, 2 of 3, 1 of a decode step)."""
+    return torch.arange(length // 2, length)
+
+
 def _case(label: str, ids: torch.Tensor, past: list[torch.Tensor], out: Any, logits: str) -> Case:
     """The graph's inputs (``ids``, ``past``) and what HF returned for them (``out``)."""
+    keep = [kept_positions(ids.shape[1])] if logits == "keep" else []
     scores = out.logits[:, -1:, :] if logits == "last" else out.logits
+    if keep:
+        scores = scores.index_select(1, keep[0])
     present = [t.detach().clone() for t in cache_tensors(present_cache(out))]
-    return Case(label, [ids, *past], [scores.detach().clone(), *present])
+    return Case(label, [ids, *past, *keep], [scores.detach().clone(), *present])
 
 
 def _runner(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> Any:
@@ -104,7 +113,7 @@ def samples(
         names, reference_cases(model, layout, vocab, logits, weights, dtype=dtype), strict=True
     ):
         arrays: dict[str, np.ndarray] = {}
-        for key, t in zip(layout.input_names(), case.inputs, strict=True):
+        for key, t in zip(layout.input_names(logits), case.inputs, strict=True):
             arrays[key] = t.numpy()
         for key, t in zip(layout.output_names(), case.outputs, strict=True):
             arrays[key] = t.numpy()

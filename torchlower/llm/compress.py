@@ -62,6 +62,7 @@ def compress_weights(
     storage: dict[str, str],
     keep: bool = True,
     release: Callable[[torch.Tensor], None] | None = None,
+    kept: dict[str, str] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Pack the chosen weights as Q4_0; returns the dequantized HF parameters (for the check)
     and the weights asked for that stayed float, with the reason.
@@ -69,7 +70,8 @@ def compress_weights(
     ``storage`` maps each table role to ``f32`` / ``f16`` / ``q4_0``. One parameter at a time,
     so a memory-mapped checkpoint is read, packed and released tensor by tensor; with
     ``keep=False`` (no check) nothing is packed here: the archive writer packs each tensor as
-    it writes it (``quant.DeferredBlocks``) and no dequantized copy is made.
+    it writes it (``quant.DeferredBlocks``) and no dequantized copy is made. ``kept``: labels
+    left float on purpose (separate LoRA matrices), with the reason.
     """
     found = tables(builder, wrapper)
     table_params = {id(t.param) for t in found.values()}
@@ -77,9 +79,10 @@ def compress_weights(
     for label, table in found.items():
         if storage[table.role] == "q4_0":
             chosen[label] = (table.name, table.param)
+    kept = kept or {}
     if compress == "q4_0":
         for label, param in wrapper.named_parameters():
-            if id(param) not in table_params and param.dim() >= 2:
+            if id(param) not in table_params and param.dim() >= 2 and label not in kept:
                 chosen[label] = (label.removeprefix("model."), param)
     dequantized: dict[str, torch.Tensor] = {}
     with progress.stage("packing q4_0", total=len(chosen), unit="tensors"):
@@ -88,7 +91,51 @@ def compress_weights(
             for values in packed.values() if keep else ():  # one entry, none when left float
                 dequantized[name] = values
             progress.advance(1)
-    return dequantized, _left_float(builder, chosen)
+    left = _left_float(builder, chosen)
+    if compress == "q4_0":  # every other matrix the archive keeps float, with its reason
+        left |= {label.removeprefix("model."): why for label, why in kept.items()}
+        left |= _tables_left(found, storage)
+        left |= _derived_left(builder, set(chosen) | set(found) | set(kept))
+    return dequantized, left
+
+
+def _tables_left(found: dict[str, Table], storage: dict[str, str]) -> dict[str, str]:
+    """HF name → why the embedding table / LM head stays float (their own storage options)."""
+    tied = len({id(t.param) for t in found.values()}) < len(found)
+    left: dict[str, str] = {}
+    for table in found.values():
+        kind = storage[table.role]
+        if kind == "q4_0":
+            continue
+        if table.role == "embeddings":
+            why = (
+                f"token embedding table: embeddings={kind!r} (the default with compress='q4_0': it is "
+                "read one row per token, so its 4-bit error would enter every hidden state); "
+                "embeddings='q4_0' packs it"
+            )
+        else:
+            why = f"LM head: lm_head={kind!r}; lm_head='q4_0' packs it"
+        if tied:
+            other = "lm_head" if table.role == "embeddings" else "embeddings"
+            why += f" (tied: the {other} role is stored as {other}={storage[other]!r})"
+        left.setdefault(table.name, why)
+    return left
+
+
+def _derived_left(builder: Any, known: set[str]) -> dict[str, str]:
+    """Label → why, for float matrices in the graph that are no checkpoint parameter (rotary
+    cos/sin tables, ALiBi slopes: constants the export computed)."""
+    left: dict[str, str] = {}
+    for label, ops in _variable_uses(builder).items():
+        weight = builder.weights.get(label)
+        if label in known or not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+            continue
+        if sum(int(d) > 1 for d in weight.shape) < 2:
+            continue  # vectors and scalars: not matrices
+        left[label.removeprefix("model.")] = (
+            f"not a checkpoint parameter: a table the export computed, read by {', '.join(sorted(ops))}"
+        )
+    return left
 
 
 def _left_float(builder: Any, chosen: dict[str, tuple[str, torch.Tensor]]) -> dict[str, str]:

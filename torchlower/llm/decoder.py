@@ -11,6 +11,7 @@ import numpy as np
 
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm.context import ContextLengthError
+from torchlower.llm.wrapper import KEEP_INPUT
 
 KV_MODES = ("auto", "state", "explicit")
 
@@ -35,9 +36,11 @@ class Decoder:
                 f"{path}: not an LLM export (inputs must be input_ids then the caches); "
                 "write one with torchlower.llm.export"
             )
+        # logits="keep" archives end with the positions to keep (wrapper.KEEP_INPUT)
+        self.keeps = model.input_name(self.n_inputs - 1) == KEEP_INPUT
         # inputs before the caches: the ids or embeddings, then Qwen2-VL's position_ids
         self.feeds = next(i for i in range(self.n_inputs) if model.input_name(i).startswith("in_cache_"))
-        self.cache_facts = [str(model.input_fact(i)) for i in range(self.feeds, self.n_inputs)]
+        self.cache_facts = [str(model.input_fact(i)) for i in range(self.feeds, self.n_inputs - self.keeps)]
         self.vocab = _vocabulary(str(model.output_fact(0)))
         self.dtypes = [_dtype(f) for f in self.cache_facts]
         self.shapes = [_empty_shape(f) for f in self.cache_facts]
@@ -45,12 +48,12 @@ class Decoder:
         if kv in ("auto", "state"):
             stateful = nnef.load(str(path))
             stateful.transform("detect_kv_cache")
-            if stateful.input_count() == self.feeds:
+            if stateful.input_count() == self.feeds + self.keeps:
                 model, self.mode = stateful, "state"
             elif kv == "state":
                 raise InvalidArgumentError(
                     f"{path}: tract's detect_kv_cache recognized {self.n_inputs - stateful.input_count()} "
-                    f"of {self.n_inputs - self.feeds} caches; use kv='explicit'"
+                    f"of {len(self.cache_facts)} caches; use kv='explicit'"
                 )
             else:
                 self.mode = "explicit"
@@ -83,7 +86,17 @@ class Decoder:
 
     def step(self, ids: np.ndarray) -> np.ndarray:
         """Logits of the last position after feeding ``ids`` [1, S] (the cache grows by S)."""
+        return self.last_logits(ids, 1)[-1]
+
+    def last_logits(self, ids: np.ndarray, keep: int) -> np.ndarray:
+        """[keep, vocab]: logits of the last ``keep`` positions after feeding ``ids`` [1, S], e.g.
+        to verify draft tokens (a ``logits="keep"`` archive computes only those rows; ``"all"``
+        computes every row and this slices)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1)
+        if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= ids.shape[1]:
+            raise InvalidArgumentError(
+                f"keep must be an int in 1..{ids.shape[1]} (the ids fed); got {keep!r}"
+            )
         if self.vocab is not None and ids.size and (ids.min() < 0 or ids.max() >= self.vocab):
             bad = int(ids.min() if ids.min() < 0 else ids.max())
             # tract's Gather panics on an index out of range, which aborts this process
@@ -91,19 +104,24 @@ class Decoder:
                 f"token id {bad} is outside the vocabulary of this model (ids 0..{self.vocab - 1}); "
                 "encode the prompt with the tokenizer the model was exported with"
             )
-        return self.run(ids)
+        return self._run(ids, (), keep)
 
     def run(self, feed: np.ndarray, *extra: np.ndarray) -> np.ndarray:
         """Logits of the last position after feeding ``feed`` (ids [1, S] or embeddings [1, S, hidden])
         and the ``extra`` inputs before the caches (Qwen2-VL's position_ids [3, 1, S])."""
+        return self._run(feed, extra, 1)[-1]
+
+    def _run(self, feed: np.ndarray, extra: tuple[np.ndarray, ...], keep: int) -> np.ndarray:
         self.refuse_past_context(self.length + feed.shape[1])
         self.length += feed.shape[1]
+        rows = [np.arange(feed.shape[1] - keep, feed.shape[1], dtype=np.int64)] if self.keeps else []
         if self.mode == "state":
-            out = self.state.run([feed, *extra])
-            return out[0].to_numpy()[0, -1]
-        out = self.state.run([feed, *extra, *self.past])
-        self.past = [t.to_numpy() for t in out[1:]]
-        return out[0].to_numpy()[0, -1]
+            out = self.state.run([feed, *extra, *rows])
+        else:
+            out = self.state.run([feed, *extra, *self.past, *rows])
+            self.past = [t.to_numpy() for t in out[1:]]
+        logits = out[0].to_numpy()[0]
+        return logits[-keep:]
 
 
 def _int_property(model: Any, key: str) -> int | None:

@@ -26,7 +26,8 @@ from torchlower.core.comparison import OutputError
 from torchlower.core.staging import target_of
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks, stages, vlm_families
-from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype
+from torchlower.llm import lora as lora_mod
+from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, conversion_notes
 from torchlower.llm.source import SourceError, WrongModelError, open_named, open_speech_seq2seq
 from torchlower.llm.wrapper import (
     CacheLayout,
@@ -45,7 +46,10 @@ log = logging.getLogger("torchlower")
 PRECISIONS = ("f32", "f16")
 COMPRESSIONS = (None, "q4_0")
 EMBEDDINGS = (None, "f32", "f16", "q4_0")
-LOGITS = ("last", "all")
+LOGITS = ("last", "all", "keep")
+# tract's scenarios (data/src/dim/sym.rs): ``tg`` one-token decode, ``pp`` prefill from an empty
+# cache, the names of tract's own LLM bench; tract simplifies a shape by them where both agree
+SCENARIOS = ["tract_assert tg: S == 1", "tract_assert pp: P == 0"]
 # torch itself running these models in f16 differs from f32 by up to ~3 % of the largest logit
 # (docs/llm.md); the f16 check allows that much, 3x the generic f16 tolerance
 F16_TOLERANCE = 3e-2
@@ -78,6 +82,8 @@ class ExportReport:
     part: str | None = None  # ``part=`` of export: the part of a larger checkpoint written on purpose
     # checkpoint tensors the export leaves out (only with ``part``: otherwise refused)
     unused_weights: list[str] = field(default_factory=list)
+    # conversions of the checkpoint's weights (a bfloat16 checkpoint exported as f32 or f16)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def max_abs_error(self) -> float:
@@ -104,6 +110,8 @@ def export(
     io_samples: bool = False,
     f32_parts: tuple[str, ...] | None = None,
     part: str | None = None,
+    lora: str | os.PathLike[str] | None = None,
+    merge_lora: bool = False,
 ) -> ExportReport | Seq2SeqReport | MultimodalReport:
     """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract; a
     ``WhisperForConditionalGeneration`` (or Speech2Text's, Moonshine's) becomes a folder of two
@@ -113,7 +121,8 @@ def export(
 
     Graph inputs ``input_ids`` [1, S] and per layer ``in_cache_key_{i}``/``in_cache_value_{i}``
     [1, kv_heads, P, head_dim]; outputs ``outputs`` (logits: [1, 1, vocab] with
-    ``logits="last"``, [1, S, vocab] with ``"all"``) and ``out_cache_key_{i}``/
+    ``logits="last"``, [1, S, vocab] with ``"all"``, [1, K, vocab] with ``"keep"``: a last input
+    ``logits_to_keep`` i64 [K] names the positions among the S new ones) and ``out_cache_key_{i}``/
     ``out_cache_value_{i}`` [1, kv_heads, P+S, head_dim], with ``P + S <= max_context``.
     ``compress="q4_0"`` stores the linear layers in 4-bit blocks. ``embeddings`` picks the
     storage of the token embedding table (default f32) and ``lm_head`` that of the LM head
@@ -128,12 +137,15 @@ def export(
     ``part="decoder"`` asks for the decoder alone (e.g. Whisper's, without cross-attention).
     The context bound is the smallest of the config's position field and the rows of the
     model's learned position tables.
+    ``lora``: a peft LoRA adapter folder applied to the base (``llm/lora.py``): merged into the
+    weights with ``merge_lora=True``, else kept as separate A/B tensors computed in the graph.
     """
     started = time.perf_counter()
     _validate_options(precision, compress, embeddings, lm_head, logits, max_context, check, io_samples)
+    adapter = lora_mod.from_option(source, lora, merge_lora)
     speech = open_speech_seq2seq(source) if part is None else None
     if speech is not None:  # an encoder-decoder: a folder of two archives (seq2seq.py)
-        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts)
+        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts, lora)
         from torchlower.llm import seq2seq
 
         return seq2seq.export(
@@ -142,7 +154,7 @@ def export(
         )  # fmt: skip
     multimodal = open_named(source, vlm_families.ARCHITECTURES) if part is None else None
     if multimodal is not None:  # a vision/audio LM: a folder of three archives (vlm.py)
-        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts, "a multimodal LM")
+        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts, lora, "a multimodal LM")
         from torchlower.llm import vlm
 
         return vlm.export(
@@ -154,15 +166,43 @@ def export(
     target = Path(path)
     archive.archive_kind(target)  # a bad suffix fails before the model loads
     loaded = stages.load(source, max_context, part)
+    with lora_mod.applied(loaded.model, adapter, merge_lora):
+        return _export_loaded(
+            loaded, target, started, precision=precision, compress=compress, storage=storage, logits=logits,
+            check=check, io_samples=io_samples, parts=parts, adapter=adapter, merge_lora=merge_lora,
+        )  # fmt: skip
+
+
+def _export_loaded(
+    loaded: stages.Loaded,
+    target: Path,
+    started: float,
+    *,
+    precision: str,
+    compress: str | None,
+    storage: dict[str, str],
+    logits: str,
+    check: bool,
+    io_samples: bool,
+    parts: tuple[str, ...],
+    adapter: lora_mod.Adapter | None,
+    merge_lora: bool,
+) -> ExportReport:
+    """Trace, store, optimize, write and check the loaded model (its LoRA adapter applied)."""
     captured = stages.capture(loaded, logits, precision)
     keep = check or io_samples  # the dequantized weights are needed to check or to sample
     dequantized, left_float = stages.store_tables(loaded, captured, compress, storage, precision, keep)
     stages.optimize(loaded, captured, precision, logits, parts)
     builder, weights = captured.builder, captured.builder.live_weights()
     props = _properties(loaded, precision, compress, storage, logits, parts)
+    if adapter is not None:
+        props |= lora_mod.properties(adapter, merge_lora)
     bounds = [f"tract_assert P + S <= {loaded.context}", "tract_assert S >= 1", "tract_assert P >= 0"]
+    bounds += SCENARIOS
     graph = bundle.with_header(builder.graph_text(), bounds, bundle.properties_fragment(props))
     files = dict(loaded.src.files)
+    if adapter is not None and not merge_lora:  # the adapter's own config, for a later swap
+        files[lora_mod.CONFIG_FILE] = adapter.config_bytes
     if io_samples:
         files |= checks.samples(
             loaded.model, loaded.layout, loaded.vocab, logits, dequantized, cache_dtype(precision)
@@ -243,6 +283,7 @@ def _report(
         unquantized=left_float,
         part=loaded.src.part,
         unused_weights=list(loaded.src.unused),
+        notes=conversion_notes(loaded.src.stored_dtypes, str(options["precision"]), loaded.model),
     )
 
 
@@ -343,10 +384,11 @@ def _validate_options(
 
 def _refuse_causal_options(
     embeddings: str | None, lm_head: str | None, logits: str, io_samples: bool, f32_parts: Any,
+    lora: Any = None,
     kind: str = "a speech encoder-decoder (Whisper, Speech2Text, Moonshine)",
 ) -> None:  # fmt: skip
     """Options of the causal-LM export a multi-archive export does not honour yet."""
-    given = {"embeddings": embeddings, "lm_head": lm_head, "f32_parts": f32_parts}
+    given = {"embeddings": embeddings, "lm_head": lm_head, "f32_parts": f32_parts, "lora": lora}
     given |= {"logits": logits if logits != "last" else None, "io_samples": io_samples or None}
     used = [k for k, v in given.items() if v is not None]
     if used:

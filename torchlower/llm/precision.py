@@ -17,6 +17,39 @@ from torchlower.core.values import Value
 from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 
+F16_MAX, F16_TINY = 65504.0, 2.0**-14  # largest f16, smallest normal f16
+_STORED = {"BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
+def conversion_notes(stored: tuple[str, ...], precision: str, model: Any) -> list[str]:
+    """What the export did to checkpoint weights stored in another float format than f32.
+
+    transformers loads them as f32 (bfloat16 and float16 widen exactly); an f16 export then
+    rounds each to float16, which bfloat16's wider exponent can overflow or underflow.
+    """
+    notes = []
+    for kind in stored:
+        name = _STORED.get(kind)
+        if name is None:
+            continue
+        widened = "exact" if kind in ("BF16", "F16") else "rounded to f32"
+        if precision == "f32" or kind == "F16":
+            notes.append(f"checkpoint weights stored as {name}; exported as {precision} ({widened})")
+            continue
+        big = tiny = 0
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.is_floating_point() and p.device.type != "meta":
+                    magnitude = p.detach().abs()
+                    big += int((magnitude > F16_MAX).sum())
+                    tiny += int(((magnitude < F16_TINY) & (magnitude > 0)).sum())
+        notes.append(
+            f"checkpoint weights stored as {name}; exported as f16: rounded from {name} to float16 "
+            f"(11 significant bits, range ±{F16_MAX:g}): {big} weight(s) beyond that range become inf, "
+            f"{tiny} below {F16_TINY:.2g} lose precision as f16 subnormals"
+        )
+    return notes
+
 
 def cache_dtype(precision: str) -> torch.dtype:
     return torch.float16 if precision == "f16" else torch.float32

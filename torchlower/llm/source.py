@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from torchlower.errors import InvalidArgumentError
@@ -63,6 +64,8 @@ class Source:
     mapping: Any = None  # stream.Mapping when the weights are memory-mapped
     unused: list[str] = field(default_factory=list)  # checkpoint tensors the model did not take
     part: str | None = None  # the part of the checkpoint exported on purpose (``PARTS``)
+    # float dtypes of the checkpoint's tensors as stored (safetensors names: ``BF16``, ``F16``)
+    stored_dtypes: tuple[str, ...] = ()
 
     @property
     def model_type(self) -> str:
@@ -89,6 +92,13 @@ def open_source(source: str | os.PathLike[str] | nn.Module, part: str | None = N
                 f"source is a {type(source).__name__} without a Hugging Face config; pass a "
                 "transformers PreTrainedModel (e.g. LlamaForCausalLM) or its save_pretrained folder"
             )
+        stored = sorted({str(p.dtype) for p in source.parameters() if p.dtype != torch.float32})
+        if stored:
+            raise InvalidArgumentError(
+                f"source is a {type(source).__name__} in {', '.join(stored)}; the export computes in"
+                " f32 (or f16 with precision='f16'): pass model.float(), or its save_pretrained folder"
+                " (loaded as f32, with a note of the conversion in the report)"
+            )
         files = {"config.json": config.to_json_string(use_diff=False).encode()}
         return Source(source, config, None, files)
     if not isinstance(source, (str, os.PathLike)):
@@ -101,7 +111,8 @@ def open_source(source: str | os.PathLike[str] | nn.Module, part: str | None = N
     model, mapping, unused = load_model(folder, config)
     if part is None:
         refuse_partial(folder, config, type(model).__name__, unused)
-    return Source(model, config, folder, files, mapping, unused, part)
+    stored = stored_float_dtypes(weight_files(folder))
+    return Source(model, config, folder, files, mapping, unused, part, stored)
 
 
 def open_speech_seq2seq(
@@ -132,7 +143,6 @@ def open_named(
     wanted = architectures.get(str(config.model_type))
     if wanted is None or wanted not in named:
         return None
-    import torch
     import transformers
 
     files = weight_files(folder)
@@ -221,6 +231,19 @@ def weight_files(folder: Path) -> list[Path]:
         f"{folder}: no weights (expected model.safetensors, a sharded model.safetensors.index.json "
         "or pytorch_model.bin); save the model with model.save_pretrained(folder)"
     )
+
+
+def stored_float_dtypes(files: list[Path]) -> tuple[str, ...]:
+    """The float dtypes the safetensors files store (headers only; ``.bin`` files say nothing)."""
+    from torchlower.llm.stream import read_header
+
+    found: set[str] = set()
+    for path in files:
+        if path.suffix == ".safetensors":
+            header, _ = read_header(path)
+            dtypes = {str(m.get("dtype", "")) for m in header.values()}
+            found |= {d for d in dtypes if d.startswith(("F", "BF"))}
+    return tuple(sorted(found))
 
 
 def check_weights_readable(files: list[Path]) -> None:

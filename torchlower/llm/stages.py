@@ -20,11 +20,13 @@ from torchlower.llm.alibi import alibi_table
 from torchlower.llm.compress import share_tied_table
 from torchlower.llm.kv_pattern import unsplit_query_concats
 from torchlower.llm.last_row import drop_last_guard
+from torchlower.llm.lora import adapter_labels
 from torchlower.llm.moe import dense_experts
 from torchlower.llm.precision import cache_dtype, drop_cache_casts, keep_f32
 from torchlower.llm.rope import rotary_tables
 from torchlower.llm.source import check_tokenizer, open_source
 from torchlower.llm.wrapper import (
+    KEEP_INPUT,
     CachedCausalLM,
     CacheLayout,
     attributes_kept,
@@ -38,6 +40,7 @@ from torchlower.pipeline import capture as pipeline_capture
 from torchlower.pipeline import optimize as pipeline_optimize
 from torchlower.pipeline import validate
 
+LORA_KEPT = "LoRA adapter matrix, kept float so another adapter of the same rank can replace it"
 UNBOUNDED_CONTEXT = 2048  # default P + S bound of a model without a position limit (ALiBi)
 TRACE_PAST, TRACE_SEQ = 5, 3  # distinct sizes so torch.export keeps P and S apart
 _POSITION_FIELDS = (
@@ -99,10 +102,13 @@ def capture(loaded: Loaded, logits: str, precision: str) -> Captured:
     """The wrapper traced by the export front end with P and S symbolic and bounded."""
     model, layout, context = loaded.model, loaded.layout, loaded.context
     wrapper = CachedCausalLM(model, layout, logits, cache_dtype(precision)).eval()
-    names_in, names_out = layout.input_names(), layout.output_names()
-    example = trace_example(layout, loaded.vocab, cache_dtype(precision))
+    names_in, names_out = layout.input_names(logits), layout.output_names()
+    example = trace_example(layout, loaded.vocab, cache_dtype(precision), logits)
     # bounded as the graph asserts: torch.export refuses a size its position tables cannot hold
-    axes = {"input_ids": {1: ("S", 1, context)}} | {n: {2: ("P", 1, context)} for n in names_in[1:]}
+    caches = names_in[1 : 1 + 2 * layout.layers]
+    axes = {"input_ids": {1: ("S", 1, context)}} | {n: {2: ("P", 1, context)} for n in caches}
+    if logits == "keep":
+        axes[KEEP_INPUT] = {0: ("K", 1, context)}
     spec = dynamic.Spec.build(
         validate.dynamic_axes(axes, names_in, [t.dim() for t in example]),
         names_in,
@@ -147,7 +153,10 @@ def store_tables(
         from torchlower.llm.compress import compress_weights
 
         release = src.mapping.release if src.mapping is not None else None
-        dequantized, left_float = compress_weights(builder, wrapper, compress, storage, keep, release)
+        adapters = dict.fromkeys(adapter_labels(wrapper), LORA_KEPT)
+        dequantized, left_float = compress_weights(
+            builder, wrapper, compress, storage, keep, release, adapters
+        )
     halves = {role for role, kind in storage.items() if kind == "f16"}
     if halves and precision == "f32":
         from torchlower.llm.compress import store_f16
@@ -214,11 +223,14 @@ def position_tables(model: nn.Module) -> list[tuple[int, str]]:
     return out
 
 
-def trace_example(layout: CacheLayout, vocab: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def trace_example(
+    layout: CacheLayout, vocab: int, dtype: torch.dtype, logits: str = "last"
+) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (1, TRACE_SEQ), generator=g)
     past = [torch.randn(t.shape, generator=g).to(dtype) for t in layout.empty(TRACE_PAST)]
-    return (ids, *past)
+    keep = [torch.arange(1, TRACE_SEQ)] if logits == "keep" else []  # K = 2, apart from S and P
+    return (ids, *past, *keep)
 
 
 def where(folder: Path | None) -> str:

@@ -32,6 +32,11 @@ def mask_from_model(config: Any) -> bool:
     return config.model_type == "bloom" or (config.model_type == "falcon" and bool(config.alibi))
 
 
+# with ``logits="keep"``: the last graph input, i64 [K], the indices among the S new positions
+# whose logits the graph returns (HF's ``logits_to_keep`` given as a tensor); last K: S-K..S-1
+KEEP_INPUT = "logits_to_keep"
+
+
 @dataclass(frozen=True)
 class CacheLayout:
     """Shape of one layer's key/value cache, ``[1, heads, P, head_dim]`` (read from a real run)."""
@@ -42,8 +47,10 @@ class CacheLayout:
     value_heads: int
     value_dim: int
 
-    def input_names(self) -> list[str]:
-        return ["input_ids"] + [f"in_cache_{t}_{i}" for i in range(self.layers) for t in ("key", "value")]
+    def input_names(self, logits: str = "last") -> list[str]:
+        """``input_ids``, the caches, then with ``logits="keep"`` the positions to keep."""
+        caches = [f"in_cache_{t}_{i}" for i in range(self.layers) for t in ("key", "value")]
+        return ["input_ids", *caches, *([KEEP_INPUT] if logits == "keep" else [])]
 
     def output_names(self) -> list[str]:
         return ["outputs"] + [f"out_cache_{t}_{i}" for i in range(self.layers) for t in ("key", "value")]
@@ -189,6 +196,7 @@ class CachedCausalLM(nn.Module):
         self.model = model
         self.layout = layout
         self.last_only = logits == "last"
+        self.keep_input = logits == "keep"  # positions to keep: the graph's last input
         config = model.config.get_text_config(decoder=True)
         self.model_type = str(model.config.model_type)
         self.window = _sliding_window(config)
@@ -208,6 +216,8 @@ class CachedCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor | None, past: tuple[torch.Tensor, ...]
     ) -> tuple[torch.Tensor, ...]:
         """One call of the model; ``positions`` given (M-RoPE's [3, 1, S]) or ``arange(P, P+S)``."""
+        keep = past[-1] if self.keep_input else None
+        past = past[:-1] if self.keep_input else past
         p, s = past[0].shape[2], input_ids.shape[1]
         cache = dynamic_cache(tuple(t.to(self.model.dtype) for t in past))
         query = torch.arange(p, p + s, device=input_ids.device)
@@ -217,9 +227,11 @@ class CachedCausalLM(nn.Module):
         if self.positions:
             options["position_ids"] = query.unsqueeze(0) if positions is None else positions
         if self.keep:
-            options["logits_to_keep"] = 1 if self.last_only else 0
+            options["logits_to_keep"] = 1 if self.last_only else keep if keep is not None else 0
         out = self.model(**{self.feed: input_ids}, **options)
         logits = out.logits
+        if keep is not None and not self.keep:
+            logits = logits.index_select(1, keep)
         if self.last_only and logits.shape[1] != 1:
             logits = logits[:, -1:, :]
         return (logits, *(t.to(self.cache_dtype) for t in cache_tensors(present_cache(out))))

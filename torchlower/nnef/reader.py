@@ -64,6 +64,7 @@ BUNDLED_FILES = (
     "normalizer.json",
     "tokenizer.model",
     "manifest.json",
+    "adapter_config.json",
 )
 SAMPLES_FOLDER = "io"
 TEMP_PREFIX = "torchlower-artifact-"  # the private folders ``extracted`` makes

@@ -102,6 +102,8 @@ def request(
         else validate.dynamic_bounds(dynamic_axes)
     )
     spec = dynamic.Spec.build(axes, names_in, example, bounds)
+    if spec is not None:  # under auto another front end may take the axis whole: no restriction
+        spec.export_restricts = frontend == "export"
     return Request(
         Path(path),
         example,
