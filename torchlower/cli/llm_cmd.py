@@ -22,7 +22,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="export a save_pretrained folder to an NNEF archive tract decodes with a KV cache",
         description="Load DIR (config.json + safetensors), export the causal LM with explicit KV-cache "
-        "inputs/outputs (tract's detect_kv_cache naming), check it against Hugging Face in tract.",
+        "inputs/outputs (tract's detect_kv_cache naming), check it against Hugging Face in tract. "
+        "Speech encoder-decoders (Whisper, …) and vision/audio LMs (LLaVA, Idefics3, SmolVLM, Qwen2-VL, "
+        "Qwen2-Audio) become a folder of archives and a manifest.json (docs/llm.md).",
     )
     p.add_argument("folder", metavar="DIR", help="model folder written by save_pretrained")
     p.add_argument("-o", "--output", required=True, help="archive path (.nnef.tgz, .nnef.tar or .nnef dir)")
@@ -90,6 +92,10 @@ def run(args: argparse.Namespace, out: Output) -> int:
             lora=args.lora,
             merge_lora=args.merge_lora,
         )
+    if hasattr(report, "media"):  # a multimodal LM: a folder of three archives
+        data = multimodal_json(report)
+        out.emit(data, lambda console: render_multimodal(console, data))
+        return 0
     if hasattr(report, "encoder"):  # a speech encoder-decoder: a folder of two archives
         data = seq2seq_json(report)
         out.emit(data, lambda console: render_seq2seq(console, data))
@@ -99,10 +105,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def seq2seq_json(report: Any) -> dict[str, Any]:
-    encoder = json.loads((Path(report.path) / "manifest.json").read_text())["encoder"]
+def _parts_json(report: Any, names: tuple[str, ...]) -> dict[str, Any]:
     parts = {}
-    for name in ("encoder", "decoder"):
+    for name in names:
         part = getattr(report, name)
         parts[name] = {
             "path": str(part.path),
@@ -112,6 +117,67 @@ def seq2seq_json(report: Any) -> dict[str, Any]:
             "max_abs_error": part.max_abs_error if part.errors else None,
             "outputs_checked": [output_error(e) for e in part.errors],
         }
+    return parts
+
+
+def multimodal_json(report: Any) -> dict[str, Any]:
+    return {
+        "ok": True,
+        "path": str(report.path),
+        "kind": "multimodal_lm",
+        "model_type": report.model_type,
+        "architecture": report.architecture,
+        "parameters": report.parameters,
+        "layers": report.layers,
+        "max_context": report.max_context,
+        "precision": report.precision,
+        "compress": report.compress,
+        "parts": _parts_json(report, ("embed", "encoder", "decoder")),
+        "media": report.media,  # placeholder token, rows per item, the encoder's input
+        "artifact_bytes": report.archive_bytes,
+        "bundled": report.bundled,
+        "tokens": report.tokens,
+        "reference_tokens": report.reference_tokens,
+        "logit_error_vs_original": report.logit_error if report.tokens else None,
+        "seconds": round(report.seconds, 3),
+    }
+
+
+def render_multimodal(console: Console, data: dict[str, Any]) -> None:
+    table = Table(title=f"exported {data['path']}", show_header=False, title_justify="left")
+    table.add_column("item", style="bold")
+    table.add_column("value")
+    table.add_row(
+        "model", f"{data['architecture']}, {data['parameters']:,} parameters, {data['layers']} layers"
+    )
+    table.add_row("options", f"precision {data['precision']}, compress {data['compress'] or 'none'}")
+    table.add_row("context", f"decoder P + S <= {data['max_context']}")
+    media = data["media"]
+    table.add_row(
+        "media", f"{media['input']} → {media['tokens_per_item']} rows per item at token {media['token_id']}"
+    )
+    _render_parts(table, data)
+    console.print(table)
+    if not data["tokens"]:
+        console.print("not checked (--no-check)")
+
+
+def _render_parts(table: Table, data: dict[str, Any]) -> None:
+    for name, part in data["parts"].items():
+        formats = ", ".join(f"{k} {v:,}" for k, v in part["weight_bytes_by_format"].items())
+        checked = f"; vs PyTorch max abs {short(part['max_abs_error'])} ✓" if part["checked"] else ""
+        table.add_row(name, f"{part['path']} ({formats}){checked}")
+    if data["tokens"]:
+        same = sum(a == b for a, b in zip(data["tokens"], data["reference_tokens"], strict=False))
+        table.add_row("greedy tokens", f"{same}/{len(data['tokens'])} equal to Hugging Face")
+        table.add_row("logits vs original", short(data["logit_error_vs_original"]))
+    table.add_row("artifact", f"{data['artifact_bytes']:,} bytes; bundled {', '.join(data['bundled'])}")
+    table.add_row("time", f"{data['seconds']:.1f} s")
+
+
+def seq2seq_json(report: Any) -> dict[str, Any]:
+    encoder = json.loads((Path(report.path) / "manifest.json").read_text())["encoder"]
+    parts = _parts_json(report, ("encoder", "decoder"))
     return {
         "ok": True,
         "path": str(report.path),
@@ -151,16 +217,7 @@ def render_seq2seq(console: Console, data: dict[str, Any]) -> None:
             for i, n in enumerate(shape)
         ]
         table.add_row("encoder input", f"{name} [{', '.join(dims)}]")
-    for name, part in data["parts"].items():
-        formats = ", ".join(f"{k} {v:,}" for k, v in part["weight_bytes_by_format"].items())
-        checked = f"; vs PyTorch max abs {short(part['max_abs_error'])} ✓" if part["checked"] else ""
-        table.add_row(name, f"{part['path']} ({formats}){checked}")
-    if data["tokens"]:
-        same = sum(a == b for a, b in zip(data["tokens"], data["reference_tokens"], strict=False))
-        table.add_row("greedy tokens", f"{same}/{len(data['tokens'])} equal to Hugging Face")
-        table.add_row("logits vs original", short(data["logit_error_vs_original"]))
-    table.add_row("artifact", f"{data['artifact_bytes']:,} bytes; bundled {', '.join(data['bundled'])}")
-    table.add_row("time", f"{data['seconds']:.1f} s")
+    _render_parts(table, data)
     console.print(table)
     if not data["tokens"]:
         console.print("not checked (--no-check)")

@@ -25,10 +25,10 @@ from torchlower.core import tolerance as tolerances
 from torchlower.core.comparison import OutputError
 from torchlower.core.staging import target_of
 from torchlower.errors import InvalidArgumentError
-from torchlower.llm import bundle, checks, stages
+from torchlower.llm import bundle, checks, stages, vlm_families
 from torchlower.llm import lora as lora_mod
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, conversion_notes
-from torchlower.llm.source import SourceError, WrongModelError, open_speech_seq2seq
+from torchlower.llm.source import SourceError, WrongModelError, open_named, open_speech_seq2seq
 from torchlower.llm.wrapper import (
     CacheLayout,
     attributes_kept,
@@ -39,6 +39,7 @@ from torchlower.pipeline import write
 
 if TYPE_CHECKING:
     from torchlower.llm.seq2seq import Seq2SeqReport
+    from torchlower.llm.vlm import MultimodalReport
 
 log = logging.getLogger("torchlower")
 
@@ -111,11 +112,12 @@ def export(
     part: str | None = None,
     lora: str | os.PathLike[str] | None = None,
     merge_lora: bool = False,
-) -> ExportReport | Seq2SeqReport:
+) -> ExportReport | Seq2SeqReport | MultimodalReport:
     """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract; a
     ``WhisperForConditionalGeneration`` (or Speech2Text's, Moonshine's) becomes a folder of two
-    archives (``seq2seq.export``,
-    a ``Seq2SeqReport``).
+    archives (``seq2seq.export``, a ``Seq2SeqReport``); a vision or audio LM (LLaVA, Idefics3,
+    SmolVLM, Qwen2-VL, Qwen2-Audio) a folder of three and a manifest (``vlm.export``, a
+    ``MultimodalReport``).
 
     Graph inputs ``input_ids`` [1, S] and per layer ``in_cache_key_{i}``/``in_cache_value_{i}``
     [1, kv_heads, P, head_dim]; outputs ``outputs`` (logits: [1, 1, vocab] with
@@ -149,6 +151,15 @@ def export(
         return seq2seq.export(
             speech[0], speech[1], path, precision=precision, compress=compress, max_context=max_context,
             check=check,
+        )  # fmt: skip
+    multimodal = open_named(source, vlm_families.ARCHITECTURES) if part is None else None
+    if multimodal is not None:  # a vision/audio LM: a folder of three archives (vlm.py)
+        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts, lora, "a multimodal LM")
+        from torchlower.llm import vlm
+
+        return vlm.export(
+            multimodal[0], multimodal[1], path, precision=precision, compress=compress,
+            max_context=max_context, check=check,
         )  # fmt: skip
     storage = table_storage(compress, embeddings, lm_head)
     parts = _f32_parts(precision, f32_parts)
@@ -374,15 +385,15 @@ def _validate_options(
 def _refuse_causal_options(
     embeddings: str | None, lm_head: str | None, logits: str, io_samples: bool, f32_parts: Any,
     lora: Any = None,
+    kind: str = "a speech encoder-decoder (Whisper, Speech2Text, Moonshine)",
 ) -> None:  # fmt: skip
-    """Options of the causal-LM export a speech encoder-decoder export does not honour yet."""
+    """Options of the causal-LM export a multi-archive export does not honour yet."""
     given = {"embeddings": embeddings, "lm_head": lm_head, "f32_parts": f32_parts, "lora": lora}
     given |= {"logits": logits if logits != "last" else None, "io_samples": io_samples or None}
     used = [k for k, v in given.items() if v is not None]
     if used:
         raise InvalidArgumentError(
-            f"{', '.join(used)}: not available for a speech encoder-decoder export (Whisper,"
-            " Speech2Text, Moonshine); leave them"
+            f"{', '.join(used)}: not available for the export of {kind}; leave them"
             " out, or export the decoder alone with part='decoder'"
         )
 

@@ -18,106 +18,9 @@ import numpy as np
 
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm.context import ContextLengthError
-from torchlower.llm.wrapper import KEEP_INPUT
+from torchlower.llm.decoder import Decoder
 
-KV_MODES = ("auto", "state", "explicit")
-
-
-class Decoder:
-    """An exported LLM loaded in tract, ready to run steps (one per call of ``step``)."""
-
-    def __init__(self, artifact: str | os.PathLike[str], kv: str = "auto") -> None:
-        import tract
-
-        if kv not in KV_MODES:
-            raise InvalidArgumentError(f"kv must be one of {', '.join(KV_MODES)}; got {kv!r}")
-        path = Path(artifact)
-        if not path.exists():
-            raise InvalidArgumentError(f"{path}: no such artifact")
-        nnef = tract.nnef().with_tract_extra().with_tract_transformers()
-        model = nnef.load(str(path))
-        self.n_inputs = model.input_count()
-        if self.n_inputs < 3 or model.input_name(0) != "input_ids":
-            raise InvalidArgumentError(
-                f"{path}: not an LLM export (inputs must be input_ids then the caches); "
-                "write one with torchlower.llm.export"
-            )
-        # logits="keep" archives end with the positions to keep (wrapper.KEEP_INPUT)
-        self.keeps = model.input_name(self.n_inputs - 1) == KEEP_INPUT
-        self.cache_facts = [str(model.input_fact(i)) for i in range(1, self.n_inputs - self.keeps)]
-        self.vocab = _vocabulary(str(model.output_fact(0)))
-        self.dtypes = [_dtype(f) for f in self.cache_facts]
-        self.shapes = [_empty_shape(f) for f in self.cache_facts]
-        self.mode = kv
-        if kv in ("auto", "state"):
-            stateful = nnef.load(str(path))
-            stateful.transform("detect_kv_cache")
-            if stateful.input_count() == 1 + self.keeps:
-                model, self.mode = stateful, "state"
-            elif kv == "state":
-                raise InvalidArgumentError(
-                    f"{path}: tract's detect_kv_cache recognized {self.n_inputs - stateful.input_count()} "
-                    f"of {len(self.cache_facts)} caches; use kv='explicit'"
-                )
-            else:
-                self.mode = "explicit"
-        self.recompute_at = _int_property(model, "torchlower.llm.recompute_cache_at")
-        self.max_context = _int_property(model, "torchlower.llm.max_context")
-        self.path = path
-        self.runnable = model.into_runnable()
-        self.reset()
-
-    def reset(self) -> None:
-        self.state = self.runnable.spawn_state()
-        self.past = [np.zeros(s, dtype=d) for s, d in zip(self.shapes, self.dtypes, strict=True)]
-        self.length = 0  # tokens in the cache
-
-    def drops_cache(self, new_tokens: int) -> bool:
-        """Whether HF's generate would recompute the cache before these tokens (see ``recompute_at``)."""
-        at = self.recompute_at
-        return at is not None and 0 < self.length <= at < self.length + new_tokens
-
-    def refuse_past_context(self, needed: int) -> None:
-        """``ContextLengthError`` if ``needed`` positions do not fit the archive's bound."""
-        if self.max_context is not None and needed > self.max_context:
-            raise ContextLengthError(
-                f"{self.path}: {needed} positions (prompt and generated tokens fed back) exceed this"
-                f" archive's P + S <= {self.max_context}, the model's position limit; keep prompt +"
-                f" max_new_tokens - 1 <= {self.max_context}",
-                max_context=self.max_context,
-                needed=needed,
-            )
-
-    def step(self, ids: np.ndarray) -> np.ndarray:
-        """Logits of the last position after feeding ``ids`` [1, S] (the cache grows by S)."""
-        return self.last_logits(ids, 1)[-1]
-
-    def last_logits(self, ids: np.ndarray, keep: int) -> np.ndarray:
-        """[keep, vocab]: logits of the last ``keep`` positions after feeding ``ids`` [1, S], e.g.
-        to verify draft tokens (a ``logits="keep"`` archive computes only those rows; ``"all"``
-        computes every row and this slices)."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1)
-        if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= ids.shape[1]:
-            raise InvalidArgumentError(
-                f"keep must be an int in 1..{ids.shape[1]} (the ids fed); got {keep!r}"
-            )
-        if self.vocab is not None and ids.size and (ids.min() < 0 or ids.max() >= self.vocab):
-            bad = int(ids.min() if ids.min() < 0 else ids.max())
-            # tract's Gather panics on an index out of range, which aborts this process
-            raise InvalidArgumentError(
-                f"token id {bad} is outside the vocabulary of this model (ids 0..{self.vocab - 1}); "
-                "encode the prompt with the tokenizer the model was exported with"
-            )
-        self.refuse_past_context(self.length + ids.shape[1])
-        self.length += ids.shape[1]
-        rows = [np.arange(ids.shape[1] - keep, ids.shape[1], dtype=np.int64)] if self.keeps else []
-        if self.mode == "state":
-            out = self.state.run([ids, *rows])
-        else:
-            out = self.state.run([ids, *self.past, *rows])
-            self.past = [t.to_numpy() for t in out[1:]]
-        logits = out[0].to_numpy()[0]
-        return logits[-keep:]
+__all__ = ["ContextLengthError", "Decoder", "generate"]
 
 
 def generate(
@@ -132,6 +35,8 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     kv: str = "auto",
     input_features: Any = None,
+    pixel_values: Any = None,
+    feature_attention_mask: Any = None,
 ) -> list[int]:
     """The new token ids after ``input_ids`` (a list, or a [1, S] array/tensor), run in tract.
 
@@ -153,8 +58,22 @@ def generate(
     if temperature <= 0:
         raise InvalidArgumentError(f"temperature must be > 0, got {temperature!r}")
     stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
-    from torchlower.llm import seq2seq_runner
+    from torchlower.llm import seq2seq_runner, vlm_runner
 
+    if vlm_runner.is_multimodal(Path(artifact)):
+        if do_sample:
+            raise InvalidArgumentError(
+                f"{artifact}: a multimodal LM export decodes greedily (do_sample=False)"
+            )
+        mm = vlm_runner.MultimodalRunner(artifact, kv=kv)
+        media = pixel_values if mm.media["input"] == "pixel_values" else input_features
+        if media is None and (pixel_values is not None or input_features is not None):
+            raise InvalidArgumentError(f"{artifact}: this model's media input is {mm.media['input']}=")
+        if eos_token_id is None:  # HF's default: the generation config's end of text
+            stops = set(mm.manifest.get("eos_token_id", []))
+        return mm.greedy(prompt, max_new_tokens, media, feature_attention_mask, stops)[0]
+    if pixel_values is not None:
+        raise InvalidArgumentError(f"{artifact}: pixel_values= is for multimodal LM exports (LLaVA, …)")
     if seq2seq_runner.is_seq2seq(Path(artifact)):
         if input_features is None or do_sample:
             raise InvalidArgumentError(
@@ -215,28 +134,3 @@ def _as_ids(input_ids: Any) -> np.ndarray:
             f"dtype {array.dtype}"
         )
     return array.reshape(1, -1).astype(np.int64)
-
-
-def _int_property(model: Any, key: str) -> int | None:
-    """An integer property of the archive (``tract_core_properties``), if it has one."""
-    if key not in model.property_keys():
-        return None
-    return int(model.property(key).to_numpy())
-
-
-def _vocabulary(fact: str) -> int | None:
-    """The logits' last size from tract's fact text (``1,S,32000,f32`` → 32000), if it is a number."""
-    parts = fact.split(",")
-    return int(parts[-2]) if len(parts) >= 2 and parts[-2].isdigit() else None
-
-
-def _dtype(fact: str) -> Any:
-    """``1,2,P,8,f32`` (tract's fact text) → numpy dtype."""
-    kind = fact.rsplit(",", 1)[-1].strip()
-    return {"f32": np.float32, "f16": np.float16}.get(kind, np.float32)
-
-
-def _empty_shape(fact: str) -> tuple[int, ...]:
-    """The cache's shape with the symbolic past axis at 0."""
-    dims = [d.strip() for d in fact.split(",")[:-1]]
-    return tuple(int(d) if d.lstrip("-").isdigit() else 0 for d in dims)

@@ -15,11 +15,9 @@ check writes nothing.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,15 +28,12 @@ from torch import nn
 
 from torchlower import __version__
 from torchlower.core import progress
-from torchlower.core import tolerance as tolerances
 from torchlower.core.staging import staged
 from torchlower.errors import CheckError, InvalidArgumentError
-from torchlower.llm import bundle
+from torchlower.llm.part_export import dequantized_model, export_part, folder_target, naming
 from torchlower.llm.seq2seq_families import context_limit, layout_of, parts
 from torchlower.llm.seq2seq_parts import Seq2SeqLayout
-from torchlower.nnef import archive
-from torchlower.pipeline import capture, optimize, reference, report, request, write
-from torchlower.pipeline import check as checks
+from torchlower.pipeline import report
 
 MANIFEST = "manifest.json"
 FORMAT = "torchlower.speech_seq2seq"
@@ -50,7 +45,6 @@ ARCHITECTURES = {
     "moonshine": "MoonshineForConditionalGeneration",
 }
 CHECK_TOKENS = 8  # greedy steps the export runs against HF
-F16_TOLERANCE = 3e-2  # of the output scale (llm.exporter.F16_TOLERANCE)
 
 
 @dataclass
@@ -96,14 +90,7 @@ def export(
 ) -> Seq2SeqReport:
     """Write ``path`` (a folder) with the encoder and decoder archives and their manifest."""
     started = time.perf_counter()
-    target = Path(path)
-    if target.name.endswith(archive.ARCHIVE_SUFFIXES):
-        raise InvalidArgumentError(
-            f"{target}: a speech encoder-decoder exports as a folder of two archives and a manifest;"
-            f" give a folder path (e.g. {target.name.split('.')[0]}_tract)"
-        )
-    if not target.parent.is_dir():
-        raise InvalidArgumentError(f"output folder {str(target.parent)!r} does not exist")
+    target = folder_target(path, "a speech encoder-decoder")
     model = model.eval()
     layout = layout_of(model)
     limit, table = context_limit(model)
@@ -115,18 +102,18 @@ def export(
         )
     props = _properties(model, layout, context, precision, compress)
     encoder, decoder = parts(model, layout)
-    with staged(target) as folder, _naming(folder, target):
+    with staged(target) as folder, naming(folder, target):
         folder.mkdir()
         with progress.stage("encoder"):
             # a dynamic time axis goes through the jit front end (torch.export specializes the
             # convolutions' lengths and the position table's size tests)
-            enc, enc_weights = _export_part(
+            enc, enc_weights = export_part(
                 encoder, (_features(layout),), folder / ENCODER, [layout.input_name],
                 layout.encoder_outputs(), _encoder_axes(layout), precision, compress, check, [],
                 props | {"torchlower.llm.part": "encoder"}, {}, "jit" if layout.dynamic else "export",
             )  # fmt: skip
         with progress.stage("decoder"):
-            dec, dec_weights = _export_part(
+            dec, dec_weights = export_part(
                 decoder, _decoder_example(layout), folder / DECODER,
                 layout.decoder_inputs(), layout.decoder_outputs(), _decoder_axes(layout, context), precision,
                 compress, check, _bounds(context), props | {"torchlower.llm.part": "decoder"}, files,
@@ -140,7 +127,7 @@ def export(
             enc, dec, 0, bundled=sorted(files),
         )  # fmt: skip
         if check:
-            reference_model = _dequantized(model, (encoder, enc_weights), (decoder, dec_weights))
+            reference_model = dequantized_model(model, (encoder, enc_weights), (decoder, dec_weights))
             with progress.stage("checking against Hugging Face"):
                 _check_end_to_end(result, model, reference_model, layout, precision)
         result.archive_bytes = sum(f.stat().st_size for f in folder.iterdir())
@@ -148,54 +135,6 @@ def export(
     result.encoder.path, result.decoder.path = target / ENCODER, target / DECODER
     result.seconds = time.perf_counter() - started
     return result
-
-
-@contextlib.contextmanager
-def _naming(folder: Path, target: Path) -> Iterator[None]:
-    """Errors raised while the parts are staged name the user's folder, not the staging one."""
-    try:
-        yield
-    except CheckError as exc:
-        raise CheckError(str(exc).replace(str(folder), str(target)), exc.errors) from exc
-
-
-def _export_part(
-    module: nn.Module, example: tuple[torch.Tensor, ...], target: Path, names_in: list[str],
-    names_out: list[str], axes: dict[str, Any] | None, precision: str, compress: str | None,
-    check: bool, extensions: list[str], props: dict[str, Any], files: dict[str, bytes],
-    frontend: str = "export",
-) -> tuple[report.ExportReport, dict[str, torch.Tensor] | None]:  # fmt: skip
-    """``torchlower.export``'s stages, with the graph's bounds, properties and bundled files."""
-    req = request.request(
-        module, example, target, input_names=names_in, output_names=names_out, frontend=frontend,
-        check=check, tolerance=None, precision=precision, compress=compress, dynamic_axes=axes,
-        dynamic_shapes=None, allow_value_dependent_trace=False,
-    )  # fmt: skip
-    ref = reference.run_reference(module, req, names_out)
-    # torch itself in f16 is this far from f32 on these models (docs/llm.md), as the causal-LM check
-    tolerance = (
-        F16_TOLERANCE * tolerances.output_scale([t.numpy() for t in ref.expected])
-        if precision == "f16"
-        else None
-    )
-    captured = capture.capture(req, ref)
-    builder = captured.builder
-    dequantized = optimize.compress(builder, ref.module, compress)
-    optimize.optimize(builder)
-    weights = builder.live_weights()
-    builder.example_sizes = req.example_sizes
-    graph = bundle.with_header(builder.graph_text(), extensions, bundle.properties_fragment(props))
-    with write.staging(req.target, check) as staging:
-        written = archive.write(staging, graph, weights, builder.quant_text(), files, huffman_only=True)
-        result = report.export_report(written, req, ref, captured, weights)
-        if check:
-            outcome = checks.check_export(
-                written, ref.module, req.example, ref.expected, ref.output_names, req.spec, tolerance,
-                builder, dequantized, req.target,
-            )  # fmt: skip
-            report.record_check(result, outcome)
-    result.path = req.target
-    return result, dequantized
 
 
 def _check_end_to_end(
@@ -223,29 +162,6 @@ def _check_end_to_end(
             f"{result.path}: tract's encoder + decoder disagree with Hugging Face (nothing"
             f" written): tokens {tokens} vs {ref_tokens}, max logit error {error:.3g} > {tol:.3g}"
         )
-
-
-def _dequantized(model: nn.Module, *parts: tuple[nn.Module, dict[str, torch.Tensor] | None]) -> nn.Module:
-    """``model`` itself, or a copy running the dequantized weights of the compressed parts
-    (each part's weights are named as the part names its parameters: found by identity)."""
-    if not any(weights for _, weights in parts):
-        return model
-    import copy
-
-    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-    state: dict[str, torch.Tensor] = {}
-    for part, weights in parts:
-        own = dict(part.named_parameters(remove_duplicate=False))
-        for name, tensor in (weights or {}).items():
-            if name not in own or id(own[name]) not in names:
-                raise CheckError(f"dequantized weight {name!r} has no parameter in {type(model).__name__}")
-            state[names[id(own[name])]] = tensor
-    clone = copy.deepcopy(model)
-    params = dict(clone.named_parameters(remove_duplicate=False))
-    with torch.no_grad():
-        for name, tensor in state.items():
-            params[name].copy_(tensor)
-    return clone.eval()
 
 
 def hf_decode(

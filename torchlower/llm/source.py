@@ -118,26 +118,36 @@ def open_source(source: str | os.PathLike[str] | nn.Module, part: str | None = N
 def open_speech_seq2seq(
     source: str | os.PathLike[str] | nn.Module,
 ) -> tuple[nn.Module, dict[str, bytes]] | None:
-    """A Whisper or Speech2Text ``ForConditionalGeneration`` (folder or model) and its files to
-    bundle; None for anything else. The folder's weights must all be taken (``WrongModelError``
-    otherwise)."""
-    from torchlower.llm.seq2seq import ARCHITECTURES, is_speech_seq2seq
+    """A Whisper, Speech2Text or Moonshine ``ForConditionalGeneration`` (folder or model) and its
+    files to bundle; None for anything else (``open_named``)."""
+    from torchlower.llm.seq2seq import ARCHITECTURES
 
+    return open_named(source, ARCHITECTURES)
+
+
+def open_named(
+    source: str | os.PathLike[str] | nn.Module, architectures: dict[str, str]
+) -> tuple[nn.Module, dict[str, bytes]] | None:
+    """The model of a folder whose config names ``architectures[model_type]`` (or a loaded model
+    of one of those classes), loaded through that class, and its files to bundle; None for any
+    other model. The folder's weights must all be taken (``WrongModelError`` otherwise)."""
     if isinstance(source, nn.Module):
-        if type(source).__name__ not in ARCHITECTURES.values():
+        if type(source).__name__ not in architectures.values():
             return None
         return source, {"config.json": source.config.to_json_string(use_diff=False).encode()}
     if not isinstance(source, (str, os.PathLike)):
         return None
     folder = Path(source)
     config = load_config(folder)
-    if not is_speech_seq2seq(config):
+    named = [str(a) for a in (getattr(config, "architectures", None) or [])]
+    wanted = architectures.get(str(config.model_type))
+    if wanted is None or wanted not in named:
         return None
     import transformers
 
     files = weight_files(folder)
     check_weights_readable(files)
-    cls = getattr(transformers, ARCHITECTURES[str(config.model_type)])
+    cls = getattr(transformers, wanted)
     try:
         model, info = cls.from_pretrained(
             str(folder), local_files_only=True, dtype=torch.float32, output_loading_info=True

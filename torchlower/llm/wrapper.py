@@ -207,7 +207,15 @@ class CachedCausalLM(nn.Module):
         self.positions = "position_ids" in params
         self.own_mask = mask_from_model(model.config)
 
+    feed = "input_ids"  # the keyword the first graph input goes to (``inputs_embeds``: EmbedsCausalLM)
+
     def forward(self, input_ids: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.step(input_ids, None, past)
+
+    def step(
+        self, input_ids: torch.Tensor, positions: torch.Tensor | None, past: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, ...]:
+        """One call of the model; ``positions`` given (M-RoPE's [3, 1, S]) or ``arange(P, P+S)``."""
         keep = past[-1] if self.keep_input else None
         past = past[:-1] if self.keep_input else past
         p, s = past[0].shape[2], input_ids.shape[1]
@@ -217,10 +225,10 @@ class CachedCausalLM(nn.Module):
         if not self.own_mask:
             options["attention_mask"] = self._mask(query, p + s)
         if self.positions:
-            options["position_ids"] = query.unsqueeze(0)
+            options["position_ids"] = query.unsqueeze(0) if positions is None else positions
         if self.keep:
             options["logits_to_keep"] = 1 if self.last_only else keep if keep is not None else 0
-        out = self.model(input_ids=input_ids, **options)
+        out = self.model(**{self.feed: input_ids}, **options)
         logits = out.logits
         if keep is not None and not self.keep:
             logits = logits.index_select(1, keep)
@@ -240,6 +248,24 @@ class CachedCausalLM(nn.Module):
         if not self.layer_types:
             return sliding
         return {"full_attention": full, "sliding_attention": sliding}
+
+
+class EmbedsCausalLM(CachedCausalLM):
+    """``forward(inputs_embeds, *past)`` → ``(logits, *present)``: the decoder of a multimodal LM,
+    fed embeddings so one graph serves text tokens and image/audio features alike."""
+
+    feed = "inputs_embeds"
+
+
+class MropeCausalLM(EmbedsCausalLM):
+    """``forward(inputs_embeds, position_ids, *past)``: Qwen2-VL's decoder, whose multimodal
+    rotary positions ([3, 1, S]: time, height, width) are not ``arange`` but come from the
+    prompt's layout of text and image tokens (computed by the runner from the manifest)."""
+
+    def forward(
+        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        return self.step(inputs_embeds, position_ids, past)
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
