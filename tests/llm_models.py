@@ -115,17 +115,31 @@ def build(name: str, seed: int = 0) -> Any:
     return from_config(CONFIGS[name](), seed)
 
 
-def from_config(config: Any, seed: int = 0) -> Any:
-    """``build`` for any causal-LM config."""
+def from_config(config: Any, seed: int = 0, std: float = 0.6, keep: tuple[str, ...] = ()) -> Any:
+    """``build`` for any causal-LM config; parameters whose name ends with one of ``keep`` keep
+    their own initialization."""
     import transformers
 
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.6)
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and not name.endswith(keep):
+                p.normal_(0.0, std)
     return model
+
+
+# state-space models: std 0.3 and HF's own A_log (decays log 1..N) keep the states within f16
+# while the greedy chains still move (std 0.6 drives Mamba's mixer outputs past 5e5)
+SSM_CONFIGS: dict[str, Callable[[], Any]] = {
+    "mamba": lambda: _config(
+        "MambaConfig", vocab_size=160, hidden_size=32, state_size=8, num_hidden_layers=2, conv_kernel=4
+    ),
+}
+
+
+def build_ssm(name: str, seed: int = 0) -> Any:
+    return from_config(SSM_CONFIGS[name](), seed, std=0.3, keep=("A_log",))
 
 
 def greedy(model: Any, prompt: torch.Tensor, n: int) -> list[int]:

@@ -44,6 +44,12 @@ def reference_cases(
     ``long_prefill``: also a prefill of that many tokens, for a graph whose numbers switch
     past a length (longrope picks its long factors when P + S > original positions).
     """
+    from torchlower.llm.ssm import StateLayout
+
+    if isinstance(layout, StateLayout):
+        from torchlower.llm import ssm_checks
+
+        return ssm_checks.reference_cases(model, layout, vocab, logits, weights, seed, dtype)
     prompt, more, step = reference_inputs(vocab, seed)
     run = _runner(model, weights)
     cases: list[Case] = []

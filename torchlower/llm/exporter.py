@@ -28,6 +28,7 @@ from torchlower.errors import InvalidArgumentError
 from torchlower.llm import bundle, checks, stages
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype
 from torchlower.llm.source import SourceError, WrongModelError, open_speech_seq2seq
+from torchlower.llm.ssm import StateLayout
 from torchlower.llm.wrapper import (
     CacheLayout,
     attributes_kept,
@@ -149,7 +150,7 @@ def export(
     stages.optimize(loaded, captured, precision, logits, parts)
     builder, weights = captured.builder, captured.builder.live_weights()
     props = _properties(loaded, precision, compress, storage, logits, parts)
-    bounds = [f"tract_assert P + S <= {loaded.context}", "tract_assert S >= 1", "tract_assert P >= 0"]
+    bounds = _bounds(loaded)
     graph = bundle.with_header(builder.graph_text(), bounds, bundle.properties_fragment(props))
     files = dict(loaded.src.files)
     if io_samples:
@@ -171,6 +172,14 @@ def export(
     return report
 
 
+def _bounds(loaded: stages.Loaded) -> list[str]:
+    """The symbols' bounds: P + S within the context; a state-space model has no P and its
+    states do not grow, so only the tokens of one call are bounded."""
+    if isinstance(loaded.layout, StateLayout):
+        return [f"tract_assert S <= {loaded.context}", "tract_assert S >= 1"]
+    return [f"tract_assert P + S <= {loaded.context}", "tract_assert S >= 1", "tract_assert P >= 0"]
+
+
 def _properties(
     loaded: stages.Loaded,
     precision: str,
@@ -181,19 +190,23 @@ def _properties(
 ) -> dict[str, str | int | float]:
     """The provenance the archive carries (``torchlower.llm.*`` properties)."""
     model = loaded.model
+    states = isinstance(loaded.layout, StateLayout)
     props: dict[str, str | int | float] = {
         "torchlower.version": __version__,
         "torchlower.llm.model_type": loaded.src.model_type,
         "torchlower.llm.architecture": type(model).__name__,
         "torchlower.llm.parameters": sum(p.numel() for p in model.parameters()),
         "torchlower.llm.layers": loaded.layout.layers,
-        "torchlower.llm.max_context": loaded.context,
+        **({} if states else {"torchlower.llm.max_context": loaded.context}),
         "torchlower.llm.precision": precision,
         "torchlower.llm.compress": compress or "none",
         "torchlower.llm.embeddings": storage["embeddings"],
         "torchlower.llm.lm_head": storage["lm_head"],
         "torchlower.llm.logits": logits,
     }
+    if isinstance(loaded.layout, StateLayout):  # no position limit: states of a fixed size
+        props["torchlower.llm.states"] = ",".join(loaded.layout.state_names("in"))
+        props["torchlower.llm.max_tokens_per_call"] = loaded.context
     switch = rope_switch_length(loaded.config, loaded.context)
     if switch is not None:
         props["torchlower.llm.recompute_cache_at"] = switch
@@ -238,7 +251,7 @@ def _report(
 def _check(
     report: ExportReport,
     model: nn.Module,
-    layout: CacheLayout,
+    layout: CacheLayout | StateLayout,
     vocab: int,
     logits: str,
     precision: str,
