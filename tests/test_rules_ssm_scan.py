@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from tests.test_dynamic import export_dynamic
-from torchlower.rules.ssm_scan import linear_scan_op
+from torchlower.core.scan_ops import linear_scan_op
 
 
 class Mamba1Scan(nn.Module):

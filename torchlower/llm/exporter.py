@@ -25,7 +25,7 @@ from torchlower.core import tolerance as tolerances
 from torchlower.core.comparison import OutputError
 from torchlower.core.staging import target_of
 from torchlower.errors import InvalidArgumentError
-from torchlower.llm import bundle, checks, stages
+from torchlower.llm import bundle, checks, ssm_checks, stages
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype
 from torchlower.llm.source import SourceError, WrongModelError, open_speech_seq2seq
 from torchlower.llm.ssm import StateLayout
@@ -78,6 +78,8 @@ class ExportReport:
     part: str | None = None  # ``part=`` of export: the part of a larger checkpoint written on purpose
     # checkpoint tensors the export leaves out (only with ``part``: otherwise refused)
     unused_weights: list[str] = field(default_factory=list)
+    # a state-space model's fixed-size states, carried as explicit graph inputs/outputs
+    states: list[str] = field(default_factory=list)
 
     @property
     def max_abs_error(self) -> float:
@@ -154,7 +156,8 @@ def export(
     graph = bundle.with_header(builder.graph_text(), bounds, bundle.properties_fragment(props))
     files = dict(loaded.src.files)
     if io_samples:
-        files |= checks.samples(
+        sampler = ssm_checks.samples if isinstance(loaded.layout, StateLayout) else checks.samples
+        files |= sampler(
             loaded.model, loaded.layout, loaded.vocab, logits, dequantized, cache_dtype(precision)
         )
     release = loaded.src.mapping.release if loaded.src.mapping is not None else None
@@ -245,6 +248,7 @@ def _report(
         unquantized=left_float,
         part=loaded.src.part,
         unused_weights=list(loaded.src.unused),
+        states=loaded.layout.state_names("in") if isinstance(loaded.layout, StateLayout) else [],
     )
 
 
@@ -268,14 +272,22 @@ def _check(
 
     dtype = cache_dtype(precision)
     long = _long_prefill(report)
-    reference = checks.reference_cases(
-        model, layout, vocab, logits, dequantized, dtype=dtype, long_prefill=long
-    )
-    original = (
-        []
-        if dequantized is None
-        else checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype, long_prefill=long)
-    )
+    if isinstance(layout, StateLayout):
+        reference = ssm_checks.reference_cases(model, layout, vocab, logits, dequantized, dtype=dtype)
+        original = (
+            []
+            if dequantized is None
+            else ssm_checks.reference_cases(model, layout, vocab, logits, dtype=dtype)
+        )
+    else:
+        reference = checks.reference_cases(
+            model, layout, vocab, logits, dequantized, dtype=dtype, long_prefill=long
+        )
+        original = (
+            []
+            if dequantized is None
+            else checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype, long_prefill=long)
+        )
     points = [[t.numpy() for t in case.inputs] for case in reference + original]
     got = run_points_in_tract(report.path, points)
     for case, actual in zip(reference, got[: len(reference)], strict=True):

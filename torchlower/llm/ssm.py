@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchlower.rules.ssm_scan import linear_scan_op
+from torchlower.core.scan_ops import linear_scan_op
 
 STATE_KINDS = ("conv", "ssm")
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchlower.llm import checks
 from torchlower.llm.checks import Case, reference_inputs
 from torchlower.llm.ssm import StateLayout, hf_forward, hf_states
 from torchlower.llm.wrapper import present_cache
@@ -44,6 +45,21 @@ def reference_cases(
     whole = run(torch.cat([prompt, more], dim=1), None)
     cases.append(_case("continuation of 3 after 6", more, after_prompt, whole, logits))
     return cases
+
+
+SAMPLE_FILES = ("io/prompt.npz", "io/decode_step.npz", "io/decode_step_2.npz", "io/continuation.npz")
+
+
+def samples(
+    model: nn.Module,
+    layout: StateLayout,
+    vocab: int,
+    logits: str,
+    weights: dict[str, torch.Tensor] | None,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, bytes]:
+    """``checks.samples`` with this module's cases: prompt, two decode steps, a continuation."""
+    return checks.samples(model, layout, vocab, logits, weights, dtype, reference_cases, SAMPLE_FILES)
 
 
 def _case(label: str, ids: torch.Tensor, past: list[torch.Tensor], out: Any, logits: str) -> Case:

@@ -1,39 +1,19 @@
-"""The diagonal linear recurrence of state-space layers (Mamba, Mamba2) as one op.
+"""``torchlower::linear_scan`` (``core/scan_ops.py``: the recurrence of Mamba layers) for tract.
 
-``h_t = a_t · h_{t-1} + u_t`` and ``y_t = Σ_n h_t[…, n] · c_t[…, n]``, time on axis 1. HF's slow
-Mamba path writes it as a Python loop over the tokens, which torch.export unrolls and so fixes
-the sequence length; ``torchlower::linear_scan`` keeps it one opaque op (its fake kernel gives
-symbolic shapes) and its rule is one ``tract_core_scan`` loop whose body is that step, so one
-graph runs a prefill of any length and a one-token decode, from any initial state. Khronos-only
-NNEF has no loop: there the static length is unrolled.
+``h_t = a_t · h_{t-1} + u_t``, ``y_t = Σ_n h_t[…, n] · c_t[…, n]``, time on axis 1: one
+``tract_core_scan`` loop whose body is that step, so one graph runs a prefill of any length and
+a one-token decode, from any initial state. Khronos-only NNEF has no loop: there the static
+length is unrolled.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
+from torchlower.core import scan_ops  # noqa: F401  (registers the op the rule is keyed by)
 from torchlower.core.values import Dim, Value
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of
-
-
-@torch.library.custom_op("torchlower::linear_scan", mutates_args=())
-def linear_scan_op(a: Tensor, u: Tensor, c: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
-    """Eager: the loop HF's slow path runs. ``a``, ``u``, ``c`` [B, S, …] broadcast to the state
-    [B, S, *H]; ``h0`` [B, *H]. Returns y [B, S, *H[:-1]] and the last state [B, *H]."""
-    h = h0
-    ys = []
-    for t in range(u.shape[1]):
-        h = a[:, t] * h + u[:, t]
-        ys.append((h * c[:, t]).sum(-1))
-    return torch.stack(ys, 1), h.clone()
-
-
-@linear_scan_op.register_fake
-def _(a: Tensor, u: Tensor, c: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
-    batch, length = u.shape[0], u.shape[1]
-    return h0.new_empty((batch, length, *h0.shape[1:-1])), h0.new_empty(h0.shape)
 
 
 def _call(b: Builder, op: str, args: list[Value], shape: tuple[Dim, ...], **attrs: object) -> Value:

@@ -1,0 +1,62 @@
+"""State-space LMs (Mamba): conv and SSM states as explicit graph I/O, one graph for any S.
+
+The export checks a prefill, two decode steps (HF's own cache) and a 3-token continuation from
+the prefill's states (against HF's prefill of all 9 tokens); then 32 greedy tokens in tract equal
+HF ``generate``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests import llm_models
+from tests.test_cli import cli_json
+
+pytest.importorskip("transformers")
+from torchlower import llm
+from torchlower.llm.runner import Decoder
+
+PROMPT = torch.tensor([[3, 17, 42, 9, 101]])
+
+
+@pytest.fixture(scope="module")
+def mamba() -> torch.nn.Module:
+    return llm_models.build_ssm("mamba")
+
+
+def test_mamba_folder_tokens_equal_hf(mamba: torch.nn.Module, tmp_path: Path) -> None:
+    mamba.save_pretrained(tmp_path / "mamba")
+    data = cli_json("llm", "export", tmp_path / "mamba", "-o", tmp_path / "m.nnef.tgz")
+    assert data["states"] == [f"in_{k}_state_{i}" for i in range(2) for k in ("conv", "ssm")]
+    assert data["logit_error_vs_original"] < 1e-4
+    labels = {e["name"].split(" (")[1] for e in data["outputs_checked"]}
+    assert labels == {"prefill)", "decode after 6)", "decode after 7)", "continuation of 3 after 6)"}
+    want = llm_models.greedy(mamba, PROMPT, 32)
+    assert len(set(want)) > 3  # the chain moves
+    decoder = Decoder(tmp_path / "m.nnef.tgz")
+    assert decoder.mode == "explicit"  # fixed-size states: nothing for detect_kv_cache
+    assert [s[-1] for s in decoder.shapes] == [4, 8, 4, 8]  # conv kernel, state size
+    assert llm.generate(tmp_path / "m.nnef.tgz", PROMPT, 32) == want
+
+
+def test_mamba_f16_and_q4_0(mamba: torch.nn.Module, tmp_path: Path) -> None:
+    want = llm_models.greedy(mamba, PROMPT, 16)
+    half = llm.export(mamba, tmp_path / "h.nnef.tgz", precision="f16")
+    assert all(e.ok for e in half.errors) and half.logit_error < 0.05
+    assert Decoder(half.path).dtypes == [np.float16] * 4  # the states cross the boundary in f16
+    assert llm.generate(half.path, PROMPT, 16)[:8] == want[:8]
+    q = llm.export(mamba, tmp_path / "q.nnef.tgz", compress="q4_0", io_samples=True)
+    assert all(e.ok for e in q.errors)  # against HF running the dequantized weights
+    assert q.weight_bytes_by_format.get("q4_0", 0) > 0
+    # the matrices Q4_0 cannot pack say why: conv taps, a 2-wide dt projection, A_log folded
+    assert {k.split("mixer.")[1]: why.split(" (")[0] for k, why in q.unquantized.items()} == {
+        "A_log": "not stored as itself",
+        "conv1d.weight": "reduced size 4 is not a multiple of 32",
+        "dt_proj.weight": "reduced size 2 is not a multiple of 32",
+    }
+    assert len(llm.generate(q.path, PROMPT, 8)) == 8
+    assert "io/continuation.npz" in q.bundled
