@@ -135,6 +135,20 @@ SSM_CONFIGS: dict[str, Callable[[], Any]] = {
     "mamba": lambda: _config(
         "MambaConfig", vocab_size=160, hidden_size=32, state_size=8, num_hidden_layers=2, conv_kernel=4
     ),
+    # chunk_size 4: HF's chunked prefill of the check's 6 and 9 tokens crosses chunks; 2 groups
+    "mamba2": lambda: _config(
+        "Mamba2Config",
+        vocab_size=160,
+        hidden_size=32,
+        state_size=8,
+        num_hidden_layers=2,
+        conv_kernel=4,
+        expand=2,
+        head_dim=16,
+        num_heads=4,
+        n_groups=2,
+        chunk_size=4,
+    ),
 }
 
 

@@ -60,3 +60,18 @@ def test_mamba_f16_and_q4_0(mamba: torch.nn.Module, tmp_path: Path) -> None:
     }
     assert len(llm.generate(q.path, PROMPT, 8)) == 8
     assert "io/continuation.npz" in q.bundled
+
+
+def test_mamba2_tokens_equal_hf(tmp_path: Path) -> None:
+    """HF's reference prefill is its chunked scan (chunks of 4: the 6- and 9-token prefills cross
+    them), its decode the one-step update; the graph's one recurrence equals both."""
+    model = llm_models.build_ssm("mamba2")
+    report = llm.export(model, tmp_path / "m2.nnef.tgz")
+    assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
+    assert report.states == [f"in_{k}_state_{i}" for i in range(2) for k in ("conv", "ssm")]
+    want = llm_models.greedy(model, PROMPT, 32)
+    assert len(set(want)) > 3
+    assert llm.generate(report.path, PROMPT, 32) == want
+    half = llm.export(model, tmp_path / "h.nnef.tgz", precision="f16")
+    assert all(e.ok for e in half.errors)
+    assert llm.generate(half.path, PROMPT, 4) == want[:4]

@@ -120,8 +120,41 @@ def mamba_mixer(
     return m.out_proj(y.to(hidden.dtype)), full[:, :, -kernel:], state
 
 
+def mamba2_mixer(
+    m: nn.Module, hidden: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``Mamba2Mixer`` (and Bamba's) on S tokens from its two states, the state [B, H, P, N].
+
+    HF runs a prefill through its chunked scan (``mamba2_chunk_scan``: segment sums within
+    chunks, a recurrence across them) and a decode through the one-step update; both compute
+    this recurrence, written here once as ``torchlower::linear_scan`` for every S."""
+    batch, length = hidden.shape[0], hidden.shape[1]
+    heads, head_dim, groups, size = m.num_heads, m.head_dim, m.n_groups, m.ssm_state_size
+    kernel = conv_state.shape[-1]
+    gate, xbc, dt = m.in_proj(hidden).split([m.intermediate_size, m.conv_dim, heads], dim=-1)
+    full = torch.cat([conv_state.to(xbc.dtype), xbc.transpose(1, 2)], dim=-1)  # [B, conv_dim, K + S]
+    weight = m.conv1d.weight
+    xbc = m.act(F.conv1d(full, weight, m.conv1d.bias, groups=weight.shape[0])[:, :, 1:]).transpose(1, 2)
+    x, b, c = torch.split(xbc, [m.intermediate_size, groups * size, groups * size], dim=-1)
+    dt = F.softplus(dt + m.dt_bias)  # [B, S, H]
+    low, high = m.time_step_limit
+    if (low, high) != (0.0, float("inf")):  # HF's chunked prefill clamps (its decode does not)
+        dt = torch.clamp(dt, low, high)
+    a_neg = -torch.exp(m.A_log.float())  # [H]
+    decay = torch.exp(dt * a_neg)[..., None, None]  # [B, S, H, 1, 1]
+    x = x.reshape(batch, length, heads, head_dim)
+    b = b.reshape(batch, length, groups, size).repeat_interleave(heads // groups, dim=2)
+    c = c.reshape(batch, length, groups, size).repeat_interleave(heads // groups, dim=2)
+    inflow = (x * dt[..., None])[..., None] * b[:, :, :, None, :]  # [B, S, H, P, N]
+    y, state = linear_scan_op(decay, inflow, c[:, :, :, None, :], ssm_state.to(decay.dtype))
+    y = (y + x * m.D[:, None]).reshape(batch, length, heads * head_dim)
+    y = m.norm(y, gate)
+    return m.out_proj(y.to(hidden.dtype)), full[:, :, -kernel:], state
+
+
 MIXERS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {
     "MambaMixer": mamba_mixer,
+    "Mamba2Mixer": mamba2_mixer,
 }
 
 
