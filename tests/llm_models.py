@@ -149,6 +149,23 @@ SSM_CONFIGS: dict[str, Callable[[], Any]] = {
         n_groups=2,
         chunk_size=4,
     ),
+    # a hybrid: layer 0 Mamba2 (Bamba's mixer), layer 1 attention with GQA and rotary
+    "bamba": lambda: _config(
+        "BambaConfig",
+        vocab_size=160,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_indices=[1],
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_n_groups=1,
+        mamba_d_state=8,
+        mamba_chunk_size=4,
+        max_position_embeddings=128,
+    ),
 }
 
 

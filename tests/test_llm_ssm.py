@@ -75,3 +75,22 @@ def test_mamba2_tokens_equal_hf(tmp_path: Path) -> None:
     half = llm.export(model, tmp_path / "h.nnef.tgz", precision="f16")
     assert all(e.ok for e in half.errors)
     assert llm.generate(half.path, PROMPT, 4) == want[:4]
+
+
+def test_bamba_hybrid_kv_state_and_explicit_ssm_states(tmp_path: Path) -> None:
+    """Layer 0 Mamba2 (conv + SSM states), layer 1 attention (KV cache): one archive, and tract's
+    detect_kv_cache turns the attention cache into state while the SSM states stay explicit."""
+    model = llm_models.build_ssm("bamba")
+    report = llm.export(model, tmp_path / "b.nnef.tgz")
+    assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
+    assert report.states == ["in_conv_state_0", "in_ssm_state_0"]
+    assert report.max_context == 128 and report.properties["torchlower.llm.max_context"] == 128
+    decoder = Decoder(report.path)
+    assert decoder.mode == "state" and len(decoder.cache_facts) == 2  # the KV cache is tract state
+    want = llm_models.greedy(model, PROMPT, 32)
+    assert len(set(want)) > 3
+    assert llm.generate(report.path, PROMPT, 32) == want
+    assert llm.generate(report.path, PROMPT, 32, kv="explicit") == want
+    q = llm.export(model, tmp_path / "q.nnef.tgz", compress="q4_0")
+    assert all(e.ok for e in q.errors) and Decoder(q.path).mode == "state"
+    assert len(llm.generate(q.path, PROMPT, 8)) == 8

@@ -178,7 +178,7 @@ def export(
 def _bounds(loaded: stages.Loaded) -> list[str]:
     """The symbols' bounds: P + S within the context; a state-space model has no P and its
     states do not grow, so only the tokens of one call are bounded."""
-    if isinstance(loaded.layout, StateLayout):
+    if isinstance(loaded.layout, StateLayout) and not loaded.layout.has_kv:
         return [f"tract_assert S <= {loaded.context}", "tract_assert S >= 1"]
     return [f"tract_assert P + S <= {loaded.context}", "tract_assert S >= 1", "tract_assert P >= 0"]
 
@@ -193,7 +193,8 @@ def _properties(
 ) -> dict[str, str | int | float]:
     """The provenance the archive carries (``torchlower.llm.*`` properties)."""
     model = loaded.model
-    states = isinstance(loaded.layout, StateLayout)
+    # a state-space model without attention has no position limit: its states do not grow
+    states = isinstance(loaded.layout, StateLayout) and not loaded.layout.has_kv
     props: dict[str, str | int | float] = {
         "torchlower.version": __version__,
         "torchlower.llm.model_type": loaded.src.model_type,
@@ -207,8 +208,9 @@ def _properties(
         "torchlower.llm.lm_head": storage["lm_head"],
         "torchlower.llm.logits": logits,
     }
-    if isinstance(loaded.layout, StateLayout):  # no position limit: states of a fixed size
+    if isinstance(loaded.layout, StateLayout):  # fixed-size states, explicit I/O
         props["torchlower.llm.states"] = ",".join(loaded.layout.state_names("in"))
+    if states:
         props["torchlower.llm.max_tokens_per_call"] = loaded.context
     switch = rope_switch_length(loaded.config, loaded.context)
     if switch is not None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from torchlower.core.values import Value
-from torchlower.llm.ssm import MIXERS
+from torchlower.llm.ssm_mixers import MIXERS
 from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 

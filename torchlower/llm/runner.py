@@ -4,7 +4,10 @@ Two ways to carry the cache, both what tract's own causal-LM runner does:
 - ``kv="state"``: tract's ``detect_kv_cache`` transform turns each cache input/output pair
   into a stateful op, so every step feeds only the new token ids;
 - ``kv="explicit"``: the cache tensors go out of one step and into the next.
-``"auto"`` uses the state when the transform recognized every cache, else explicit tensors.
+``"auto"`` uses the state when the transform recognized every cache, else explicit tensors. The
+fixed-size states of state-space layers (``in_conv_state_{i}``, ``in_ssm_state_{i}``) are always
+passed from step to step: in a hybrid (Bamba) the attention caches become tract state and they
+stay explicit.
 """
 
 from __future__ import annotations
@@ -41,15 +44,15 @@ class Decoder:
                 f"{path}: not an LLM export (inputs must be input_ids then the caches); "
                 "write one with torchlower.llm.export"
             )
-        self.cache_facts = [str(model.input_fact(i)) for i in range(1, self.n_inputs)]
         self.vocab = _vocabulary(str(model.output_fact(0)))
-        self.dtypes = [_dtype(f) for f in self.cache_facts]
-        self.shapes = [_empty_shape(f) for f in self.cache_facts]
         self.mode = kv
         if kv in ("auto", "state"):
             stateful = nnef.load(str(path))
             stateful.transform("detect_kv_cache")
-            if stateful.input_count() == 1:
+            left = [str(stateful.input_fact(i)) for i in range(1, stateful.input_count())]
+            # what stays an input are fixed-size states (state-space layers), passed explicitly
+            recognized = stateful.input_count() < self.n_inputs
+            if recognized and all(_fixed(f) for f in left):
                 model, self.mode = stateful, "state"
             elif kv == "state":
                 raise InvalidArgumentError(
@@ -58,6 +61,10 @@ class Decoder:
                 )
             else:
                 self.mode = "explicit"
+        # the inputs fed from step to step: every cache (explicit), or the fixed-size states
+        self.cache_facts = [str(model.input_fact(i)) for i in range(1, model.input_count())]
+        self.dtypes = [_dtype(f) for f in self.cache_facts]
+        self.shapes = [_empty_shape(f) for f in self.cache_facts]
         self.recompute_at = _int_property(model, "torchlower.llm.recompute_cache_at")
         self.max_context = _int_property(model, "torchlower.llm.max_context")
         self.path = path
@@ -97,9 +104,6 @@ class Decoder:
             )
         self.refuse_past_context(self.length + ids.shape[1])
         self.length += ids.shape[1]
-        if self.mode == "state":
-            out = self.state.run([ids])
-            return out[0].to_numpy()[0, -1]
         out = self.state.run([ids, *self.past])
         self.past = [t.to_numpy() for t in out[1:]]
         return out[0].to_numpy()[0, -1]
@@ -213,6 +217,11 @@ def _vocabulary(fact: str) -> int | None:
     """The logits' last size from tract's fact text (``1,S,32000,f32`` → 32000), if it is a number."""
     parts = fact.split(",")
     return int(parts[-2]) if len(parts) >= 2 and parts[-2].isdigit() else None
+
+
+def _fixed(fact: str) -> bool:
+    """Whether tract's fact text (``1,80,4,f32``) has only numeric dims: a state that does not grow."""
+    return all(d.strip().isdigit() for d in fact.split(",")[:-1])
 
 
 def _dtype(fact: str) -> Any:

@@ -1,21 +1,18 @@
-"""State-space causal LMs (Mamba): the model as ``(input_ids, *states) -> (logits, *new_states)``.
+"""State-space and hybrid causal LMs (Mamba, Mamba2, Bamba) as ``(input_ids, *states) -> (logits, *new)``.
 
-A Mamba layer carries two fixed-size states between calls instead of a growing KV cache: the
-last ``conv_kernel`` inputs of its causal depthwise convolution (``conv``, [1, channels, K]) and
-the SSM state (``ssm``, [1, channels, state_size]). tract's ``detect_kv_cache`` only turns
-``input → concat along a growing axis → output`` into state, so these are explicit graph I/O:
-``in_conv_state_{i}`` / ``in_ssm_state_{i}`` → ``out_conv_state_{i}`` / ``out_ssm_state_{i}``,
-zeros before the first call. One graph takes any S ≥ 1 tokens from any state (prefill, decode,
-a continuation).
-
-HF's slow path branches on the cache (prefill pads the convolution, decode takes the one-token
-update) and loops over the tokens in Python; the mixer's forward is replaced during the trace by
-the same arithmetic written once for every S (``mamba_mixer``): the convolution runs over the
-state's K columns then the S new ones, and the recurrence is ``torchlower::linear_scan``.
+A state-space layer carries two fixed-size states between calls instead of a growing KV cache:
+the last ``conv_kernel`` inputs of its causal depthwise convolution (``conv``, [1, channels, K])
+and the SSM state (``ssm``, Mamba [1, channels, N], Mamba2 [1, heads, head_dim, N]). tract's
+``detect_kv_cache`` only turns ``input → concat along a growing axis → output`` into state, so
+these are explicit graph I/O, ``in_conv_state_{i}`` / ``in_ssm_state_{i}`` →
+``out_conv_state_{i}`` / ``out_ssm_state_{i}`` (zeros before the first call). A hybrid's
+attention layers keep the KV cache of ``wrapper.py`` (``in_cache_key_{i}`` …, [1, kv_heads, P,
+head_dim]), in layer order with the states. One graph takes any S ≥ 1 tokens from any state.
 """
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,139 +20,101 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from torchlower.core.scan_ops import linear_scan_op
+from torchlower.llm.ssm_mixers import MIXERS, Mixed
 
-STATE_KINDS = ("conv", "ssm")
+KV_KINDS = ("key", "value")
 
 
 @dataclass(frozen=True)
 class StateLayout:
-    """The fixed-size states of every state-space layer, read from a real HF run."""
+    """Every layer's states (``conv``, ``ssm``) or KV cache (``key``, ``value``; axis 2 grows),
+    in input order, read from HF's own cache after a 2-token prefill."""
 
     layers: int
-    shapes: tuple[tuple[int, ...], ...]  # per state, in input order: layer 0 conv, layer 0 ssm, …
+    shapes: tuple[tuple[int, ...], ...]  # key/value with past 0
     kinds: tuple[str, ...]
-    indices: tuple[int, ...]  # the model layer each state belongs to
+    indices: tuple[int, ...]  # the model layer each entry belongs to
+
+    @property
+    def has_kv(self) -> bool:
+        return any(k in KV_KINDS for k in self.kinds)
+
+    def names(self, io: str) -> list[str]:
+        return [
+            f"{io}_cache_{k}_{i}" if k in KV_KINDS else f"{io}_{k}_state_{i}"
+            for k, i in zip(self.kinds, self.indices, strict=True)
+        ]
 
     def state_names(self, io: str) -> list[str]:
-        return [f"{io}_{k}_state_{i}" for k, i in zip(self.kinds, self.indices, strict=True)]
+        """The fixed-size states only (what stays explicit I/O)."""
+        return [n for n, k in zip(self.names(io), self.kinds, strict=True) if k not in KV_KINDS]
 
     def input_names(self) -> list[str]:
-        return ["input_ids", *self.state_names("in")]
+        return ["input_ids", *self.names("in")]
 
     def output_names(self) -> list[str]:
-        return ["outputs", *self.state_names("out")]
+        return ["outputs", *self.names("out")]
 
     def empty(self, past: int = 0, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-        """Zero states (``past`` is ignored: the states do not grow)."""
-        return [torch.zeros(s, dtype=dtype) for s in self.shapes]
+        """Zero states, and KV caches of ``past`` positions."""
+        out = []
+        for shape, kind in zip(self.shapes, self.kinds, strict=True):
+            grown = (*shape[:2], past, *shape[3:]) if kind in KV_KINDS else shape
+            out.append(torch.zeros(grown, dtype=dtype))
+        return out
 
     def axes(self, context: int) -> dict[str, dict[int, tuple[str, int, int]]]:
-        return {"input_ids": {1: ("S", 1, context)}}
+        kv = [n for n, k in zip(self.names("in"), self.kinds, strict=True) if k in KV_KINDS]
+        return {"input_ids": {1: ("S", 1, context)}} | {n: {2: ("P", 1, context)} for n in kv}
 
 
 def is_state_space(model: nn.Module) -> bool:
     return any(type(m).__name__ in MIXERS for m in model.modules())
 
 
+def hf_forward(
+    model: nn.Module, input_ids: torch.Tensor, past: Any = None, start: int = 0, call: Any = None
+) -> Any:
+    """The model as HF's ``generate`` runs it: its own cache built from the config (per layer
+    conv and recurrent states, or keys and values), prefill on the first call, updates after,
+    and positions from ``start`` (Bamba's forward counts from 0 when it is given none).
+    ``call`` runs the model instead of ``model(...)`` (the check's dequantized weights)."""
+    from transformers.cache_utils import DynamicCache
+
+    from torchlower.llm.wrapper import cache_arg
+
+    options = {cache_arg(model): past if past is not None else DynamicCache(config=model.config)}
+    if "position_ids" in inspect.signature(model.forward).parameters:
+        options["position_ids"] = torch.arange(start, start + input_ids.shape[1])[None]
+    with torch.no_grad():
+        return (call or model)(input_ids=input_ids, use_cache=True, **options)
+
+
+def _entries(layer: Any) -> list[tuple[str, torch.Tensor]]:
+    if hasattr(layer, "conv_states"):
+        return [("conv", layer.conv_states[0]), ("ssm", layer.recurrent_states[0])]
+    return [("key", layer.keys), ("value", layer.values)]
+
+
+def hf_states(cache: Any) -> list[torch.Tensor]:
+    """HF's cache flattened as the graph orders it (per layer conv, ssm or key, value)."""
+    return [t.detach().clone() for layer in cache.layers for _, t in _entries(layer)]
+
+
 def state_layout(model: nn.Module) -> StateLayout:
-    """Layer by layer, the states HF's own cache holds after a 2-token prefill."""
     from torchlower.llm.wrapper import present_cache
 
     cache = present_cache(hf_forward(model, torch.zeros(1, 2, dtype=torch.long)))
     shapes, kinds, indices = [], [], []
     for i, layer in enumerate(cache.layers):
-        for kind, states in (("conv", layer.conv_states), ("ssm", layer.recurrent_states)):
-            shapes.append(tuple(states[0].shape))
+        for kind, t in _entries(layer):
+            shape = tuple(t.shape)
+            shapes.append((*shape[:2], 0, *shape[3:]) if kind in KV_KINDS else shape)
             kinds.append(kind)
             indices.append(i)
     return StateLayout(len(cache.layers), tuple(shapes), tuple(kinds), tuple(indices))
-
-
-def hf_forward(model: nn.Module, input_ids: torch.Tensor, past: Any = None) -> Any:
-    """The model as HF's ``generate`` runs it: its own cache built from the config (per layer
-    conv and recurrent states), prefill on the first call, the one-token update after."""
-    from transformers.cache_utils import DynamicCache
-
-    from torchlower.llm.wrapper import cache_arg
-
-    cache = past if past is not None else DynamicCache(config=model.config)
-    with torch.no_grad():
-        return model(input_ids=input_ids, use_cache=True, **{cache_arg(model): cache})
-
-
-def hf_states(cache: Any) -> list[torch.Tensor]:
-    """Flat ``[conv0, ssm0, conv1, ssm1, …]`` of HF's cache, as the graph orders them."""
-    out = []
-    for layer in cache.layers:
-        out += [layer.conv_states[0].detach().clone(), layer.recurrent_states[0].detach().clone()]
-    return out
-
-
-def mamba_mixer(
-    m: nn.Module, hidden: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``MambaMixer`` on S tokens from its two states: (output, new conv state, new ssm state).
-
-    The same operations as HF's ``causal_conv1d_fn``/``causal_conv1d_update`` and
-    ``mamba_selective_scan``/``mamba_selective_state_update``, in their order."""
-    kernel = conv_state.shape[-1]
-    projected = m.in_proj(hidden).transpose(1, 2)
-    x, gate = projected.chunk(2, dim=1)
-    full = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # [B, D, K + S]
-    weight = m.conv1d.weight  # [D, 1, K]
-    x = m.act(F.conv1d(full, weight, m.conv1d.bias, groups=weight.shape[0])[:, :, 1:])
-    x = x.transpose(1, 2)  # [B, S, D]
-    rank, size = m.time_step_rank, m.ssm_state_size
-    step, b, c = torch.split(m.x_proj(x), [rank, size, size], dim=-1)
-    dt = F.softplus(m.dt_proj(step))  # [B, S, D]
-    a_neg = -torch.exp(m.A_log.float())  # [D, N]
-    decay = torch.exp(dt[..., None] * a_neg)  # [B, S, D, N]
-    inflow = dt[..., None] * b[:, :, None, :] * x[..., None]
-    y, state = linear_scan_op(decay, inflow, c[:, :, None, :], ssm_state.to(decay.dtype))
-    y = (y + x * m.D) * F.silu(gate.transpose(1, 2))
-    return m.out_proj(y.to(hidden.dtype)), full[:, :, -kernel:], state
-
-
-def mamba2_mixer(
-    m: nn.Module, hidden: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``Mamba2Mixer`` (and Bamba's) on S tokens from its two states, the state [B, H, P, N].
-
-    HF runs a prefill through its chunked scan (``mamba2_chunk_scan``: segment sums within
-    chunks, a recurrence across them) and a decode through the one-step update; both compute
-    this recurrence, written here once as ``torchlower::linear_scan`` for every S."""
-    batch, length = hidden.shape[0], hidden.shape[1]
-    heads, head_dim, groups, size = m.num_heads, m.head_dim, m.n_groups, m.ssm_state_size
-    kernel = conv_state.shape[-1]
-    gate, xbc, dt = m.in_proj(hidden).split([m.intermediate_size, m.conv_dim, heads], dim=-1)
-    full = torch.cat([conv_state.to(xbc.dtype), xbc.transpose(1, 2)], dim=-1)  # [B, conv_dim, K + S]
-    weight = m.conv1d.weight
-    xbc = m.act(F.conv1d(full, weight, m.conv1d.bias, groups=weight.shape[0])[:, :, 1:]).transpose(1, 2)
-    x, b, c = torch.split(xbc, [m.intermediate_size, groups * size, groups * size], dim=-1)
-    dt = F.softplus(dt + m.dt_bias)  # [B, S, H]
-    low, high = m.time_step_limit
-    if (low, high) != (0.0, float("inf")):  # HF's chunked prefill clamps (its decode does not)
-        dt = torch.clamp(dt, low, high)
-    a_neg = -torch.exp(m.A_log.float())  # [H]
-    decay = torch.exp(dt * a_neg)[..., None, None]  # [B, S, H, 1, 1]
-    x = x.reshape(batch, length, heads, head_dim)
-    b = b.reshape(batch, length, groups, size).repeat_interleave(heads // groups, dim=2)
-    c = c.reshape(batch, length, groups, size).repeat_interleave(heads // groups, dim=2)
-    inflow = (x * dt[..., None])[..., None] * b[:, :, :, None, :]  # [B, S, H, P, N]
-    y, state = linear_scan_op(decay, inflow, c[:, :, :, None, :], ssm_state.to(decay.dtype))
-    y = (y + x * m.D[:, None]).reshape(batch, length, heads * head_dim)
-    y = m.norm(y, gate)
-    return m.out_proj(y.to(hidden.dtype)), full[:, :, -kernel:], state
-
-
-MIXERS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {
-    "MambaMixer": mamba_mixer,
-    "Mamba2Mixer": mamba2_mixer,
-}
 
 
 class StatefulCausalLM(nn.Module):
@@ -174,30 +133,64 @@ class StatefulCausalLM(nn.Module):
         self.last_only = logits == "last"
         self.state_dtype = state_dtype
         self.model_type = str(model.config.model_type)
-        self.own_mask = True  # no attention mask: nothing for last_row to drop
+        # the mask has no empty row (last_row.drop_last_guard applies) when there is attention
+        self.own_mask = not layout.has_kv
 
-    def forward(self, input_ids: torch.Tensor, *states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        feed = dict(enumerate(states))
-        new: dict[int, torch.Tensor] = {}
+    def forward(self, input_ids: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        layout = self.layout
+        slots = list(zip(layout.kinds, layout.indices, strict=True))
+        feed = dict(zip(slots, inputs, strict=True))
+        new: dict[tuple[str, int], torch.Tensor] = {}
+        options: dict[str, Any] = {"logits_to_keep": 1 if self.last_only else 0, "use_cache": False}
+        cache = None
+        if layout.has_kv:
+            cache, options = self._attention_options(input_ids, feed, options)
         with _mixers_on(self.model, feed, new):
-            out = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1 if self.last_only else 0)
-        return (out.logits, *(new[i].to(self.state_dtype) for i in range(len(states))))
+            out = self.model(input_ids=input_ids, **options)
+        for i, layer in enumerate(cache.layers if cache is not None else ()):
+            if ("key", i) in feed:
+                new[("key", i)], new[("value", i)] = layer.keys, layer.values
+        return (out.logits, *(new[s].to(self.state_dtype) for s in slots))
+
+    def _attention_options(
+        self, input_ids: torch.Tensor, feed: dict[tuple[str, int], torch.Tensor], options: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        """A cache holding the attention layers' past (the others empty), positions and mask."""
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+
+        from torchlower.llm.wrapper import _additive, cache_arg
+
+        layers = []
+        for i in range(self.layout.layers):
+            layer = DynamicLayer()
+            if ("key", i) in feed:
+                layer.keys = feed[("key", i)].to(self.model.dtype)
+                layer.values = feed[("value", i)].to(self.model.dtype)
+                layer.device, layer.is_initialized = layer.keys.device, True
+            layers.append(layer)
+        cache = DynamicCache()
+        cache.layers = layers
+        past = next(t for (k, _), t in feed.items() if k == "key").shape[2]
+        query = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)
+        key = torch.arange(0, past + input_ids.shape[1], device=input_ids.device)
+        mask = _additive(key[None, :] <= query[:, None], self.model.dtype)
+        masks = {"full_attention": mask, "linear_attention": None}
+        options = options | {cache_arg(self.model): cache, "use_cache": True, "attention_mask": masks}
+        return cache, options | {"position_ids": query.unsqueeze(0)}
 
 
 @contextmanager
 def _mixers_on(
-    model: nn.Module, feed: dict[int, torch.Tensor], new: dict[int, torch.Tensor]
+    model: nn.Module, feed: dict[tuple[str, int], torch.Tensor], new: dict[tuple[str, int], torch.Tensor]
 ) -> Iterator[None]:
-    """Each mixer reads its states from ``feed`` and writes the new ones to ``new`` (restored after)."""
+    """Each mixer reads its layer's states from ``feed`` and writes the new ones to ``new``
+    (its ``forward`` restored after)."""
     patched = []
-    position = 0
     for module in model.modules():
         fn = MIXERS.get(type(module).__name__)
-        if fn is None:
-            continue
-        patched.append(module)
-        module.forward = types.MethodType(_forward(fn, feed, new, position), module)  # type: ignore[method-assign]
-        position += 2
+        if fn is not None:
+            patched.append(module)
+            module.forward = types.MethodType(_forward(fn, feed, new, module.layer_idx), module)  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -206,13 +199,15 @@ def _mixers_on(
 
 
 def _forward(
-    fn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-    feed: dict[int, torch.Tensor],
-    new: dict[int, torch.Tensor],
-    at: int,
+    fn: Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], Mixed],
+    feed: dict[tuple[str, int], torch.Tensor],
+    new: dict[tuple[str, int], torch.Tensor],
+    layer: int,
 ) -> Callable[..., torch.Tensor]:
     def forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        out, new[at], new[at + 1] = fn(self, hidden_states, feed[at], feed[at + 1])
+        out, new[("conv", layer)], new[("ssm", layer)] = fn(
+            self, hidden_states, feed[("conv", layer)], feed[("ssm", layer)]
+        )
         return out
 
     return forward

@@ -37,8 +37,8 @@ def reference_cases(
     after_prompt = [t.to(dtype) for t in cases[0].outputs[1:]]
     cache = present_cache(out)
     past = after_prompt
-    for label, ids in (("decode after 6", step), ("decode after 7", more[:, :1])):
-        out = run(ids, cache)
+    for start, label, ids in ((6, "decode after 6", step), (7, "decode after 7", more[:, :1])):
+        out = run(ids, cache, start)
         cache = present_cache(out)
         cases.append(_case(label, ids, past, out, logits))
         past = [t.to(dtype) for t in cases[-1].outputs[1:]]
@@ -68,21 +68,13 @@ def _case(label: str, ids: torch.Tensor, past: list[torch.Tensor], out: Any, log
 
 
 def _runner(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> Any:
+    """``(ids, cache, start)`` → HF's output, with the dequantized ``weights`` swapped in if given."""
     if weights is None:
-        return lambda ids, cache: hf_forward(model, ids, cache)
+        return lambda ids, cache, start=0: hf_forward(model, ids, cache, start)
     params = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers()) | weights
 
-    def run(ids: torch.Tensor, cache: Any) -> Any:
-        from transformers.cache_utils import DynamicCache
-
-        from torchlower.llm.wrapper import cache_arg
-
-        options = {
-            "input_ids": ids,
-            "use_cache": True,
-            cache_arg(model): cache or DynamicCache(config=model.config),
-        }
-        with torch.no_grad():
-            return torch.func.functional_call(model, params, (), options, tie_weights=False)
+    def run(ids: torch.Tensor, cache: Any, start: int = 0) -> Any:
+        call = lambda **options: torch.func.functional_call(model, params, (), options, tie_weights=False)  # noqa: E731
+        return hf_forward(model, ids, cache, start, call)
 
     return run

@@ -1,0 +1,79 @@
+"""State-space mixers written once for every S, from and to explicit states.
+
+HF's slow paths branch on the cache (a prefill pads the convolution and scans from zero, a
+one-token decode takes the update kernels) and loop over the tokens in Python. Each function
+here is the same arithmetic in HF's order for any S ≥ 1 tokens from any state: the causal
+depthwise convolution runs over the state's K columns then the S new ones (its new state is the
+last K), and the recurrence is ``torchlower::linear_scan``. ``ssm.StatefulCausalLM`` puts them
+in place of the mixers' ``forward`` while it traces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchlower.core.scan_ops import linear_scan_op
+
+Mixed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # output, new conv state, new ssm state
+
+
+def _convolved(m: nn.Module, x: torch.Tensor, conv_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The activated causal conv of ``x`` [B, C, S] after the state [B, C, K]: ([B, S, C], new state)."""
+    kernel = conv_state.shape[-1]
+    full = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # [B, C, K + S]
+    weight = m.conv1d.weight  # [C, 1, K]
+    out = F.conv1d(full, weight, m.conv1d.bias, groups=weight.shape[0])[:, :, 1:]
+    return m.act(out).transpose(1, 2), full[:, :, -kernel:]
+
+
+def mamba_mixer(
+    m: nn.Module, hidden: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+) -> Mixed:
+    """``MambaMixer``: HF's ``mamba_selective_scan`` / ``mamba_selective_state_update``, state [B, D, N]."""
+    x, gate = m.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)
+    x, conv = _convolved(m, x, conv_state)  # [B, S, D]
+    rank, size = m.time_step_rank, m.ssm_state_size
+    step, b, c = torch.split(m.x_proj(x), [rank, size, size], dim=-1)
+    dt = F.softplus(m.dt_proj(step))  # [B, S, D]
+    a_neg = -torch.exp(m.A_log.float())  # [D, N]
+    decay = torch.exp(dt[..., None] * a_neg)  # [B, S, D, N]
+    inflow = dt[..., None] * b[:, :, None, :] * x[..., None]
+    y, state = linear_scan_op(decay, inflow, c[:, :, None, :], ssm_state.to(decay.dtype))
+    y = (y + x * m.D) * F.silu(gate.transpose(1, 2))
+    return m.out_proj(y.to(hidden.dtype)), conv, state
+
+
+def mamba2_mixer(
+    m: nn.Module, hidden: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+) -> Mixed:
+    """``Mamba2Mixer`` and Bamba's, state [B, H, P, N]: HF's chunked prefill (``mamba2_chunk_scan``:
+    segment sums within chunks, a recurrence across them) and its one-step decode compute this
+    one recurrence."""
+    batch, length = hidden.shape[0], hidden.shape[1]
+    heads, head_dim, groups, size = m.num_heads, m.head_dim, m.n_groups, m.ssm_state_size
+    gate, xbc, dt = m.in_proj(hidden).split([m.intermediate_size, m.conv_dim, heads], dim=-1)
+    xbc, conv = _convolved(m, xbc.transpose(1, 2), conv_state)
+    x, b, c = torch.split(xbc, [m.intermediate_size, groups * size, groups * size], dim=-1)
+    dt = F.softplus(dt + m.dt_bias)  # [B, S, H]
+    low, high = m.time_step_limit
+    if (low, high) != (0.0, float("inf")):  # HF's chunked prefill clamps (its decode does not)
+        dt = torch.clamp(dt, low, high)
+    decay = torch.exp(dt * -torch.exp(m.A_log.float()))[..., None, None]  # [B, S, H, 1, 1]
+    x = x.reshape(batch, length, heads, head_dim)
+    b = b.reshape(batch, length, groups, size).repeat_interleave(heads // groups, dim=2)
+    c = c.reshape(batch, length, groups, size).repeat_interleave(heads // groups, dim=2)
+    inflow = (x * dt[..., None])[..., None] * b[:, :, :, None, :]  # [B, S, H, P, N]
+    y, state = linear_scan_op(decay, inflow, c[:, :, :, None, :], ssm_state.to(decay.dtype))
+    y = (y + x * m.D[:, None]).reshape(batch, length, heads * head_dim)
+    return m.out_proj(m.norm(y, gate).to(hidden.dtype)), conv, state
+
+
+MIXERS: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], Mixed]] = {
+    "MambaMixer": mamba_mixer,
+    "Mamba2Mixer": mamba2_mixer,
+    "BambaMixer": mamba2_mixer,
+}
