@@ -61,3 +61,22 @@ def test_mamba2_shapes_any_length(tmp_path, frontend):
     axes = {"a": {1: "S"}, "u": {1: "S"}, "c": {1: "S"}}
     errors = export_dynamic(Mamba2Scan(), args, tmp_path, frontend, axes)
     assert set(errors) == {(1,), (4,), (9,)}
+
+
+def test_khronos_only_unrolls_the_static_length(tmp_path):
+    """Without tract's loop the steps are unrolled: plain NNEF ops, the same numbers."""
+    from torchlower.nnef import archive
+    from torchlower.nnef.builder import NNEFBuilder
+    from torchlower.pipeline.export import verify
+    from torchlower.rules import NNEF_RULES
+
+    inputs = [torch.rand(1, 3, 2, 4), torch.randn(1, 3, 2, 4), torch.randn(1, 3, 1, 4), torch.randn(1, 2, 4)]
+    expected = list(linear_scan_op(*inputs))
+    b = NNEFBuilder(tract=False)
+    values = [b.add_input(f"in{i}", t.dtype, tuple(t.shape)) for i, t in enumerate(inputs)]
+    outs = NNEF_RULES.lookup_function("torchlower::linear_scan").fn(b, *values)
+    b.set_outputs(["y", "h"], list(outs))
+    text = b.graph_text()
+    assert "tract_core_scan" not in text and text.count("sum_reduce") == 3
+    path = archive.write(tmp_path / "k.nnef.tgz", text, b.live_weights())
+    assert all(e.ok for e in verify(path, inputs, expected, ["y", "h"]))

@@ -158,7 +158,7 @@ class StatefulCausalLM(nn.Module):
         """A cache holding the attention layers' past (the others empty), positions and mask."""
         from transformers.cache_utils import DynamicCache, DynamicLayer
 
-        from torchlower.llm.wrapper import _additive, cache_arg
+        from torchlower.llm.wrapper import additive_mask, cache_arg
 
         layers = []
         for i in range(self.layout.layers):
@@ -173,7 +173,7 @@ class StatefulCausalLM(nn.Module):
         past = next(t for (k, _), t in feed.items() if k == "key").shape[2]
         query = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)
         key = torch.arange(0, past + input_ids.shape[1], device=input_ids.device)
-        mask = _additive(key[None, :] <= query[:, None], self.model.dtype)
+        mask = additive_mask(key[None, :] <= query[:, None], self.model.dtype)
         masks = {"full_attention": mask, "linear_attention": None}
         options = options | {cache_arg(self.model): cache, "use_cache": True, "attention_mask": masks}
         return cache, options | {"position_ids": query.unsqueeze(0)}

@@ -56,7 +56,7 @@ def linear_scan(b: Builder, a: Value, u: Value, c: Value, h0: Value) -> tuple[Va
         for t in range(int(length)):
             h, y = _step(b, _slice(b, a, t), _slice(b, u, t), _slice(b, c, t), h)
             ys.append(y)
-        y_all = ys[0] if len(ys) == 1 else _call(b, "concat", [ys], y_shape, axis=1)  # type: ignore[list-item]
+        y_all = ys[0] if len(ys) == 1 else b.call("concat", [ys], {"axis": 1}, dtype=h0.dtype, shape=y_shape)
         return y_all, _call(b, "squeeze", [h], shape_of(h0), axes=[1])
     params = [
         (name, v.dtype or torch.float32, (*shape_of(v)[:1], 1, *shape_of(v)[2:]))
