@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from tests.test_dynamic import export_dynamic
-from torchlower.core.scan_ops import linear_scan_op
+from torchlower.core.scan_ops import delta_scan_op, linear_scan_op
 
 
 class Mamba1Scan(nn.Module):
@@ -25,6 +25,18 @@ class Mamba2Scan(nn.Module):
 
     def forward(self, a: torch.Tensor, u: torch.Tensor, c: torch.Tensor, h0: torch.Tensor) -> object:
         return linear_scan_op(torch.sigmoid(a)[..., None, None], u, c[:, :, :, None, :], h0)
+
+
+class DeltaRule(nn.Module):
+    """Qwen3-Next's gated delta rule: per-head decay and β, a [B, S, H, Dk, Dv] memory."""
+
+    def forward(
+        self, g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, h0: torch.Tensor
+    ) -> object:
+        decay = torch.exp(-torch.nn.functional.softplus(g))[..., None, None]
+        beta = torch.sigmoid(g)[..., None, None]
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)  # HF's l2norm
+        return delta_scan_op(decay, beta, q[..., None], k[..., None], v[..., None, :], h0)
 
 
 def test_eager_matches_the_recurrence():
@@ -60,6 +72,15 @@ def test_mamba2_shapes_any_length(tmp_path, frontend):
     )
     axes = {"a": {1: "S"}, "u": {1: "S"}, "c": {1: "S"}}
     errors = export_dynamic(Mamba2Scan(), args, tmp_path, frontend, axes)
+    assert set(errors) == {(1,), (4,), (9,)}
+
+
+@pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
+def test_delta_rule_any_length(tmp_path, frontend):
+    args = (torch.randn(1, 5, 2), torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 3),
+            torch.randn(1, 2, 4, 3))  # fmt: skip
+    axes = {n: {1: "S"} for n in ("g", "q", "k", "v")}
+    errors = export_dynamic(DeltaRule(), args, tmp_path, frontend, axes)
     assert set(errors) == {(1,), (4,), (9,)}
 
 

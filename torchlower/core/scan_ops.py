@@ -30,3 +30,27 @@ def linear_scan_op(a: Tensor, u: Tensor, c: Tensor, h0: Tensor) -> tuple[Tensor,
 def _(a: Tensor, u: Tensor, c: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
     batch, length = u.shape[0], u.shape[1]
     return h0.new_empty((batch, length, *h0.shape[1:-1])), h0.new_empty(h0.shape)
+
+
+@torch.library.custom_op("torchlower::delta_scan", mutates_args=())
+def delta_scan_op(
+    decay: Tensor, beta: Tensor, q: Tensor, k: Tensor, v: Tensor, h0: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The gated delta rule (Qwen3-Next's linear attention), time on axis 1, as HF's
+    ``torch_recurrent_gated_delta_rule`` loops it: per step ``h = h·decay``, ``h += k ⊗ β(v − hᵀk)``,
+    ``o = hᵀq``. ``decay``, ``beta`` [B, S, H, 1, 1], ``q``, ``k`` [B, S, H, Dk, 1], ``v`` [B, S, H, 1, Dv],
+    ``h0`` [B, H, Dk, Dv]. Returns o [B, S, H, Dv] and the last state."""
+    h = h0
+    outs = []
+    for t in range(v.shape[1]):
+        h = h * decay[:, t]
+        delta = (v[:, t] - (h * k[:, t]).sum(-2, keepdim=True)) * beta[:, t]
+        h = h + k[:, t] * delta
+        outs.append((h * q[:, t]).sum(-2))
+    return torch.stack(outs, 1), h.clone()
+
+
+@delta_scan_op.register_fake
+def _(decay: Tensor, beta: Tensor, q: Tensor, k: Tensor, v: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
+    batch, length = v.shape[0], v.shape[1]
+    return h0.new_empty((batch, length, h0.shape[1], h0.shape[3])), h0.new_empty(h0.shape)
