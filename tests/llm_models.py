@@ -166,6 +166,29 @@ SSM_CONFIGS: dict[str, Callable[[], Any]] = {
         mamba_chunk_size=4,
         max_position_embeddings=128,
     ),
+    # gated delta net (layer 0, grouped: 4 value heads on 2 key heads) + gated attention with
+    # partial rotary (layer 1), mixture-of-experts MLPs with a shared expert
+    "qwen3_next": lambda: _config(
+        "Qwen3NextConfig",
+        vocab_size=160,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=32,
+        max_position_embeddings=128,
+    ),
 }
 
 

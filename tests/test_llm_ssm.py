@@ -94,3 +94,16 @@ def test_bamba_hybrid_kv_state_and_explicit_ssm_states(tmp_path: Path) -> None:
     q = llm.export(model, tmp_path / "q.nnef.tgz", compress="q4_0")
     assert all(e.ok for e in q.errors) and Decoder(q.path).mode == "state"
     assert len(llm.generate(q.path, PROMPT, 8)) == 8
+
+
+def test_qwen3_next_gated_delta_net(tmp_path: Path) -> None:
+    """Gated delta net + gated attention + MoE: HF's chunked delta rule at prefill and its
+    recurrent step at decode equal the graph's one ``torchlower::delta_scan``."""
+    model = llm_models.build_ssm("qwen3_next")
+    report = llm.export(model, tmp_path / "n.nnef.tgz")
+    assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
+    assert report.states == ["in_conv_state_0", "in_ssm_state_0"]
+    assert Decoder(report.path).cache_facts == ["1,64,4,f32", "1,4,8,8,f32"]  # KV as tract state
+    want = llm_models.greedy(model, PROMPT, 32)
+    assert len(set(want)) > 3
+    assert llm.generate(report.path, PROMPT, 32) == want

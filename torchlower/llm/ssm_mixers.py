@@ -16,18 +16,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchlower.core.scan_ops import linear_scan_op
+from torchlower.core.scan_ops import delta_scan_op, linear_scan_op
+from torchlower.errors import LoweringError
 
 Mixed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # output, new conv state, new ssm state
 
 
-def _convolved(m: nn.Module, x: torch.Tensor, conv_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _convolved(
+    m: nn.Module, x: torch.Tensor, conv_state: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The activated causal conv of ``x`` [B, C, S] after the state [B, C, K]: ([B, S, C], new state)."""
     kernel = conv_state.shape[-1]
     full = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # [B, C, K + S]
     weight = m.conv1d.weight  # [C, 1, K]
     out = F.conv1d(full, weight, m.conv1d.bias, groups=weight.shape[0])[:, :, 1:]
-    return m.act(out).transpose(1, 2), full[:, :, -kernel:]
+    return act(out).transpose(1, 2), full[:, :, -kernel:]
 
 
 def mamba_mixer(
@@ -35,7 +38,7 @@ def mamba_mixer(
 ) -> Mixed:
     """``MambaMixer``: HF's ``mamba_selective_scan`` / ``mamba_selective_state_update``, state [B, D, N]."""
     x, gate = m.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)
-    x, conv = _convolved(m, x, conv_state)  # [B, S, D]
+    x, conv = _convolved(m, x, conv_state, m.act)  # [B, S, D]
     rank, size = m.time_step_rank, m.ssm_state_size
     step, b, c = torch.split(m.x_proj(x), [rank, size, size], dim=-1)
     dt = F.softplus(m.dt_proj(step))  # [B, S, D]
@@ -56,7 +59,7 @@ def mamba2_mixer(
     batch, length = hidden.shape[0], hidden.shape[1]
     heads, head_dim, groups, size = m.num_heads, m.head_dim, m.n_groups, m.ssm_state_size
     gate, xbc, dt = m.in_proj(hidden).split([m.intermediate_size, m.conv_dim, heads], dim=-1)
-    xbc, conv = _convolved(m, xbc.transpose(1, 2), conv_state)
+    xbc, conv = _convolved(m, xbc.transpose(1, 2), conv_state, m.act)
     x, b, c = torch.split(xbc, [m.intermediate_size, groups * size, groups * size], dim=-1)
     dt = F.softplus(dt + m.dt_bias)  # [B, S, H]
     low, high = m.time_step_limit
@@ -72,8 +75,48 @@ def mamba2_mixer(
     return m.out_proj(m.norm(y, gate).to(hidden.dtype)), conv, state
 
 
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """HF's ``l2norm`` (FLA's): ``x / sqrt(Σx² + 1e-6)`` over the last axis."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
+
+
+def gated_delta_mixer(
+    m: nn.Module, hidden: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+) -> Mixed:
+    """``Qwen3NextGatedDeltaNet``, state [B, value heads, Dk, Dv]: HF's chunked prefill
+    (``torch_chunk_gated_delta_rule``) and its recurrent decode compute this one gated delta rule,
+    here ``torchlower::delta_scan`` after HF's recurrent preparation (grouped q/k heads
+    repeated, both L2-normalized in f32, q scaled by 1/√Dk)."""
+    if m.activation not in ("silu", "swish"):
+        raise LoweringError(
+            f"{type(m).__name__}: conv activation {m.activation!r} is not supported (silu is)"
+        )
+    batch, length = hidden.shape[0], hidden.shape[1]
+    q, k, v, z, b, a = m.fix_query_key_value_ordering(m.in_proj_qkvz(hidden), m.in_proj_ba(hidden))
+    mixed = torch.cat([t.reshape(batch, length, -1) for t in (q, k, v)], dim=-1)
+    mixed, conv = _convolved(m, mixed.transpose(1, 2), conv_state, F.silu)
+    q, k, v = torch.split(mixed, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
+    q = q.reshape(batch, length, -1, m.head_k_dim)
+    k = k.reshape(batch, length, -1, m.head_k_dim)
+    v = v.reshape(batch, length, -1, m.head_v_dim)
+    beta = b.sigmoid()
+    g = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias)  # [B, S, Hv]
+    repeat = m.num_v_heads // m.num_k_heads
+    if repeat > 1:
+        q, k = q.repeat_interleave(repeat, dim=2), k.repeat_interleave(repeat, dim=2)
+    q, k = _l2norm(q.float()), _l2norm(k.float())
+    q = q / (q.shape[-1] ** 0.5)
+    decay, beta = g.exp()[..., None, None], beta.float()[..., None, None]
+    out, state = delta_scan_op(
+        decay, beta, q[..., None], k[..., None], v.float()[..., None, :], ssm_state.float()
+    )
+    out = m.norm(out.to(hidden.dtype), z).reshape(batch, length, -1)
+    return m.out_proj(out), conv, state
+
+
 MIXERS: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], Mixed]] = {
     "MambaMixer": mamba_mixer,
     "Mamba2Mixer": mamba2_mixer,
     "BambaMixer": mamba2_mixer,
+    "Qwen3NextGatedDeltaNet": gated_delta_mixer,
 }
