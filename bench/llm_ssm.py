@@ -1,6 +1,6 @@
 """State-space and hybrid LMs (Mamba, Mamba2, Bamba) in tract vs Hugging Face (issue 31, item 3).
 
-``python -m bench.llm_ssm [OUT.md]`` (from the repo root; uses tests/llm_models.py):
+``python -m bench.llm_ssm [OUT.md [NAME ...]]`` (from the repo root; uses tests/llm_models.py):
 1. the tiny test configs × {f32, f16, q4_0}: logit error vs HF f32 (the check's four inputs),
    greedy tokens equal to HF ``generate`` (of 32), archive bytes;
 2. decode ms/token, tract (explicit states; Bamba's KV cache as tract state) vs HF eager with its
@@ -44,6 +44,13 @@ LARGER = {
                                   num_attention_heads=8, num_key_value_heads=4, attn_layer_indices=[1, 3],
                                   mamba_n_heads=16, mamba_d_head=32, mamba_d_state=16, mamba_chunk_size=64,
                                   max_position_embeddings=512)),
+    "qwen3_next": ("Qwen3NextConfig", dict(vocab_size=4096, hidden_size=256, intermediate_size=512,
+                                           num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                                           num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                                           linear_num_value_heads=8, linear_num_key_heads=4, linear_key_head_dim=32,
+                                           linear_value_head_dim=32, num_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=128, shared_expert_intermediate_size=256,
+                                           max_position_embeddings=512)),
 }  # fmt: skip
 STEPS, ROUNDS = 32, 5
 
@@ -55,7 +62,7 @@ def main(out: Path | None) -> None:
              "|---|---|---|---|---|---|"]  # fmt: skip
     speed = ["| model | size | tract ms/token | HF eager ms/token | tract / HF |", "|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
-        for name in llm_models.SSM_CONFIGS:
+        for name in sys.argv[2:] or llm_models.SSM_CONFIGS:
             model = llm_models.build_ssm(name)
             want = llm_models.greedy(model, PROMPT, 32)
             for fmt, options in OPTIONS.items():

@@ -101,10 +101,10 @@ def _left_float(builder: Any, chosen: dict[str, tuple[str, torch.Tensor]]) -> di
             continue
         if label not in live:
             left[name] = "not stored as itself (folded into a derived constant)"
-        elif int(param.shape[-1]) % quant.BLOCK:  # a depthwise conv's taps too ([C, 1, K])
-            left[name] = f"reduced size {int(param.shape[-1])} is not a multiple of {quant.BLOCK}"
         elif quant.batched(param.shape):
             left[name] = "one matrix per expert (tract packs Q4_0 weights only as [1.., M, K])"
+        elif int(param.shape[-1]) % quant.BLOCK:
+            left[name] = f"reduced size {int(param.shape[-1])} is not a multiple of {quant.BLOCK}"
         else:
             left[name] = "used by an op other than matmul / conv / gather"
     return left

@@ -25,11 +25,17 @@ Mixed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # output, new conv stat
 def _convolved(
     m: nn.Module, x: torch.Tensor, conv_state: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The activated causal conv of ``x`` [B, C, S] after the state [B, C, K]: ([B, S, C], new state)."""
-    kernel = conv_state.shape[-1]
+    """The activated causal conv of ``x`` [B, C, S] after the state [B, C, K]: ([B, S, C], new state).
+
+    Written as K shifted slices times their taps rather than a grouped ``conv1d``: tract 0.23.9
+    runs a depthwise conv over a symbolic length as im2col + one matmul per group, ~1 ms per
+    Mamba layer of 512 channels at S = 1 (84 % of a 4-layer decode step); the sum is ~20 µs."""
+    kernel, length = conv_state.shape[-1], x.shape[-1]
     full = torch.cat([conv_state.to(x.dtype), x], dim=-1)  # [B, C, K + S]
-    weight = m.conv1d.weight  # [C, 1, K]
-    out = F.conv1d(full, weight, m.conv1d.bias, groups=weight.shape[0])[:, :, 1:]
+    taps = m.conv1d.weight[:, 0, :]  # [C, K]
+    out = sum(taps[:, j, None] * full.narrow(-1, 1 + j, length) for j in range(kernel))
+    if m.conv1d.bias is not None:
+        out = out + m.conv1d.bias[:, None]
     return act(out).transpose(1, 2), full[:, :, -kernel:]
 
 
