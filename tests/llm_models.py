@@ -166,6 +166,28 @@ SSM_CONFIGS: dict[str, Callable[[], Any]] = {
         mamba_chunk_size=4,
         max_position_embeddings=128,
     ),
+    # Jamba: Mamba layers with dt/B/C norms (layer 0) and attention (layer 1), MoE on layer 1
+    "jamba": lambda: _config(
+        "JambaConfig",
+        vocab_size=160,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_experts=4,
+        num_experts_per_tok=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=4,
+        use_mamba_kernels=False,
+        max_position_embeddings=128,
+    ),
     # gated delta net (layer 0, grouped: 4 value heads on 2 key heads) + gated attention with
     # partial rotary (layer 1), mixture-of-experts MLPs with a shared expert
     "qwen3_next": lambda: _config(

@@ -96,14 +96,22 @@ def test_bamba_hybrid_kv_state_and_explicit_ssm_states(tmp_path: Path) -> None:
     assert len(llm.generate(q.path, PROMPT, 8)) == 8
 
 
-def test_qwen3_next_gated_delta_net(tmp_path: Path) -> None:
-    """Gated delta net + gated attention + MoE: HF's chunked delta rule at prefill and its
-    recurrent step at decode equal the graph's one ``torchlower::delta_scan``."""
-    model = llm_models.build_ssm("qwen3_next")
+@pytest.mark.parametrize(
+    ("name", "facts"),
+    [
+        # gated delta net + gated attention + MoE: HF's chunked delta rule at prefill and its
+        # recurrent step at decode equal the graph's one ``torchlower::delta_scan``
+        ("qwen3_next", ["1,64,4,f32", "1,4,8,8,f32"]),
+        # Mamba layers with dt/B/C norms + attention + MoE
+        ("jamba", ["1,64,4,f32", "1,64,8,f32"]),
+    ],
+)
+def test_more_hybrids(name: str, facts: list[str], tmp_path: Path) -> None:
+    model = llm_models.build_ssm(name)
     report = llm.export(model, tmp_path / "n.nnef.tgz")
     assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
     assert report.states == ["in_conv_state_0", "in_ssm_state_0"]
-    assert Decoder(report.path).cache_facts == ["1,64,4,f32", "1,4,8,8,f32"]  # KV as tract state
+    assert Decoder(report.path).cache_facts == facts  # the KV cache is tract state
     want = llm_models.greedy(model, PROMPT, 32)
     assert len(set(want)) > 3
     assert llm.generate(report.path, PROMPT, 32) == want

@@ -43,10 +43,25 @@ def mamba_mixer(
     m: nn.Module, hidden: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
 ) -> Mixed:
     """``MambaMixer``: HF's ``mamba_selective_scan`` / ``mamba_selective_state_update``, state [B, D, N]."""
+    return _selective(m, hidden, conv_state, ssm_state, normed=False)
+
+
+def jamba_mixer(
+    m: nn.Module, hidden: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+) -> Mixed:
+    """``JambaMambaMixer``: Mamba's, with RMS norms on the time step, B and C after ``x_proj``."""
+    return _selective(m, hidden, conv_state, ssm_state, normed=True)
+
+
+def _selective(
+    m: nn.Module, hidden: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, normed: bool
+) -> Mixed:
     x, gate = m.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)
     x, conv = _convolved(m, x, conv_state, m.act)  # [B, S, D]
     rank, size = m.time_step_rank, m.ssm_state_size
     step, b, c = torch.split(m.x_proj(x), [rank, size, size], dim=-1)
+    if normed:
+        step, b, c = m.dt_layernorm(step), m.b_layernorm(b), m.c_layernorm(c)
     dt = F.softplus(m.dt_proj(step))  # [B, S, D]
     a_neg = -torch.exp(m.A_log.float())  # [D, N]
     decay = torch.exp(dt[..., None] * a_neg)  # [B, S, D, N]
@@ -122,6 +137,7 @@ def gated_delta_mixer(
 
 MIXERS: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], Mixed]] = {
     "MambaMixer": mamba_mixer,
+    "JambaMambaMixer": jamba_mixer,
     "Mamba2Mixer": mamba2_mixer,
     "BambaMixer": mamba2_mixer,
     "Qwen3NextGatedDeltaNet": gated_delta_mixer,
