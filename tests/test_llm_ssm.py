@@ -83,7 +83,7 @@ def test_bamba_hybrid_kv_state_and_explicit_ssm_states(tmp_path: Path) -> None:
     assert report.states == ["in_conv_state_0", "in_ssm_state_0"]
     assert report.max_context == 128 and report.properties["torchlower.llm.max_context"] == 128
     decoder = Decoder(report.path)
-    assert decoder.mode == "state" and len(decoder.cache_facts) == 2  # the KV cache is tract state
+    assert decoder.mode == "state" and len(decoder.fed_facts) == 2  # the KV cache is tract state
     want = llm_models.greedy(model, PROMPT, 32)
     assert len(set(want)) > 3
     assert llm.generate(report.path, PROMPT, 32) == want
@@ -105,7 +105,7 @@ def test_more_hybrids(name: str, facts: list[str], tmp_path: Path) -> None:
     report = llm.export(model, tmp_path / "n.nnef.tgz")
     assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
     assert report.states == ["in_conv_state_0", "in_ssm_state_0"]
-    assert Decoder(report.path).cache_facts == facts  # the KV cache is tract state
+    assert Decoder(report.path).fed_facts == facts  # the KV cache is tract state
     want = llm_models.greedy(model, PROMPT, 32)
     assert len(set(want)) > 3
     assert llm.generate(report.path, PROMPT, 32) == want

@@ -44,7 +44,10 @@ class Decoder:
                 f"{path}: not an LLM export (inputs must be input_ids then the caches); "
                 "write one with torchlower.llm.export"
             )
+        self.cache_facts = [str(model.input_fact(i)) for i in range(1, self.n_inputs)]
         self.vocab = _vocabulary(str(model.output_fact(0)))
+        self.dtypes = [_dtype(f) for f in self.cache_facts]
+        self.shapes = [_empty_shape(f) for f in self.cache_facts]
         self.mode = kv
         if kv in ("auto", "state"):
             stateful = nnef.load(str(path))
@@ -62,9 +65,7 @@ class Decoder:
             else:
                 self.mode = "explicit"
         # the inputs fed from step to step: every cache (explicit), or the fixed-size states
-        self.cache_facts = [str(model.input_fact(i)) for i in range(1, model.input_count())]
-        self.dtypes = [_dtype(f) for f in self.cache_facts]
-        self.shapes = [_empty_shape(f) for f in self.cache_facts]
+        self.fed_facts = [str(model.input_fact(i)) for i in range(1, model.input_count())]
         self.recompute_at = _int_property(model, "torchlower.llm.recompute_cache_at")
         self.max_context = _int_property(model, "torchlower.llm.max_context")
         self.path = path
@@ -73,7 +74,7 @@ class Decoder:
 
     def reset(self) -> None:
         self.state = self.runnable.spawn_state()
-        self.past = [np.zeros(s, dtype=d) for s, d in zip(self.shapes, self.dtypes, strict=True)]
+        self.past = [np.zeros(_empty_shape(f), dtype=_dtype(f)) for f in self.fed_facts]
         self.length = 0  # tokens in the cache
 
     def drops_cache(self, new_tokens: int) -> bool:
