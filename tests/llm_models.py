@@ -115,17 +115,107 @@ def build(name: str, seed: int = 0) -> Any:
     return from_config(CONFIGS[name](), seed)
 
 
-def from_config(config: Any, seed: int = 0) -> Any:
-    """``build`` for any causal-LM config."""
+def from_config(config: Any, seed: int = 0, std: float = 0.6, keep: tuple[str, ...] = ()) -> Any:
+    """``build`` for any causal-LM config; parameters whose name ends with one of ``keep`` keep
+    their own initialization."""
     import transformers
 
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.6)
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and not name.endswith(keep):
+                p.normal_(0.0, std)
     return model
+
+
+# state-space models: std 0.3 and HF's own A_log (decays log 1..N) keep the states within f16
+# while the greedy chains still move (std 0.6 drives Mamba's mixer outputs past 5e5)
+SSM_CONFIGS: dict[str, Callable[[], Any]] = {
+    "mamba": lambda: _config(
+        "MambaConfig", vocab_size=160, hidden_size=32, state_size=8, num_hidden_layers=2, conv_kernel=4
+    ),
+    # chunk_size 4: HF's chunked prefill of the check's 6 and 9 tokens crosses chunks; 2 groups
+    "mamba2": lambda: _config(
+        "Mamba2Config",
+        vocab_size=160,
+        hidden_size=32,
+        state_size=8,
+        num_hidden_layers=2,
+        conv_kernel=4,
+        expand=2,
+        head_dim=16,
+        num_heads=4,
+        n_groups=2,
+        chunk_size=4,
+    ),
+    # a hybrid: layer 0 Mamba2 (Bamba's mixer), layer 1 attention with GQA and rotary
+    "bamba": lambda: _config(
+        "BambaConfig",
+        vocab_size=160,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_indices=[1],
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_n_groups=1,
+        mamba_d_state=8,
+        mamba_chunk_size=4,
+        max_position_embeddings=128,
+    ),
+    # Jamba: Mamba layers with dt/B/C norms (layer 0) and attention (layer 1), MoE on layer 1
+    "jamba": lambda: _config(
+        "JambaConfig",
+        vocab_size=160,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_experts=4,
+        num_experts_per_tok=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=4,
+        use_mamba_kernels=False,
+        max_position_embeddings=128,
+    ),
+    # gated delta net (layer 0, grouped: 4 value heads on 2 key heads) + gated attention with
+    # partial rotary (layer 1), mixture-of-experts MLPs with a shared expert
+    "qwen3_next": lambda: _config(
+        "Qwen3NextConfig",
+        vocab_size=160,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=32,
+        max_position_embeddings=128,
+    ),
+}
+
+
+def build_ssm(name: str, seed: int = 0) -> Any:
+    return from_config(SSM_CONFIGS[name](), seed, std=0.3, keep=("A_log",))
 
 
 def greedy(model: Any, prompt: torch.Tensor, n: int) -> list[int]:

@@ -251,6 +251,7 @@ def report_json(report: Any) -> dict[str, Any]:
         "unused_weights": report.unused_weights,
         "notes": report.notes,
         "lora": report.properties.get("torchlower.llm.lora"),  # merged / separate, None without
+        "states": report.states,
         "seconds": round(report.seconds, 3),
         "checked": bool(report.errors),
         "max_abs_error": report.max_abs_error if report.errors else None,
@@ -269,7 +270,12 @@ def render(console: Console, data: dict[str, Any]) -> None:
     table.add_row("options", f"precision {data['precision']}, compress {data['compress'] or 'none'}, "
                   f"embeddings {data['embeddings']}, lm_head {data['lm_head']}, "
                   f"logits {data['logits']}")  # fmt: skip
-    table.add_row("context", f"P + S <= {data['max_context']}")
+    if data["states"]:  # a state-space model: fixed-size states, no position limit
+        table.add_row(
+            "context", f"S <= {data['max_context']} per call; {len(data['states'])} explicit states"
+        )
+    else:
+        table.add_row("context", f"P + S <= {data['max_context']}")
     if data["part"]:
         table.add_row(
             "part", f"{data['part']} only; {len(data['unused_weights'])} checkpoint tensors left out"

@@ -95,23 +95,26 @@ def _runner(model: nn.Module, weights: dict[str, torch.Tensor] | None) -> Any:
     return run
 
 
+SAMPLE_FILES = ("io/prompt.npz", "io/prompt_with_past.npz", "io/decode_step.npz")
+
+
 def samples(
     model: nn.Module,
-    layout: CacheLayout,
+    layout: Any,
     vocab: int,
     logits: str,
     weights: dict[str, torch.Tensor] | None,
     dtype: torch.dtype = torch.float32,
+    cases: Any = reference_cases,
+    names: tuple[str, ...] = SAMPLE_FILES,
 ) -> dict[str, bytes]:
-    """``io/*.npz`` for any runtime to self-test: prompt, prompt-with-past, and a decode step.
+    """``io/*.npz`` for any runtime to self-test: prompt, prompt-with-past, and a decode step
+    (``cases`` computes them: a state-space model has its own, ``ssm_checks``).
 
     Each file holds the graph inputs and the expected outputs under their graph names.
     """
     out: dict[str, bytes] = {}
-    names = ("io/prompt.npz", "io/prompt_with_past.npz", "io/decode_step.npz")
-    for name, case in zip(
-        names, reference_cases(model, layout, vocab, logits, weights, dtype=dtype), strict=True
-    ):
+    for name, case in zip(names, cases(model, layout, vocab, logits, weights, dtype=dtype), strict=True):
         arrays: dict[str, np.ndarray] = {}
         for key, t in zip(layout.input_names(logits), case.inputs, strict=True):
             arrays[key] = t.numpy()

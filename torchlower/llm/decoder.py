@@ -1,5 +1,8 @@
 """An exported LLM decoder loaded in tract, run one step at a time (``runner.generate``,
-``vlm_runner``): the KV cache as tract state (``detect_kv_cache``) or explicit tensors."""
+``vlm_runner``): the KV cache as tract state (``detect_kv_cache``) or explicit tensors. The
+fixed-size states of state-space layers (``in_conv_state_{i}``, ``in_ssm_state_{i}``) are always
+passed from step to step: in a hybrid (Bamba) the attention caches become tract state and they
+stay explicit."""
 
 from __future__ import annotations
 
@@ -38,8 +41,8 @@ class Decoder:
             )
         # logits="keep" archives end with the positions to keep (wrapper.KEEP_INPUT)
         self.keeps = model.input_name(self.n_inputs - 1) == KEEP_INPUT
-        # inputs before the caches: the ids or embeddings, then Qwen2-VL's position_ids
-        self.feeds = next(i for i in range(self.n_inputs) if model.input_name(i).startswith("in_cache_"))
+        # inputs before the caches and states: the ids or embeddings, then Qwen2-VL's position_ids
+        self.feeds = next(i for i in range(self.n_inputs) if model.input_name(i).startswith("in_"))
         self.cache_facts = [str(model.input_fact(i)) for i in range(self.feeds, self.n_inputs - self.keeps)]
         self.vocab = _vocabulary(str(model.output_fact(0)))
         self.dtypes = [_dtype(f) for f in self.cache_facts]
@@ -48,7 +51,10 @@ class Decoder:
         if kv in ("auto", "state"):
             stateful = nnef.load(str(path))
             stateful.transform("detect_kv_cache")
-            if stateful.input_count() == self.feeds + self.keeps:
+            left = [str(stateful.input_fact(i)) for i in self._cache_inputs(stateful)]
+            # what stays an input are fixed-size states (state-space layers), passed explicitly
+            recognized = stateful.input_count() < self.n_inputs
+            if recognized and all(_fixed(f) for f in left):
                 model, self.mode = stateful, "state"
             elif kv == "state":
                 raise InvalidArgumentError(
@@ -57,15 +63,21 @@ class Decoder:
                 )
             else:
                 self.mode = "explicit"
+        # the inputs fed from step to step: every cache (explicit), or the fixed-size states
+        self.fed_facts = [str(model.input_fact(i)) for i in self._cache_inputs(model)]
         self.recompute_at = _int_property(model, "torchlower.llm.recompute_cache_at")
         self.max_context = _int_property(model, "torchlower.llm.max_context")
         self.path = path
         self.runnable = model.into_runnable()
         self.reset()
 
+    def _cache_inputs(self, model: Any) -> range:
+        """Indices of ``model``'s caches and states: after the feeds, before a logits_to_keep input."""
+        return range(self.feeds, model.input_count() - self.keeps)
+
     def reset(self) -> None:
         self.state = self.runnable.spawn_state()
-        self.past = [np.zeros(s, dtype=d) for s, d in zip(self.shapes, self.dtypes, strict=True)]
+        self.past = [np.zeros(_empty_shape(f), dtype=_dtype(f)) for f in self.fed_facts]
         self.length = 0  # tokens in the cache
 
     def drops_cache(self, new_tokens: int) -> bool:
@@ -115,11 +127,8 @@ class Decoder:
         self.refuse_past_context(self.length + feed.shape[1])
         self.length += feed.shape[1]
         rows = [np.arange(feed.shape[1] - keep, feed.shape[1], dtype=np.int64)] if self.keeps else []
-        if self.mode == "state":
-            out = self.state.run([feed, *extra, *rows])
-        else:
-            out = self.state.run([feed, *extra, *self.past, *rows])
-            self.past = [t.to_numpy() for t in out[1:]]
+        out = self.state.run([feed, *extra, *self.past, *rows])
+        self.past = [t.to_numpy() for t in out[1:]]
         logits = out[0].to_numpy()[0]
         return logits[-keep:]
 
@@ -135,6 +144,11 @@ def _vocabulary(fact: str) -> int | None:
     """The logits' last size from tract's fact text (``1,S,32000,f32`` → 32000), if it is a number."""
     parts = fact.split(",")
     return int(parts[-2]) if len(parts) >= 2 and parts[-2].isdigit() else None
+
+
+def _fixed(fact: str) -> bool:
+    """Whether tract's fact text (``1,80,4,f32``) has only numeric dims: a state that does not grow."""
+    return all(d.strip().isdigit() for d in fact.split(",")[:-1])
 
 
 def _dtype(fact: str) -> Any:

@@ -25,10 +25,11 @@ from torchlower.core import tolerance as tolerances
 from torchlower.core.comparison import OutputError
 from torchlower.core.staging import target_of
 from torchlower.errors import InvalidArgumentError
-from torchlower.llm import bundle, checks, stages, vlm_families
+from torchlower.llm import bundle, checks, ssm_checks, stages, vlm_families
 from torchlower.llm import lora as lora_mod
 from torchlower.llm.precision import DEFAULT_F32_PARTS, F32_PARTS, cache_dtype, conversion_notes
 from torchlower.llm.source import SourceError, WrongModelError, open_named, open_speech_seq2seq
+from torchlower.llm.ssm import StateLayout
 from torchlower.llm.wrapper import (
     CacheLayout,
     attributes_kept,
@@ -84,6 +85,8 @@ class ExportReport:
     unused_weights: list[str] = field(default_factory=list)
     # conversions of the checkpoint's weights (a bfloat16 checkpoint exported as f32 or f16)
     notes: list[str] = field(default_factory=list)
+    # a state-space model's fixed-size states, carried as explicit graph inputs/outputs
+    states: list[str] = field(default_factory=list)
 
     @property
     def max_abs_error(self) -> float:
@@ -197,14 +200,14 @@ def _export_loaded(
     props = _properties(loaded, precision, compress, storage, logits, parts)
     if adapter is not None:
         props |= lora_mod.properties(adapter, merge_lora)
-    bounds = [f"tract_assert P + S <= {loaded.context}", "tract_assert S >= 1", "tract_assert P >= 0"]
-    bounds += SCENARIOS
+    bounds = _bounds(loaded)
     graph = bundle.with_header(builder.graph_text(), bounds, bundle.properties_fragment(props))
     files = dict(loaded.src.files)
     if adapter is not None and not merge_lora:  # the adapter's own config, for a later swap
         files[lora_mod.CONFIG_FILE] = adapter.config_bytes
     if io_samples:
-        files |= checks.samples(
+        sampler = ssm_checks.samples if isinstance(loaded.layout, StateLayout) else checks.samples
+        files |= sampler(
             loaded.model, loaded.layout, loaded.vocab, logits, dequantized, cache_dtype(precision)
         )
     release = loaded.src.mapping.release if loaded.src.mapping is not None else None
@@ -222,6 +225,16 @@ def _export_loaded(
     return report
 
 
+def _bounds(loaded: stages.Loaded) -> list[str]:
+    """The symbols' bounds: P + S within the context; a state-space model has no P and its
+    states do not grow, so only the tokens of one call are bounded (and tract's prefill/decode
+    scenarios, which name P, are left out)."""
+    if isinstance(loaded.layout, StateLayout) and not loaded.layout.has_kv:
+        return ["tract_assert S >= 1"]  # the builder writes S's upper bound
+    bounds = [f"tract_assert P + S <= {loaded.context}", "tract_assert S >= 1", "tract_assert P >= 0"]
+    return bounds + SCENARIOS
+
+
 def _properties(
     loaded: stages.Loaded,
     precision: str,
@@ -232,19 +245,25 @@ def _properties(
 ) -> dict[str, str | int | float]:
     """The provenance the archive carries (``torchlower.llm.*`` properties)."""
     model = loaded.model
+    # a state-space model without attention has no position limit: its states do not grow
+    states = isinstance(loaded.layout, StateLayout) and not loaded.layout.has_kv
     props: dict[str, str | int | float] = {
         "torchlower.version": __version__,
         "torchlower.llm.model_type": loaded.src.model_type,
         "torchlower.llm.architecture": type(model).__name__,
         "torchlower.llm.parameters": sum(p.numel() for p in model.parameters()),
         "torchlower.llm.layers": loaded.layout.layers,
-        "torchlower.llm.max_context": loaded.context,
+        **({} if states else {"torchlower.llm.max_context": loaded.context}),
         "torchlower.llm.precision": precision,
         "torchlower.llm.compress": compress or "none",
         "torchlower.llm.embeddings": storage["embeddings"],
         "torchlower.llm.lm_head": storage["lm_head"],
         "torchlower.llm.logits": logits,
     }
+    if isinstance(loaded.layout, StateLayout):  # fixed-size states, explicit I/O
+        props["torchlower.llm.states"] = ",".join(loaded.layout.state_names("in"))
+    if states:
+        props["torchlower.llm.max_tokens_per_call"] = loaded.context
     switch = rope_switch_length(loaded.config, loaded.context)
     if switch is not None:
         props["torchlower.llm.recompute_cache_at"] = switch
@@ -284,13 +303,14 @@ def _report(
         part=loaded.src.part,
         unused_weights=list(loaded.src.unused),
         notes=conversion_notes(loaded.src.stored_dtypes, str(options["precision"]), loaded.model),
+        states=loaded.layout.state_names("in") if isinstance(loaded.layout, StateLayout) else [],
     )
 
 
 def _check(
     report: ExportReport,
     model: nn.Module,
-    layout: CacheLayout,
+    layout: CacheLayout | StateLayout,
     vocab: int,
     logits: str,
     precision: str,
@@ -307,14 +327,22 @@ def _check(
 
     dtype = cache_dtype(precision)
     long = _long_prefill(report)
-    reference = checks.reference_cases(
-        model, layout, vocab, logits, dequantized, dtype=dtype, long_prefill=long
-    )
-    original = (
-        []
-        if dequantized is None
-        else checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype, long_prefill=long)
-    )
+    if isinstance(layout, StateLayout):
+        reference = ssm_checks.reference_cases(model, layout, vocab, logits, dequantized, dtype=dtype)
+        original = (
+            []
+            if dequantized is None
+            else ssm_checks.reference_cases(model, layout, vocab, logits, dtype=dtype)
+        )
+    else:
+        reference = checks.reference_cases(
+            model, layout, vocab, logits, dequantized, dtype=dtype, long_prefill=long
+        )
+        original = (
+            []
+            if dequantized is None
+            else checks.reference_cases(model, layout, vocab, logits, None, dtype=dtype, long_prefill=long)
+        )
     points = [[t.numpy() for t in case.inputs] for case in reference + original]
     got = run_points_in_tract(report.path, points)
     for case, actual in zip(reference, got[: len(reference)], strict=True):

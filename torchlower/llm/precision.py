@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from torchlower.core.values import Value
+from torchlower.llm.ssm_mixers import MIXERS
 from torchlower.nnef import graph_edit as edit
 from torchlower.nnef import text
 
@@ -142,7 +143,8 @@ def _part_scopes(wrapper: Any, parts: tuple[str, ...]) -> set[str]:
     head = wrapper.model.get_output_embeddings()
     for path, module in wrapper.named_modules():
         kind = type(module).__name__
-        attention = "attention" in parts and kind.endswith("Attention")
+        # a state-space layer's mixer is its attention: the convolution, discretization and scan
+        attention = "attention" in parts and (kind.endswith("Attention") or kind in MIXERS)
         norm = "norms" in parts and "Norm" in kind
         if attention or norm or ("lm_head" in parts and head is not None and module is head):
             scopes.add(path)

@@ -4,7 +4,10 @@ Two ways to carry the cache, both what tract's own causal-LM runner does:
 - ``kv="state"``: tract's ``detect_kv_cache`` transform turns each cache input/output pair
   into a stateful op, so every step feeds only the new token ids;
 - ``kv="explicit"``: the cache tensors go out of one step and into the next.
-``"auto"`` uses the state when the transform recognized every cache, else explicit tensors.
+``"auto"`` uses the state when the transform recognized every cache, else explicit tensors. The
+fixed-size states of state-space layers (``in_conv_state_{i}``, ``in_ssm_state_{i}``) are always
+passed from step to step: in a hybrid (Bamba) the attention caches become tract state and they
+stay explicit.
 """
 
 from __future__ import annotations

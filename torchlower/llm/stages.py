@@ -25,6 +25,7 @@ from torchlower.llm.moe import dense_experts
 from torchlower.llm.precision import cache_dtype, drop_cache_casts, keep_f32
 from torchlower.llm.rope import rotary_tables
 from torchlower.llm.source import check_tokenizer, open_source
+from torchlower.llm.ssm import StatefulCausalLM, StateLayout, is_state_space, state_layout
 from torchlower.llm.wrapper import (
     KEEP_INPUT,
     CachedCausalLM,
@@ -63,14 +64,14 @@ class Loaded:
     config: Any
     context: int  # the P + S bound the archive declares
     vocab: int
-    layout: CacheLayout
+    layout: CacheLayout | StateLayout  # a KV cache, or a state-space model's fixed-size states
 
 
 @dataclass
 class Captured:
     """The cached wrapper and the graph it lowered to."""
 
-    wrapper: CachedCausalLM
+    wrapper: CachedCausalLM | StatefulCausalLM
     builder: NNEFBuilder
 
 
@@ -92,7 +93,8 @@ def load(source: Any, max_context: int | None, part: str | None = None) -> Loade
         )
     vocab = int(config.vocab_size)
     check_tokenizer(src.files, vocab, src.folder)
-    layout = layout_of(model)  # one 2-token forward: reads every weight once
+    # one 2-token forward: reads every weight once
+    layout = state_layout(model) if is_state_space(model) else layout_of(model)
     if src.mapping is not None:
         src.mapping.release_all()
     return Loaded(src, model, config, int(context), vocab, layout)
@@ -101,14 +103,26 @@ def load(source: Any, max_context: int | None, part: str | None = None) -> Loade
 def capture(loaded: Loaded, logits: str, precision: str) -> Captured:
     """The wrapper traced by the export front end with P and S symbolic and bounded."""
     model, layout, context = loaded.model, loaded.layout, loaded.context
-    wrapper = CachedCausalLM(model, layout, logits, cache_dtype(precision)).eval()
-    names_in, names_out = layout.input_names(logits), layout.output_names()
+    wrapper: CachedCausalLM | StatefulCausalLM
+    if isinstance(layout, StateLayout):  # fixed-size states: only S is dynamic
+        if logits == "keep":
+            raise InvalidArgumentError(
+                "logits='keep' (a logits_to_keep input) is not supported for state-space models yet:"
+                " export with logits='last' or 'all'"
+            )
+        names_in = layout.input_names()
+        wrapper = StatefulCausalLM(model, layout, logits, cache_dtype(precision)).eval()
+        axes = layout.axes(context)
+    else:
+        names_in = layout.input_names(logits)
+        wrapper = CachedCausalLM(model, layout, logits, cache_dtype(precision)).eval()
+        # bounded as the graph asserts: torch.export refuses a size its position tables cannot hold
+        caches = names_in[1 : 1 + 2 * layout.layers]
+        axes = {"input_ids": {1: ("S", 1, context)}} | {n: {2: ("P", 1, context)} for n in caches}
+        if logits == "keep":
+            axes[KEEP_INPUT] = {0: ("K", 1, context)}
+    names_out = layout.output_names()
     example = trace_example(layout, loaded.vocab, cache_dtype(precision), logits)
-    # bounded as the graph asserts: torch.export refuses a size its position tables cannot hold
-    caches = names_in[1 : 1 + 2 * layout.layers]
-    axes = {"input_ids": {1: ("S", 1, context)}} | {n: {2: ("P", 1, context)} for n in caches}
-    if logits == "keep":
-        axes[KEEP_INPUT] = {0: ("K", 1, context)}
     spec = dynamic.Spec.build(
         validate.dynamic_axes(axes, names_in, [t.dim() for t in example]),
         names_in,
@@ -224,7 +238,7 @@ def position_tables(model: nn.Module) -> list[tuple[int, str]]:
 
 
 def trace_example(
-    layout: CacheLayout, vocab: int, dtype: torch.dtype, logits: str = "last"
+    layout: CacheLayout | StateLayout, vocab: int, dtype: torch.dtype, logits: str = "last"
 ) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (1, TRACE_SEQ), generator=g)

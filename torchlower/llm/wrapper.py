@@ -241,10 +241,10 @@ class CachedCausalLM(nn.Module):
         key = torch.arange(0, total, device=query.device)
         causal = key[None, :] <= query[:, None]
         dtype = self.model.dtype
-        full = _additive(causal, dtype)
+        full = additive_mask(causal, dtype)
         if self.window is None:
             return full
-        sliding = _additive(causal & (key[None, :] > query[:, None] - self.window), dtype)
+        sliding = additive_mask(causal & (key[None, :] > query[:, None] - self.window), dtype)
         if not self.layer_types:
             return sliding
         return {"full_attention": full, "sliding_attention": sliding}
@@ -268,7 +268,8 @@ class MropeCausalLM(EmbedsCausalLM):
         return self.step(inputs_embeds, position_ids, past)
 
 
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where ``allowed``, the dtype's lowest value elsewhere ([1, 1, …] for the model's layers)."""
     zero = torch.zeros((), dtype=dtype)
     return torch.where(allowed, zero, torch.finfo(dtype).min)[None, None]
 
