@@ -35,6 +35,7 @@ from torchlower.core.staging import staged
 from torchlower.errors import CheckError, InvalidArgumentError
 from torchlower.llm import bundle
 from torchlower.llm.seq2seq_families import context_limit, layout_of, parts
+from torchlower.llm.seq2seq_head import dequantized_model, share_table, untie_head
 from torchlower.llm.seq2seq_parts import Seq2SeqLayout
 from torchlower.nnef import archive
 from torchlower.pipeline import capture, optimize, reference, report, request, write
@@ -115,6 +116,7 @@ def export(
         )
     props = _properties(model, layout, context, precision, compress)
     encoder, decoder = parts(model, layout)
+    aliases = untie_head(decoder, model) if compress == "q4_0" else {}  # the head packs apart
     with staged(target) as folder, _naming(folder, target):
         folder.mkdir()
         with progress.stage("encoder"):
@@ -130,6 +132,7 @@ def export(
                 decoder, _decoder_example(layout), folder / DECODER,
                 layout.decoder_inputs(), layout.decoder_outputs(), _decoder_axes(layout, context), precision,
                 compress, check, _bounds(context), props | {"torchlower.llm.part": "decoder"}, files,
+                tables_of=None if aliases else model,
             )  # fmt: skip
         (folder / MANIFEST).write_text(
             json.dumps(_manifest(model, layout, context, precision, compress), indent=1)
@@ -140,7 +143,9 @@ def export(
             enc, dec, 0, bundled=sorted(files),
         )  # fmt: skip
         if check:
-            reference_model = _dequantized(model, (encoder, enc_weights), (decoder, dec_weights))
+            reference_model = dequantized_model(
+                model, [(encoder, enc_weights), (decoder, dec_weights)], aliases
+            )
             with progress.stage("checking against Hugging Face"):
                 _check_end_to_end(result, model, reference_model, layout, precision)
         result.archive_bytes = sum(f.stat().st_size for f in folder.iterdir())
@@ -163,9 +168,10 @@ def _export_part(
     module: nn.Module, example: tuple[torch.Tensor, ...], target: Path, names_in: list[str],
     names_out: list[str], axes: dict[str, Any] | None, precision: str, compress: str | None,
     check: bool, extensions: list[str], props: dict[str, Any], files: dict[str, bytes],
-    frontend: str = "export",
+    frontend: str = "export", tables_of: nn.Module | None = None,
 ) -> tuple[report.ExportReport, dict[str, torch.Tensor] | None]:  # fmt: skip
-    """``torchlower.export``'s stages, with the graph's bounds, properties and bundled files."""
+    """``torchlower.export``'s stages, with the graph's bounds, properties and bundled files;
+    ``tables_of``: the HF model whose tied token table the graph stores once (``share_table``)."""
     req = request.request(
         module, example, target, input_names=names_in, output_names=names_out, frontend=frontend,
         check=check, tolerance=None, precision=precision, compress=compress, dynamic_axes=axes,
@@ -180,6 +186,8 @@ def _export_part(
     )
     captured = capture.capture(req, ref)
     builder = captured.builder
+    if tables_of is not None:
+        share_table(builder, tables_of)
     dequantized = optimize.compress(builder, ref.module, compress)
     optimize.optimize(builder)
     weights = builder.live_weights()
@@ -223,29 +231,6 @@ def _check_end_to_end(
             f"{result.path}: tract's encoder + decoder disagree with Hugging Face (nothing"
             f" written): tokens {tokens} vs {ref_tokens}, max logit error {error:.3g} > {tol:.3g}"
         )
-
-
-def _dequantized(model: nn.Module, *parts: tuple[nn.Module, dict[str, torch.Tensor] | None]) -> nn.Module:
-    """``model`` itself, or a copy running the dequantized weights of the compressed parts
-    (each part's weights are named as the part names its parameters: found by identity)."""
-    if not any(weights for _, weights in parts):
-        return model
-    import copy
-
-    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-    state: dict[str, torch.Tensor] = {}
-    for part, weights in parts:
-        own = dict(part.named_parameters(remove_duplicate=False))
-        for name, tensor in (weights or {}).items():
-            if name not in own or id(own[name]) not in names:
-                raise CheckError(f"dequantized weight {name!r} has no parameter in {type(model).__name__}")
-            state[names[id(own[name])]] = tensor
-    clone = copy.deepcopy(model)
-    params = dict(clone.named_parameters(remove_duplicate=False))
-    with torch.no_grad():
-        for name, tensor in state.items():
-            params[name].copy_(tensor)
-    return clone.eval()
 
 
 def hf_decode(

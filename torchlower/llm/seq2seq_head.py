@@ -1,0 +1,89 @@
+"""A speech decoder's LM head and its tied token table: stored once, or apart for ``compress="q4_0"``.
+
+Without compression the table is stored once (``share_table``: the head's variable becomes a
+reshape of the table's, ``llm.compress.share_tied_table``), not twice (80 MB each at
+whisper-tiny's shapes).
+
+Whisper's ``proj_out`` shares its weight with ``embed_tokens``. Lowered as is, the matmul reads
+a derived copy of the table (``[1, vocab, hidden]``, not the parameter itself), which the q4_0
+pass leaves in f32: the step then reads the 80 MB f32 head of whisper-tiny's shapes every token,
+the largest cost of a decode step in tract (~40 %). Giving the decoder part its own copy of the
+head (a parameter of its own) lets the q4_0 pass pack it like any linear layer while the
+embedding lookup keeps the f32 table, as the causal-LM export's default ``lm_head="q4_0"`` does.
+The check's reference model is untied the same way (``dequantized_model``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchlower.errors import CheckError
+
+
+class _Holder(nn.Module):
+    """The HF model as ``llm.compress.tables`` reads it (``.model``, as the causal-LM wrapper)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+
+def share_table(builder: Any, model: nn.Module) -> None:
+    """The head's copy of a tied table (``[1, vocab, hidden]``) as a reshape of the table."""
+    from torchlower.llm.compress import share_tied_table
+
+    share_tied_table(builder, _Holder(model))
+
+
+def untie_head(part: nn.Module, model: nn.Module) -> dict[int, str]:
+    """Replace the head in ``part`` (the decoder part) by a copy with its own weight when
+    ``model``'s output embedding is tied to its input embedding; returns the copy's weight id →
+    the model's head parameter name (``{}`` when untied already)."""
+    head, table = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or table is None or head.weight is not table.weight:
+        return {}
+    for name, child in part.named_children():
+        if child is head:
+            own = copy.deepcopy(head)
+            own.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+            setattr(part, name, own)
+            return {id(own.weight): _name_of(model, head)}
+    return {}
+
+
+def _name_of(model: nn.Module, module: nn.Module) -> str:
+    return next(f"{n}.weight" for n, m in model.named_modules() if m is module)
+
+
+def dequantized_model(
+    model: nn.Module,
+    parts: list[tuple[nn.Module, dict[str, torch.Tensor] | None]],
+    aliases: dict[int, str],
+) -> nn.Module:
+    """``model`` itself, or a copy running the dequantized weights of the compressed parts (each
+    part's weights named as the part names its parameters, found by identity; ``aliases`` name
+    the parameters the parts hold as copies, from ``untie_head``). Each replaced weight is a new
+    parameter of the copy, so a tied table keeps its own values when only the head was packed."""
+    if not any(weights for _, weights in parts):
+        return model
+    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)} | aliases
+    state: dict[str, torch.Tensor] = {}
+    for part, weights in parts:
+        own = dict(part.named_parameters(remove_duplicate=False))
+        for name, tensor in (weights or {}).items():
+            if name not in own or id(own[name]) not in names:
+                raise CheckError(f"dequantized weight {name!r} has no parameter in {type(model).__name__}")
+            state[names[id(own[name])]] = tensor
+    clone = copy.deepcopy(model)
+    for name, tensor in state.items():
+        owner, _, attr = name.rpartition(".")
+        target = clone.get_submodule(owner)
+        old = getattr(target, attr)
+        setattr(
+            target, attr, nn.Parameter(tensor.detach().to(old.dtype).reshape(old.shape), requires_grad=False)
+        )
+    return clone.eval()
