@@ -55,6 +55,15 @@ def untie_head(part: nn.Module, model: nn.Module) -> dict[int, str]:
     return {}
 
 
+def table_names(part: nn.Module, model: nn.Module) -> frozenset[str]:
+    """The names ``part`` gives the token table: kept f32 under q4_0 (the causal-LM default,
+    ``embeddings="f32"``: the table carries most of a small model's Q4_0 error)."""
+    table = model.get_input_embeddings()
+    if table is None:
+        return frozenset()
+    return frozenset(n for n, p in part.named_parameters(remove_duplicate=False) if p is table.weight)
+
+
 def _name_of(model: nn.Module, module: nn.Module) -> str:
     return next(f"{n}.weight" for n, m in model.named_modules() if m is module)
 
@@ -70,14 +79,18 @@ def dequantized_model(
     parameter of the copy, so a tied table keeps its own values when only the head was packed."""
     if not any(weights for _, weights in parts):
         return model
-    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)} | aliases
+    names: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+    names |= {i: [n] for i, n in aliases.items()}
     state: dict[str, torch.Tensor] = {}
     for part, weights in parts:
         own = dict(part.named_parameters(remove_duplicate=False))
         for name, tensor in (weights or {}).items():
             if name not in own or id(own[name]) not in names:
                 raise CheckError(f"dequantized weight {name!r} has no parameter in {type(model).__name__}")
-            state[names[id(own[name])]] = tensor
+            found = names[id(own[name])]  # a tied parameter: the model's name that ends as the part's
+            state[next((n for n in found if n.endswith(name)), found[0])] = tensor
     clone = copy.deepcopy(model)
     for name, tensor in state.items():
         owner, _, attr = name.rpartition(".")
