@@ -35,7 +35,7 @@ from torchlower.core.staging import staged
 from torchlower.errors import CheckError, InvalidArgumentError
 from torchlower.llm import bundle
 from torchlower.llm.seq2seq_families import context_limit, layout_of, parts
-from torchlower.llm.seq2seq_head import dequantized_model, share_table, table_names, untie_head
+from torchlower.llm.seq2seq_head import dequantized_model, table_names, untie_head
 from torchlower.llm.seq2seq_parts import Seq2SeqLayout
 from torchlower.nnef import archive
 from torchlower.pipeline import capture, optimize, reference, report, request, write
@@ -132,7 +132,7 @@ def export(
                 decoder, _decoder_example(layout), folder / DECODER,
                 layout.decoder_inputs(), layout.decoder_outputs(), _decoder_axes(layout, context), precision,
                 compress, check, _bounds(context), props | {"torchlower.llm.part": "decoder"}, files,
-                tables_of=None if aliases else model, keep_float=table_names(decoder, model),
+                keep_float=table_names(decoder, model),
             )  # fmt: skip
         (folder / MANIFEST).write_text(
             json.dumps(_manifest(model, layout, context, precision, compress), indent=1)
@@ -168,10 +168,9 @@ def _export_part(
     module: nn.Module, example: tuple[torch.Tensor, ...], target: Path, names_in: list[str],
     names_out: list[str], axes: dict[str, Any] | None, precision: str, compress: str | None,
     check: bool, extensions: list[str], props: dict[str, Any], files: dict[str, bytes],
-    frontend: str = "export", tables_of: nn.Module | None = None, keep_float: frozenset[str] = frozenset(),
+    frontend: str = "export", keep_float: frozenset[str] = frozenset(),
 ) -> tuple[report.ExportReport, dict[str, torch.Tensor] | None]:  # fmt: skip
     """``torchlower.export``'s stages, with the graph's bounds, properties and bundled files;
-    ``tables_of``: the HF model whose tied token table the graph stores once (``share_table``);
     ``keep_float``: parameters q4_0 leaves float (the token table)."""
     req = request.request(
         module, example, target, input_names=names_in, output_names=names_out, frontend=frontend,
@@ -187,8 +186,6 @@ def _export_part(
     )
     captured = capture.capture(req, ref)
     builder = captured.builder
-    if tables_of is not None:
-        share_table(builder, tables_of)
     dequantized = optimize.compress(builder, ref.module, compress, keep_float)
     optimize.optimize(builder)
     weights = builder.live_weights()

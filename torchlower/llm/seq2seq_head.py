@@ -1,8 +1,10 @@
-"""A speech decoder's LM head and its tied token table: stored once, or apart for ``compress="q4_0"``.
+"""A speech decoder's LM head stored apart from its tied token table, for ``compress="q4_0"``.
 
-Without compression the table is stored once (``share_table``: the head's variable becomes a
-reshape of the table's, ``llm.compress.share_tied_table``), not twice (80 MB each at
-whisper-tiny's shapes).
+(Without compression the f32 table stays stored twice, as the lookup's table and as the head's
+``[1, vocab, hidden]`` copy: sharing it as a reshape of the table, as the causal-LM export's
+``share_tied_table`` does, made tract 0.23.9 pack the 80 MB head at run time on every step at
+whisper-tiny's shapes (``outputs.pack_a``, 86 ms of a step): it did not fold that reshape into
+a constant, where it did at a 4000-token vocabulary.)
 
 Whisper's ``proj_out`` shares its weight with ``embed_tokens``. Lowered as is, the matmul reads
 a derived copy of the table (``[1, vocab, hidden]``, not the parameter itself), which the q4_0
@@ -16,27 +18,11 @@ The check's reference model is untied the same way (``dequantized_model``).
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 from torch import nn
 
 from torchlower.errors import CheckError
-
-
-class _Holder(nn.Module):
-    """The HF model as ``llm.compress.tables`` reads it (``.model``, as the causal-LM wrapper)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-
-def share_table(builder: Any, model: nn.Module) -> None:
-    """The head's copy of a tied table (``[1, vocab, hidden]``) as a reshape of the table."""
-    from torchlower.llm.compress import share_tied_table
-
-    share_tied_table(builder, _Holder(model))
 
 
 def untie_head(part: nn.Module, model: nn.Module) -> dict[int, str]:
