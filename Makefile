@@ -66,6 +66,7 @@ bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/run.py $(BENCH_ARGS)
 	$(MAKE) bench-speed
 	$(MAKE) bench-llm
+	$(MAKE) bench-whisper
 
 # Inference speed of the whole zoo vs torch_to_nnef / onnxruntime in one process, interleaved
 # (bench/zoo_ab.py → bench/results-issue16.md; ~5 min at load 4 with the default 30 rounds).
@@ -90,6 +91,14 @@ bench-llm: $(STAMP) $(LLMREF_STAMP)
 	mkdir -p $(LLM_BENCH_DIR)/small $(LLM_BENCH_DIR)/big
 	PYTHONPATH=$(CURDIR)/tests/subprocess_site:$(CURDIR) $(BIN)/python -m bench.llm_reference $(LLM_BENCH_DIR)/small --repeats 3
 	PYTHONPATH=$(CURDIR)/tests/subprocess_site:$(CURDIR) $(BIN)/python -m bench.llm_reference $(LLM_BENCH_DIR)/big --repeats 2 --big
+
+# Whisper in tract vs HF eager PyTorch (bench/whisper_decode.py): encoder ms and decode ms/token at
+# whisper-tiny's shapes and a smaller config, f32 and q4_0, single thread, ratios with the load.
+WHISPER_BENCH_DIR ?= /tmp/torchlower-bench-whisper
+bench-whisper: $(STAMP)
+	mkdir -p $(WHISPER_BENCH_DIR)
+	PYTHONPATH=$(CURDIR) $(BIN)/python -m bench.whisper_decode $(WHISPER_BENCH_DIR) --variants f32 q4_0 --rounds 5
+.PHONY: bench-whisper
 
 # A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000 [MODE=values]
 N ?= 10000

@@ -201,3 +201,40 @@ def test_short_softmax_and_amax_by_pool_keep_special_values(monkeypatch, tmp_pat
     assert (got - want).nan_to_num().abs().max() <= 1e-6
     # exact by construction: a max returns one of its operands, however the pool orders them
     assert torch.equal(torch.from_numpy(amax).nan_to_num(), torch.from_numpy(max_plain).nan_to_num())
+
+
+class CrossStep(nn.Module):
+    """A decoder step's cross-attention: new queries (symbolic S) over precomputed keys/values
+    (graph inputs), or over keys that are weights (``const_keys``)."""
+
+    def __init__(self, const_keys: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.keys = None if const_keys is None else nn.Parameter(const_keys, requires_grad=False)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k = k if self.keys is None else self.keys
+        return torch.matmul(torch.softmax(torch.matmul(q * 0.25, k.transpose(2, 3)), -1), v)
+
+
+@pytest.mark.parametrize(
+    ("keys", "const", "fuses"), [(256, False, True), (128, False, False), (256, True, False)]
+)
+def test_decode_step_cross_attention_becomes_sdpa(tmp_path, keys, const, fuses):
+    """A symbolic query length over ≥ MIN_DECODE_KEYS computed keys fuses (tract packs a
+    non-constant matmul operand on every call; flash reads it once); fewer keys, or keys that
+    are weights (packed once at load), keep the chain. Checked at S = 1 and S = 3."""
+    g = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(1, 2, keys, 16, generator=g) for _ in range(2))
+    model = CrossStep(k.clone() if const else None).eval()
+    example = (torch.randn(1, 2, 3, 16, generator=g), k, v)
+    report = torchlower.export(
+        model, example, tmp_path / "m.nnef.tar", input_names=["q", "k", "v"], dynamic_axes={"q": {2: "S"}}
+    )
+    assert report.errors and all(e.ok for e in report.errors), report.errors
+    assert report.op_histogram["tract_transformers_sdpa"] == int(fuses)
+    for s in (1, 3):
+        q = torch.randn(1, 2, s, 16, generator=g)
+        with torch.no_grad():
+            want = model(q, k, v).numpy()
+        got = run_in_tract(report.path, [q.numpy(), k.numpy(), v.numpy()])[0]
+        assert abs(got - want).max() <= 1e-5

@@ -182,3 +182,20 @@ def test_generate_applies_the_generation_config_as_hf(tmp_path: Path) -> None:
     tokens = llm.generate(report.path, START, 32, input_features=features)
     assert tokens == want and tokens[-1] == eos and len(tokens) < 32  # stopped at the end of text
     assert not set(tokens) & set(suppress) and tokens[0] != first
+
+
+def test_q4_0_packs_the_tied_head_apart_from_the_table(tmp_path: Path) -> None:
+    """d_model 32 (one Q4_0 block): the head tied to the token table is its own Q4_0 matrix,
+    the lookup keeps the f32 table, and the export's check (HF untied on the dequantized head)
+    passes with HF's tokens."""
+    model = speech_models.whisper(d_model=32)
+    model.save_pretrained(tmp_path / "hf")
+    report = llm.export(tmp_path / "hf", tmp_path / "w", compress="q4_0")
+    assert report.tokens == report.reference_tokens
+    with tarfile.open(report.path / "decoder.nnef.tgz") as tar:
+        headers = {
+            name: tar.extractfile(name).read(128)  # type: ignore[union-attr]
+            for name in ("proj_out.weight.dat", "decoder.embed_tokens.weight.dat")
+        }
+    assert headers["proj_out.weight.dat"][48:52] == bytes([0x40, 0x30, 0x52, 0x54])  # Q4_0 blocks
+    assert headers["decoder.embed_tokens.weight.dat"][48:50] == bytes([0, 0])  # float

@@ -29,9 +29,11 @@ def export_part(
     names_out: list[str], axes: dict[str, Any] | None, precision: str, compress: str | None,
     check: bool, extensions: list[str], props: dict[str, Any], files: dict[str, bytes],
     frontend: str = "export", rewrite: Callable[[Any], object] | None = None,
+    keep_float: frozenset[str] = frozenset(),
 ) -> tuple[report.ExportReport, dict[str, torch.Tensor] | None]:  # fmt: skip
     """``torchlower.export``'s stages, with the graph's bounds, properties and bundled files;
-    ``rewrite(builder)`` runs after the pipeline's passes (e.g. ``precision.keep_f32``)."""
+    ``rewrite(builder)`` runs after the pipeline's passes (e.g. ``precision.keep_f32``);
+    ``keep_float``: parameters q4_0 leaves float (a token table)."""
     req = request.request(
         module, example, target, input_names=names_in, output_names=names_out, frontend=frontend,
         check=check, tolerance=None, precision=precision, compress=compress, dynamic_axes=axes,
@@ -46,7 +48,7 @@ def export_part(
     )
     captured = capture.capture(req, ref)
     builder = captured.builder
-    dequantized = optimize.compress(builder, ref.module, compress)
+    dequantized = optimize.compress(builder, ref.module, compress, keep_float)
     optimize.optimize(builder)
     if rewrite is not None:
         rewrite(builder)
@@ -89,23 +91,34 @@ def naming(folder: Path, target: Path) -> Iterator[None]:
 
 
 def dequantized_model(
-    model: nn.Module, *parts: tuple[nn.Module, dict[str, torch.Tensor] | None]
+    model: nn.Module,
+    *parts: tuple[nn.Module, dict[str, torch.Tensor] | None],
+    aliases: dict[int, str] | None = None,
 ) -> nn.Module:
-    """``model`` itself, or a copy running the dequantized weights of the compressed parts
-    (each part's weights are named as the part names its parameters: found by identity)."""
+    """``model`` itself, or a copy running the dequantized weights of the compressed parts (each
+    part's weights named as the part names its parameters, found by identity; ``aliases`` name
+    the parameters the parts hold as copies, from ``seq2seq_head.untie_head``). Each replaced
+    weight is a new parameter of the copy, so a tied table keeps its own values when only the
+    head was packed."""
     if not any(weights for _, weights in parts):
         return model
-    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    names: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+    names |= {i: [n] for i, n in (aliases or {}).items()}
     state: dict[str, torch.Tensor] = {}
     for part, weights in parts:
         own = dict(part.named_parameters(remove_duplicate=False))
         for name, tensor in (weights or {}).items():
             if name not in own or id(own[name]) not in names:
                 raise CheckError(f"dequantized weight {name!r} has no parameter in {type(model).__name__}")
-            state[names[id(own[name])]] = tensor
+            found = names[id(own[name])]  # a tied parameter: the model's name that ends as the part's
+            state[next((n for n in found if n.endswith(name)), found[0])] = tensor
     clone = copy.deepcopy(model)
-    params = dict(clone.named_parameters(remove_duplicate=False))
-    with torch.no_grad():
-        for name, tensor in state.items():
-            params[name].copy_(tensor)
+    for name, tensor in state.items():
+        owner, _, attr = name.rpartition(".")
+        target = clone.get_submodule(owner)
+        old = getattr(target, attr)
+        fresh = nn.Parameter(tensor.detach().to(old.dtype).reshape(old.shape), requires_grad=False)
+        setattr(target, attr, fresh)
     return clone.eval()

@@ -32,6 +32,7 @@ from torchlower.core.staging import staged
 from torchlower.errors import CheckError, InvalidArgumentError
 from torchlower.llm.part_export import dequantized_model, export_part, folder_target, naming
 from torchlower.llm.seq2seq_families import context_limit, layout_of, parts
+from torchlower.llm.seq2seq_head import table_names, untie_head
 from torchlower.llm.seq2seq_parts import Seq2SeqLayout
 from torchlower.pipeline import report
 
@@ -102,6 +103,7 @@ def export(
         )
     props = _properties(model, layout, context, precision, compress)
     encoder, decoder = parts(model, layout)
+    aliases = untie_head(decoder, model) if compress == "q4_0" else {}  # the head packs apart
     with staged(target) as folder, naming(folder, target):
         folder.mkdir()
         with progress.stage("encoder"):
@@ -117,6 +119,7 @@ def export(
                 decoder, _decoder_example(layout), folder / DECODER,
                 layout.decoder_inputs(), layout.decoder_outputs(), _decoder_axes(layout, context), precision,
                 compress, check, _bounds(context), props | {"torchlower.llm.part": "decoder"}, files,
+                keep_float=table_names(decoder, model),
             )  # fmt: skip
         (folder / MANIFEST).write_text(
             json.dumps(_manifest(model, layout, context, precision, compress), indent=1)
@@ -127,7 +130,9 @@ def export(
             enc, dec, 0, bundled=sorted(files),
         )  # fmt: skip
         if check:
-            reference_model = dequantized_model(model, (encoder, enc_weights), (decoder, dec_weights))
+            reference_model = dequantized_model(
+                model, (encoder, enc_weights), (decoder, dec_weights), aliases=aliases
+            )
             with progress.stage("checking against Hugging Face"):
                 _check_end_to_end(result, model, reference_model, layout, precision)
         result.archive_bytes = sum(f.stat().st_size for f in folder.iterdir())

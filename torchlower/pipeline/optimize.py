@@ -10,12 +10,15 @@ from torchlower.nnef import guards, passes, quant
 from torchlower.nnef.builder import NNEFBuilder
 
 
-def compress(builder: NNEFBuilder, module: nn.Module, compress: str | None) -> dict[str, torch.Tensor] | None:
-    """Pack eligible weights (``compress="q4_0"``); returns the dequantized parameters PyTorch
-    checks against, or None without compression."""
+def compress(
+    builder: NNEFBuilder, module: nn.Module, compress: str | None, keep_float: frozenset[str] = frozenset()
+) -> dict[str, torch.Tensor] | None:
+    """Pack eligible weights (``compress="q4_0"``) but those named in ``keep_float``; returns
+    the dequantized parameters PyTorch checks against, or None without compression."""
     if compress is None:
         return None
     params = dict(module.named_parameters()) | dict(module.named_buffers())
+    params = {k: v for k, v in params.items() if k not in keep_float}
     return quant.compress_weights(builder, quant.FORMATS[compress], params)
 
 
