@@ -155,6 +155,12 @@ def _suggested_bounds(spec: Any, symbols: list[str], text: str) -> dict[str, tup
     return found if set(found) == set(symbols) else None
 
 
+def _narrows_declared(declared: tuple[int, int | None], adopted: tuple[int, int | None]) -> bool:
+    """Whether ``adopted`` cuts into a bound the caller set: an upper bound, or a lower one above 1."""
+    (lo, hi), (new_lo, new_hi) = declared, adopted
+    return (hi is not None and new_hi is not None and new_hi < hi) or (lo > 1 and new_lo > lo)
+
+
 def _outside(lo: int, hi: int | None) -> list[int]:
     """The sizes just outside ``[lo, hi]`` (none below 1)."""
     return [lo - 1] * (lo > 1) + ([hi + 1] if hi is not None else [])
@@ -170,8 +176,8 @@ def _export_restricted(
     says which sizes PyTorch runs at that the archive refuses, and the check runs at the bound.
     None (nothing changed) when torch.export still refuses."""
     bounds = _suggested_bounds(spec, symbols, text) if spec.export_restricts else None
-    if bounds is None:
-        return None
+    if bounds is None or any(_narrows_declared(spec.bounds.get(s, (1, None)), b) for s, b in bounds.items()):
+        return None  # a range the caller declared (an LLM's context) is refused, not narrowed
     before, notes, kept = dict(spec.bounds), len(builder.notes), len(spec.extra_checks)
     spec.bounds.update(bounds)
     for sym, (lo, hi) in sorted(bounds.items()):

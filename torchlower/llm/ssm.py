@@ -51,7 +51,8 @@ class StateLayout:
         """The fixed-size states only (what stays explicit I/O)."""
         return [n for n, k in zip(self.names(io), self.kinds, strict=True) if k not in KV_KINDS]
 
-    def input_names(self) -> list[str]:
+    def input_names(self, logits: str = "last") -> list[str]:
+        """``input_ids`` then the states (``logits="keep"`` is refused for these models)."""
         return ["input_ids", *self.names("in")]
 
     def output_names(self) -> list[str]:
