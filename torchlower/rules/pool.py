@@ -112,6 +112,7 @@ def max_pool(
         "stride": _full(s),
         "dilation": _full(d),
     }
+    # float NaN and all -inf windows as torch: nnef/guards_values.py (nan_pools)
     y = b.call("max_pool", [x], attrs, dtype=x.dtype, shape=(*shape_of(x)[:2], *out))
     return _unbatched(b, y, unbatched)
 

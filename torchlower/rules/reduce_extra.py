@@ -15,7 +15,7 @@ from torchlower.core.values import Dim, Value, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of, size_tensor
-from torchlower.rules.math import binary, cast, floating, unary
+from torchlower.rules.math import binary, cast, floating, maximum, minimum, unary
 
 Dims = int | Sequence[int] | None
 
@@ -71,14 +71,14 @@ def min_all(b: Builder, x: Value) -> Value:
 
 @rule("aten::max.other")
 def max_other(b: Builder, x: Value, other: Value) -> Value:
-    """max.other(Tensor self, Tensor other) -> Tensor (elementwise, like maximum)"""
-    return binary(b, "max", x, other)
+    """max.other(Tensor self, Tensor other) -> Tensor (elementwise, like maximum: NaN kept)"""
+    return maximum(b, x, other)
 
 
 @rule("aten::min.other")
 def min_other(b: Builder, x: Value, other: Value) -> Value:
-    """min.other(Tensor self, Tensor other) -> Tensor"""
-    return binary(b, "min", x, other)
+    """min.other(Tensor self, Tensor other) -> Tensor (elementwise, like minimum: NaN kept)"""
+    return minimum(b, x, other)
 
 
 @rule("aten::aminmax")
