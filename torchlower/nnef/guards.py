@@ -116,6 +116,8 @@ def _widened(b: NNEFBuilder, a: Assignment) -> list[Assignment] | None:
     if not isinstance(x, Value) or x.dtype not in _WIDER or a.outputs[0].dtype != x.dtype:
         return None
     wide, to_wide, back = _WIDER[x.dtype]
+    if b.precision == "f16" and x.dtype == torch.float32:  # typed f32, f16 in tract: f16 → f32 → f16
+        wide, to_wide, back = torch.float64, "f32", "f16"
     y = a.outputs[0]
     xw = Value(b.fresh(f"{x.name}_{to_wide}"), wide, x.shape)
     yw = Value(b.fresh(f"{y.name}_{to_wide}"), wide, y.shape)

@@ -12,8 +12,8 @@ steers around (measured with the ``tract`` Python package on a one-op graph):
   of the sigmoid alone ([1, 64, 56, 56]: 2.4–4.5 ms → 6.2 ms single-threaded, loaded machine).
 - ``nan_extrema`` (before ``wide_extrema``): tract's ``max_reduce`` / ``min_reduce`` skip NaN
   (``max([1, NaN, 3])`` is 3; torch NaN). The row's NaN is brought back with
-  ``select(isnan(s), s, reduce(x))``, ``s`` the sum of ``x``'s NaNs (zeros elsewhere). Not in
-  ``precision="f16"`` graphs (left as tract computes it there).
+  ``select(isnan(s), s, reduce(x))``, ``s`` the sum of ``x``'s NaNs (zeros elsewhere); in
+  ``precision="f16"`` graphs too (the zero typed f16 there).
 - ``nan_tanh``: tract's ``tanh(NaN)`` is -0.9999994 (torch NaN): ``select(isnan(x), x, tanh(x))``.
 - ``fused_clamps``: tract's binary ``max`` / ``min`` and ``relu`` return the other operand for a
   NaN (``max(NaN, 0.0)`` is 0). The clamp family is lowered NaN-keeping by its rules
@@ -95,8 +95,6 @@ def nan_extrema(b: NNEFBuilder) -> bool:
     """Float ``max_reduce`` / ``min_reduce``: a row holding NaN gives NaN. Not where only
     comparisons read the result (attention's test for fully masked rows, which
     ``nnef/fusions.py`` recognizes and drops: the softmax there carries the NaN anyway)."""
-    if b.precision == "f16":  # values are typed f32 until the f16 pass: no typed constant fits
-        return False
     readers: dict[str, set[str]] = {}
     for a in b.assignments:
         for v in a.args:
@@ -112,8 +110,7 @@ def nan_extrema(b: NNEFBuilder) -> bool:
         if y.dtype != x.dtype:
             return None
         n, isnan = _isnan(b, x, a.scope)
-        rank = len(x.shape) if x.shape is not None else 0
-        zero, define = edit.variable(b, torch.zeros([1] * rank, dtype=x.dtype), f"constants/{y.name}_zero")
+        zero, define = _typed(b, x, 0.0, "zero")  # f16 in an f16 export
         only, s, r, bad = (_fresh(b, x, "nan_only"), _fresh(b, y, "nans"), _fresh(b, y, "kept"),
                            _fresh(b, y, "has_nan", torch.bool))  # fmt: skip
         return [

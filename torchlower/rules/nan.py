@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from torchlower.core.values import Value
+from torchlower.core.values import Value, constant
 from torchlower.rules.common import Builder, cast
 from torchlower.rules.math import binary, select
 
@@ -48,11 +48,29 @@ def bounded(b: Builder, x: Value, lo: float | None, hi: float | None) -> Value:
     ``-0.0`` stays ``-0.0`` against a bound 0 (tract's ``max`` / ``relu`` give the bound, +0)."""
     y = x
     if lo is not None:
-        y = select(b, binary(b, "lt", y, lo), lo, y)
+        y = select(b, _compare(b, "lt", y, lo), _operand(b, x, lo), y)
     if hi is not None:
-        y = select(b, binary(b, "gt", y, hi), hi, y)
+        y = select(b, _compare(b, "gt", y, hi), _operand(b, x, hi), y)
     b.clamps[y.name] = (x, lo, hi)  # guards_values.fused_clamps may make it tract's max / min again
     return y
+
+
+def _compare(b: Builder, op: str, x: Value, bound: float) -> Value:
+    """The test, named aside: the clamp's result takes the node's name (the same archive bytes
+    as tract's plain form where ``fused_clamps`` gives that back)."""
+    hint, b.hint = b.hint, f"{b.hint}_{op}"
+    try:
+        return binary(b, op, x, bound)
+    finally:
+        b.hint = hint
+
+
+def _operand(b: Builder, x: Value, bound: float) -> Value | float:
+    """A literal, or in an f16 export a typed constant (tract's select takes no f32 literal
+    beside an f16 tensor)."""
+    if b.precision != "f16":
+        return bound
+    return b.tensor(constant(torch.tensor(bound, dtype=x.dtype)))
 
 
 def relu(b: Builder, x: Value) -> Value:
