@@ -349,7 +349,8 @@ def atan2(b: Builder, y: Value, x: Value) -> Value:
     # y = -0.0 turns by -pi like y < 0 (torch: atan2(-0., -1.) = -pi); only 1 / y tells -0 from +0
     below = binary(b, "or", binary(b, "lt", y, 0.0), binary(b, "lt", unary(b, "recip", y), 0.0))
     turn = select(b, below, -math.pi, math.pi)
-    shifted = binary(b, "add", base, select(b, binary(b, "lt", x, 0.0), turn, 0.0))
+    # base + 0.0 would turn a -0.0 (atan2(-0., denormal)) into +0: the turn is selected instead
+    shifted = select(b, binary(b, "lt", x, 0.0), binary(b, "add", base, turn), base)
     origin = binary(b, "and", binary(b, "eq", x, 0.0), binary(b, "eq", y, 0.0))
     # at the origin the zeros' signs decide: x = -0 gives ±pi (by y's sign), x = +0 gives y (±0)
     at_origin = select(b, binary(b, "lt", unary(b, "recip", x), 0.0), turn, y)

@@ -70,7 +70,11 @@ def _operand(b: Builder, x: Value, bound: float) -> Value | float:
     beside an f16 tensor)."""
     if b.precision != "f16":
         return bound
-    return b.tensor(constant(torch.tensor(bound, dtype=x.dtype)))
+    hint, b.hint = b.hint, f"{b.hint}_bound"
+    try:
+        return b.tensor(constant(torch.full([1] * x.rank, bound, dtype=x.dtype)))
+    finally:
+        b.hint = hint
 
 
 def relu(b: Builder, x: Value) -> Value:
