@@ -159,8 +159,9 @@ def special_campaign(n: int, seed: int, batch: int, max_ops: int, frontends: tup
     @given(special_batches(batch, max_ops))
     def campaign(cases: list) -> None:
         for outcome in runner.run(cases):
-            if outcome.status not in OK:
+            if outcome.status not in OK:  # with the program: a long run may be stopped early
                 print(f"  !! {outcome.status} ({outcome.frontend}): {outcome.detail[:300]}", flush=True)
+                print(cases[outcome.case].describe()[:3000], flush=True)
         done = sum(runner.counts.values()) // len(runner.frontends)
         if done % (batch * 10) == 0:
             print(f"  {done} cases, {dict(runner.counts)} ({time.monotonic() - started:.0f} s)", flush=True)

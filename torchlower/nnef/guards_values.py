@@ -196,22 +196,30 @@ def fused_clamps(b: NNEFBuilder) -> bool:
     def replace(a: Assignment) -> list[Assignment] | None:
         if len(a.outputs) != 1 or a.outputs[0].name not in b.clamps:
             return None
-        x, lo, hi = b.clamps[a.outputs[0].name]
+        x, lo, hi, first = b.clamps[a.outputs[0].name]
         if not _from_kernel(x, producers, uses, _CHAIN + 1):
             return None
         y = a.outputs[0]
         if lo == 0.0 and hi is None:
             return [Assignment([y], "relu", [x], {}, a.scope)]
-        steps, v = [], x
-        for op, bound in (("max", lo), ("min", hi)):
-            if bound is not None:
-                out = _fresh(b, y, op)
-                steps.append(Assignment([out], op, [v, bound], {}, a.scope))
-                v = out
-        steps[-1].outputs = [y]
-        return steps
+        if lo is None or hi is None:
+            return [
+                Assignment([y], "max" if hi is None else "min", [x, lo if hi is None else hi], {}, a.scope)
+            ]
+        # the lo step keeps its name (the archive as the plain max / min wrote it); its select goes
+        renamed.add(first.name)
+        return [
+            Assignment([first], "max", [x, lo], {}, a.scope),
+            Assignment([y], "min", [first, hi], {}, a.scope),
+        ]
 
-    return replacing(b, replace)
+    renamed: set[str] = set()
+    changed = replacing(b, replace)
+    if renamed:
+        b.assignments = [a for a in b.assignments if not (a.op == "select" and a.outputs[0].name in renamed)]
+    if changed:
+        b.assignments = b.live_assignments()
+    return changed
 
 
 _NUMBER_ONLY = ("relu",)  # tract's relu / max with a finite scalar: never NaN, never -inf

@@ -49,9 +49,10 @@ def bounded(b: Builder, x: Value, lo: float | None, hi: float | None) -> Value:
     y = x
     if lo is not None:
         y = select(b, _compare(b, "lt", y, lo), _operand(b, x, lo), y)
+    first = y
     if hi is not None:
         y = select(b, _compare(b, "gt", y, hi), _operand(b, x, hi), y)
-    b.clamps[y.name] = (x, lo, hi)  # guards_values.fused_clamps may make it tract's max / min again
+    b.clamps[y.name] = (x, lo, hi, first)  # guards_values.fused_clamps may make it tract's max / min again
     return y
 
 
