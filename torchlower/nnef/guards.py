@@ -102,6 +102,8 @@ def before_passes(b: NNEFBuilder) -> None:
     """The guards whose rewrite the passes should see (and may optimize further)."""
     if b.quantization:
         return
+    if b.clamps:  # equal nodes merged first: a clamp's operand shared after merging is not fused
+        merge_duplicates(b)
     guards_values.apply_before_passes(b)  # NaN, ±inf and tails as torch (nnef/guards_values.py)
     wide_extrema(b)
 

@@ -197,7 +197,9 @@ def fused_clamps(b: NNEFBuilder) -> bool:
         if len(a.outputs) != 1 or a.outputs[0].name not in b.clamps:
             return None
         x, lo, hi, first = b.clamps[a.outputs[0].name]
-        if not _from_kernel(x, producers, uses, _CHAIN + 1):
+        # only where tract can fuse it: x read by nothing but this clamp's test and select (an
+        # unfused tract relu drops the NaN; fused into the kernel it kept it in every case tried)
+        if uses[x.name] != 2 or not _from_kernel(x, producers, uses, _CHAIN + 1):
             return None
         y = a.outputs[0]
         if lo == 0.0 and hi is None:
