@@ -91,7 +91,7 @@ bench-llm: $(STAMP) $(LLMREF_STAMP)
 	PYTHONPATH=$(CURDIR)/tests/subprocess_site:$(CURDIR) $(BIN)/python -m bench.llm_reference $(LLM_BENCH_DIR)/small --repeats 3
 	PYTHONPATH=$(CURDIR)/tests/subprocess_site:$(CURDIR) $(BIN)/python -m bench.llm_reference $(LLM_BENCH_DIR)/big --repeats 2 --big
 
-# A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000 [MODE=values]
+# A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000 [MODE=values|special]
 N ?= 10000
 fuzz: $(STAMP)
 	$(BIN)/python -m tests.fuzz_campaign -n $(N) --mode $(or $(MODE),ops)

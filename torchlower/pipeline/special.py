@@ -9,8 +9,8 @@ compared position by position (NaN where torch has NaN, the same infinity where 
   (the model clamps, masks or saturates the special values away), and then either ✓ or listed
   as skipped *with the difference found* (never failing: a model that never sees NaN must
   not be refused for ``sign(NaN)``); otherwise listed as skipped with the count of torch's
-  non-finite elements — a NaN in an input usually spreads, and tract's ``relu`` / pooling of
-  NaN are documented differences (docs/reliability.md);
+  non-finite elements — a NaN in an input usually spreads, and the differences left at NaN /
+  inf are documented (docs/reliability.md);
 - ``check="special"``: always counted, so every difference at NaN / inf refuses the export.
 """
 
