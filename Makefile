@@ -100,7 +100,7 @@ bench-whisper: $(STAMP)
 	PYTHONPATH=$(CURDIR) $(BIN)/python -m bench.whisper_decode $(WHISPER_BENCH_DIR) --variants f32 q4_0 --rounds 5
 .PHONY: bench-whisper
 
-# A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000 [MODE=values]
+# A long fuzzing campaign (tests/fuzz_campaign.py): make fuzz N=10000 [MODE=values|special]
 N ?= 10000
 fuzz: $(STAMP)
 	$(BIN)/python -m tests.fuzz_campaign -n $(N) --mode $(or $(MODE),ops)

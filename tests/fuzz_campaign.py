@@ -27,9 +27,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-ops", type=int, default=5)
     parser.add_argument(
         "--mode",
-        choices=["ops", "values"],
+        choices=["ops", "values", "special"],
         default="ops",
-        help="ops: random op chains; values: op chains with a branch / .item() / loop count inserted",
+        help="ops: random op chains; values: op chains with a branch / .item() / loop count inserted;"
+        " special: op chains fed NaN, ±inf, ±0, extreme normals and denormals (tests/fuzz_special.py)",
     )
     parser.add_argument("--frontends", default="jit,fx,export", help="values mode: front ends to run")
     opts = parser.parse_args(argv)
@@ -37,6 +38,8 @@ def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore")
     if opts.mode == "values":
         return values_campaign(opts.n, opts.seed, opts.max_ops, tuple(opts.frontends.split(",")))
+    if opts.mode == "special":
+        return special_campaign(opts.n, opts.seed, opts.batch, opts.max_ops, tuple(opts.frontends.split(",")))
     runner = Runner()
     started = time.monotonic()
     batches_needed = -(-opts.n // opts.batch)
@@ -133,6 +136,59 @@ def values_campaign(n: int, seed: int, max_ops: int, frontends: tuple[str, ...])
         lines += ["", f"--- {outcome.status} ({outcome.frontend}): {outcome.detail[:800]}", case.describe()]
     for outcome, case in runner.noted[:40]:  # to triage by hand: check refusals, noise-only passes
         lines += ["", f"--- note: {outcome.status} ({outcome.frontend}): {outcome.detail[:800]}"]
+        lines.append(case.describe())
+    print("\n".join(lines))
+    return 1 if runner.failures else 0
+
+
+def special_campaign(n: int, seed: int, batch: int, max_ops: int, frontends: tuple[str, ...]) -> int:
+    """``--mode special``: every case verified position by position, typed, or refused by
+    ``check="special"``; never ``silent``."""
+    from tests.fuzz_special import OK, SpecialRunner, special_batches
+
+    runner = SpecialRunner(frontends)
+    started = time.monotonic()
+
+    @settings(
+        max_examples=-(-n // batch),
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(special_batches(batch, max_ops))
+    def campaign(cases: list) -> None:
+        for outcome in runner.run(cases):
+            if outcome.status not in OK:  # with the program: a long run may be stopped early
+                print(f"  !! {outcome.status} ({outcome.frontend}): {outcome.detail[:300]}", flush=True)
+                print(cases[outcome.case].describe()[:3000], flush=True)
+        done = sum(runner.counts.values()) // len(runner.frontends)
+        if done % (batch * 10) == 0:
+            print(f"  {done} cases, {dict(runner.counts)} ({time.monotonic() - started:.0f} s)", flush=True)
+
+    campaign._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
+    try:
+        campaign()
+    except KeyboardInterrupt:
+        print("interrupted: the figures below are for the cases run until then", flush=True)
+    runs = sum(runner.counts.values())
+    statuses = ("verified", "typed", "check", "noise", "silent", "torch", "tract", "raw")
+    lines = [
+        f"special-values cases: {runs // len(frontends)} generated, {runs} case runs over"
+        f" {', '.join(frontends)} in {time.monotonic() - started:.0f} s (seed {seed})",
+        "| | " + " | ".join(frontends) + " | total |",
+        *(
+            f"| {s} | "
+            + " | ".join(str(runner.per_frontend[(fe, s)]) for fe in frontends)
+            + f" | {runner.counts[s]} |"
+            for s in statuses
+        ),
+        "typed errors: " + ", ".join(f"{k} {v}" for k, v in runner.typed.most_common()),
+    ]
+    for outcome, case in runner.failures:
+        lines += ["", f"--- {outcome.status} ({outcome.frontend}): {outcome.detail[:800]}", case.describe()]
+    for outcome, case in runner.refused[:30]:
+        lines += ["", f"--- {outcome.status} ({outcome.frontend}): {outcome.detail[:500]}"]
         lines.append(case.describe())
     print("\n".join(lines))
     return 1 if runner.failures else 0

@@ -103,6 +103,9 @@ class NNEFBuilder:
         self._qvalues: dict[str, QParams] = {}  # those plus values that inherit their type
         self.dequantized_steps: list[float] = []  # scales of quantized tensors turned back into floats
         self.fragments: dict[str, str] = {}  # fragment text by name (bodies of tract_core_scan)
+        # NaN-keeping clamps (rules/nan.py) by result name: (input, lo, hi); where tract would fuse
+        # a plain max / min into the producing conv, nnef/guards_values.py gives that back
+        self.clamps: dict[str, tuple[Value, float | None, float | None, Value]] = {}  # + the lo step
 
     # ---- names --------------------------------------------------------------------------
     def fresh(self, hint: str | None = None) -> str:

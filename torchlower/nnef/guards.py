@@ -102,6 +102,8 @@ def before_passes(b: NNEFBuilder) -> None:
     """The guards whose rewrite the passes should see (and may optimize further)."""
     if b.quantization:
         return
+    if b.clamps:  # equal nodes merged first: a clamp's operand shared after merging is not fused
+        merge_duplicates(b)
     guards_values.apply_before_passes(b)  # NaN, ±inf and tails as torch (nnef/guards_values.py)
     wide_extrema(b)
 
@@ -116,6 +118,8 @@ def _widened(b: NNEFBuilder, a: Assignment) -> list[Assignment] | None:
     if not isinstance(x, Value) or x.dtype not in _WIDER or a.outputs[0].dtype != x.dtype:
         return None
     wide, to_wide, back = _WIDER[x.dtype]
+    if b.precision == "f16" and x.dtype == torch.float32:  # typed f32, f16 in tract: f16 → f32 → f16
+        wide, to_wide, back = torch.float64, "f32", "f16"
     y = a.outputs[0]
     xw = Value(b.fresh(f"{x.name}_{to_wide}"), wide, x.shape)
     yw = Value(b.fresh(f"{y.name}_{to_wide}"), wide, y.shape)

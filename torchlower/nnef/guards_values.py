@@ -12,17 +12,17 @@ steers around (measured with the ``tract`` Python package on a one-op graph):
   of the sigmoid alone ([1, 64, 56, 56]: 2.4–4.5 ms → 6.2 ms single-threaded, loaded machine).
 - ``nan_extrema`` (before ``wide_extrema``): tract's ``max_reduce`` / ``min_reduce`` skip NaN
   (``max([1, NaN, 3])`` is 3; torch NaN). The row's NaN is brought back with
-  ``select(isnan(s), s, reduce(x))``, ``s`` the sum of ``x``'s NaNs (zeros elsewhere). Not in
-  ``precision="f16"`` graphs (left as tract computes it there).
+  ``select(isnan(s), s, reduce(x))``, ``s`` the sum of ``x``'s NaNs (zeros elsewhere); in
+  ``precision="f16"`` graphs too (the zero typed f16 there).
 - ``nan_tanh``: tract's ``tanh(NaN)`` is -0.9999994 (torch NaN): ``select(isnan(x), x, tanh(x))``.
-- ``nan_min_max`` (written, **not applied**): tract's binary ``max`` / ``min`` return the other
-  operand for a NaN (``max(NaN, 0.0)`` is 0, so ``clamp`` too). Selecting the NaN back on every
-  graph broke rules that rely on that very behaviour (``log1p``'s ``min(x / gap, 2)`` turns
-  inf/inf into 2, so ``log1p(inf)`` became NaN): it needs the clamp / maximum / minimum rules
-  to mark their own min / max first.
-
-Left as tract computes it (docs/reliability.md): ``relu``, ``clamp``, ``maximum`` / ``minimum``
-of NaN, ``argmax`` / ``argmin`` skipping NaN, ``max_pool`` windows (pooling, not reductions).
+- ``fused_clamps``: tract's binary ``max`` / ``min`` and ``relu`` return the other operand for a
+  NaN (``max(NaN, 0.0)`` is 0). The clamp family is lowered NaN-keeping by its rules
+  (``rules/nan.py``: compare and select, which every rule relying on tract's own ``min`` —
+  ``log1p``'s ``min(x / gap, 2)`` — does not use); this guard gives tract's fusable form back
+  where the clamp reads a conv / matmul output, for speed (the one difference left there).
+- ``torch_casts``: tract's float → integer casts saturate (NaN → 0, +inf → MAX) where torch's
+  x86 kernels give the "integer indefinite" value: INT_MIN of the 32- or 64-bit conversion
+  (and its low bits, 0, for 8- and 16-bit targets).
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ _COMPARISONS = {"gt", "ge", "lt", "le", "eq", "ne"}
 
 def apply_before_passes(b: NNEFBuilder) -> None:
     """Every guard of this module (before ``wide_extrema``, which widens the reduction kept)."""
+    fused_clamps(b)
+    nan_pools(b)
+    torch_casts(b)
     nan_extrema(b)
     accurate_sigmoid(b)
     nan_tanh(b)
@@ -92,8 +95,6 @@ def nan_extrema(b: NNEFBuilder) -> bool:
     """Float ``max_reduce`` / ``min_reduce``: a row holding NaN gives NaN. Not where only
     comparisons read the result (attention's test for fully masked rows, which
     ``nnef/fusions.py`` recognizes and drops: the softmax there carries the NaN anyway)."""
-    if b.precision == "f16":  # values are typed f32 until the f16 pass: no typed constant fits
-        return False
     readers: dict[str, set[str]] = {}
     for a in b.assignments:
         for v in a.args:
@@ -109,8 +110,7 @@ def nan_extrema(b: NNEFBuilder) -> bool:
         if y.dtype != x.dtype:
             return None
         n, isnan = _isnan(b, x, a.scope)
-        rank = len(x.shape) if x.shape is not None else 0
-        zero, define = edit.variable(b, torch.zeros([1] * rank, dtype=x.dtype), f"constants/{y.name}_zero")
+        zero, define = _typed(b, x, 0.0, "zero")  # f16 in an f16 export
         only, s, r, bad = (_fresh(b, x, "nan_only"), _fresh(b, y, "nans"), _fresh(b, y, "kept"),
                            _fresh(b, y, "has_nan", torch.bool))  # fmt: skip
         return [
@@ -161,36 +161,184 @@ def nan_tanh(b: NNEFBuilder) -> bool:
     return replacing(b, replace)
 
 
-def nan_min_max(b: NNEFBuilder) -> bool:
-    """Float binary ``max`` / ``min`` give the NaN operand (as torch's ``maximum``, ``clamp``).
-    A clamp's chain ``min(max(x, lo), hi)`` (the inner read once, a scalar bound) is guarded
-    once, on ``x``."""
+_KERNELS = ("conv", "deconv", "matmul", "linear", "tract_core_einsum")
+_AFFINE = ("add", "sub", "mul", "div")  # bias, batch norm, residual: tract fuses them into the kernel
+_CHAIN = 4
+
+
+def _from_kernel(
+    v: object, producers: dict[str, Assignment], uses: dict[str, int], depth: int = _CHAIN
+) -> bool:
+    """Whether ``v`` is a conv / matmul output, maybe through single-use affine steps."""
+    p = producers.get(v.name) if isinstance(v, Value) else None
+    if p is None or depth == 0:
+        return False
+    if p.op in _KERNELS:
+        return True
+    return p.op in _AFFINE and any(
+        _from_kernel(u, producers, uses, depth - 1)
+        for u in p.args
+        if isinstance(u, Value) and uses[u.name] == 1
+    )
+
+
+def fused_clamps(b: NNEFBuilder) -> bool:
+    """Speed over NaN where tract fuses: a NaN-keeping clamp / ReLU (``rules/nan.py``: compare and
+    select) of a conv or matmul output becomes tract's ``relu`` / ``max`` / ``min`` again, which
+    tract 0.23.9 fuses into the kernel. Measured single-threaded with the selects everywhere:
+    ResNet-18 1.20×, MobileNet-v2 2.66× slower (its ReLU6 after every conv). There a NaN coming
+    out of the conv becomes the bound and ``-0.0`` becomes +0 (docs/reliability.md; the check's
+    special-values point finds it, ``check="special"`` refuses it)."""
+    if not b.clamps:
+        return False
     producers, uses = edit.producers(b), edit.uses(b)
-    inner: dict[str, Value] = {}  # an outer max / min's operand name -> the chain's input
-    for a in b.assignments:
-        if a.op in ("max", "min") and len(a.args) == 2 and sum(_float(v) for v in a.args) == 1:
-            (v,) = [v for v in a.args if _float(v)]
-            p = producers.get(v.name)
-            if p is not None and p.op in ("max", "min") and uses[v.name] == 1 and len(p.args) == 2:
-                tensors = [u for u in p.args if isinstance(u, Value)]
-                if len(tensors) == 1 and _float(tensors[0]):
-                    inner[v.name] = tensors[0]
-    absorbed = set(inner)
 
     def replace(a: Assignment) -> list[Assignment] | None:
-        if a.op not in ("max", "min") or len(a.args) != 2 or a.outputs[0].dtype not in _FLOATS:
+        if len(a.outputs) != 1 or a.outputs[0].name not in b.clamps:
+            return None
+        x, lo, hi, first = b.clamps[a.outputs[0].name]
+        # only where tract can fuse it: x read by nothing but this clamp's test and select (an
+        # unfused tract relu drops the NaN; fused into the kernel it kept it in every case tried)
+        if uses[x.name] != 2 or not _from_kernel(x, producers, uses, _CHAIN + 1):
             return None
         y = a.outputs[0]
-        if y.name in absorbed or not any(_float(v) for v in a.args):
+        if lo == 0.0 and hi is None:
+            return [Assignment([y], "relu", [x], {}, a.scope)]
+        if lo is None or hi is None:
+            return [
+                Assignment([y], "max" if hi is None else "min", [x, lo if hi is None else hi], {}, a.scope)
+            ]
+        # the lo step keeps its name (the archive as the plain max / min wrote it); its select goes
+        renamed.add(first.name)
+        return [
+            Assignment([first], "max", [x, lo], {}, a.scope),
+            Assignment([y], "min", [first, hi], {}, a.scope),
+        ]
+
+    renamed: set[str] = set()
+    changed = replacing(b, replace)
+    if renamed:
+        b.assignments = [a for a in b.assignments if not (a.op == "select" and a.outputs[0].name in renamed)]
+    if changed:
+        b.assignments = b.live_assignments()
+    return changed
+
+
+_NUMBER_ONLY = ("relu",)  # tract's relu / max with a finite scalar: never NaN, never -inf
+
+
+def _numbers_only(v: Value, producers: dict[str, Assignment]) -> bool:
+    p = producers.get(v.name)
+    if p is None:
+        return False
+    if p.op in _NUMBER_ONLY:
+        return True
+    return p.op == "max" and any(isinstance(u, float) and u == u and u > float("-inf") for u in p.args)
+
+
+def _typed(b: NNEFBuilder, like: Value, value: float, tag: str) -> tuple[Value, Assignment]:
+    """A rank-matched constant of ``like``'s working type (f16 in an f16 export)."""
+    dtype = torch.float16 if b.precision == "f16" and like.dtype == torch.float32 else like.dtype
+    rank = len(like.shape) if like.shape is not None else 0
+    return edit.variable(b, torch.full([1] * rank, value, dtype=dtype), f"constants/{like.name}_{tag}")
+
+
+def nan_pools(b: NNEFBuilder) -> bool:
+    """Float ``max_pool`` with torch's NaN and all-``-inf`` windows. tract 0.23.9 skips NaN in a
+    window (``[NaN, inf]`` gives inf, torch NaN) and starts from the type's finite extreme (a
+    window of only ``-inf`` gives -3.4e38). A mark (2 for NaN, 1 for a number, 0 for ``-inf``)
+    is pooled alongside; its window maximum says which windows to fix. Not where the input is
+    tract's ``relu`` / ``max`` with a finite bound (it holds neither: the ReLU before a ResNet's
+    stem pool, kept fused by ``fused_clamps``)."""
+    producers = edit.producers(b)
+
+    def replace(a: Assignment) -> list[Assignment] | None:
+        if a.op != "max_pool" or len(a.args) != 1 or not _float(a.args[0]) or len(a.outputs) != 1:
             return None
-        value = _fresh(b, y, a.op)
-        steps = [Assignment([value], a.op, list(a.args), dict(a.attrs), a.scope)]
-        tensors = [inner.get(v.name, v) for v in a.args if _float(v)]
-        for k, v in enumerate(tensors):
-            n, isnan = _isnan(b, v, a.scope)
-            out = y if k == len(tensors) - 1 else _fresh(b, y, f"{a.op}_nan{k}")
-            steps += [isnan, Assignment([out], "select", [n, v, value], {}, a.scope)]
-            value = out
-        return steps
+        x, y = a.args[0], a.outputs[0]
+        if _numbers_only(x, producers) or y.dtype != x.dtype:
+            return None
+        consts = [_typed(b, x, v, t) for v, t in ((2.0, "two"), (float("-inf"), "ninf"))]
+        outs = [_typed(b, y, v, t) for v, t in ((float("nan"), "nan"), (float("-inf"), "ninf"))]
+        (two, d2), (ninf, d3) = consts
+        (nan, d4), (yninf, d5) = outs
+        n, isnan = _isnan(b, x, a.scope)
+        num, numf, mark, worst, value, low, fixed, bad = (
+            _fresh(b, x, "number", torch.bool), _fresh(b, x, "numberf"), _fresh(b, x, "mark"),
+            _fresh(b, y, "worst"), _fresh(b, y, "pooled"), _fresh(b, y, "all_ninf", torch.bool),
+            _fresh(b, y, "fixed"), _fresh(b, y, "has_nan", torch.bool))  # fmt: skip
+        working = "f16" if b.precision == "f16" and x.dtype == torch.float32 else text_dtype(x.dtype)
+        return [
+            d2, d3, d4, d5, isnan,
+            Assignment([num], "gt", [x, ninf], {}, a.scope),
+            Assignment([numf], "tract_core_cast", [num], {"to": working}, a.scope),
+            Assignment([mark], "select", [n, two, numf], {}, a.scope),
+            Assignment([worst], "max_pool", [mark], dict(a.attrs), a.scope),
+            Assignment([value], "max_pool", [x], dict(a.attrs), a.scope),
+            Assignment([low], "lt", [worst, 0.5], {}, a.scope),
+            Assignment([fixed], "select", [low, yninf, value], {}, a.scope),
+            Assignment([bad], "gt", [worst, 1.5], {}, a.scope),
+            Assignment([y], "select", [bad, nan, fixed], {}, a.scope),
+        ]  # fmt: skip
+
+    return replacing(b, replace)
+
+
+def text_dtype(dtype: torch.dtype | None) -> str:
+    return {torch.float16: "f16", torch.float64: "f64"}.get(dtype, "f32")  # type: ignore[arg-type]
+
+
+_CAST_INTS = {"i8", "i16", "i32", "i64", "u8", "u16"}
+_TORCH_TYPES = {"i8": torch.int8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
+                "u8": torch.uint8, "u16": torch.uint16}  # fmt: skip
+_SMALL = ("i8", "i16", "u8", "u16")
+
+
+def torch_casts(b: NNEFBuilder) -> bool:
+    """Float → integer casts as torch's x86 kernels: NaN and values out of the conversion's range
+    give INT_MIN of the 32-bit (|x| >= 2^31: 8-, 16- and 32-bit targets, whose low bits are then
+    0) or the 64-bit conversion (|x| >= 2^63). tract 0.23.9 saturates (NaN → 0, inf → MAX; ``u8``
+    of 3e9 is 255, torch 0). A 64-bit cast read only by casts to 8 / 16 bits (``common.cast``
+    wraps small types through i64) takes the 32-bit range."""
+    if b.precision == "f16":  # |x| <= 65504 there; NaN → 0 is left as tract computes it
+        return False
+    readers: dict[str, list[Assignment]] = {}
+    for a in b.assignments:
+        for v in a.args:
+            if isinstance(v, Value):
+                readers.setdefault(v.name, []).append(a)
+
+    def replace(a: Assignment) -> list[Assignment] | None:
+        to = a.attrs.get("to")
+        if a.op != "tract_core_cast" or to not in _CAST_INTS or len(a.args) != 1:
+            return None
+        x, y = a.args[0], a.outputs[0]
+        if not isinstance(x, Value) or x.dtype not in (torch.float32, torch.float64):
+            return None
+        narrow = [r for r in readers.get(y.name, [])]
+        via = (
+            to == "i64"
+            and bool(narrow)
+            and all(r.op == "tract_core_cast" and r.attrs.get("to") in _SMALL for r in narrow)
+        )
+        wide = to == "i64" and not via
+        limit = 2.0**63 if wide else 2.0**31
+        fill = -(2**63) if wide else -(2**31) if to in ("i32", "i64") else 0
+        rank = len(x.shape) if x.shape is not None else 0
+        value, define = edit.variable(
+            b, torch.full([1] * rank, fill, dtype=_TORCH_TYPES[to]), f"constants/{y.name}_indefinite"
+        )
+        size, ok, plain = (
+            _fresh(b, x, "magnitude"),
+            _fresh(b, x, "in_range", torch.bool),
+            _fresh(b, y, "cast"),
+        )
+        return [
+            define,
+            Assignment([size], "abs", [x], {}, a.scope),
+            Assignment([ok], "lt", [size, limit], {}, a.scope),
+            Assignment([plain], "tract_core_cast", [x], dict(a.attrs), a.scope),
+            Assignment([y], "select", [ok, plain, value], {}, a.scope),
+        ]
 
     return replacing(b, replace)

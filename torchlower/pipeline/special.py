@@ -9,8 +9,8 @@ compared position by position (NaN where torch has NaN, the same infinity where 
   (the model clamps, masks or saturates the special values away), and then either ✓ or listed
   as skipped *with the difference found* (never failing: a model that never sees NaN must
   not be refused for ``sign(NaN)``); otherwise listed as skipped with the count of torch's
-  non-finite elements — a NaN in an input usually spreads, and tract's ``relu`` / pooling of
-  NaN are documented differences (docs/reliability.md);
+  non-finite elements — a NaN in an input usually spreads, and the differences left at NaN /
+  inf are documented (docs/reliability.md);
 - ``check="special"``: always counted, so every difference at NaN / inf refuses the export.
 """
 
@@ -22,6 +22,7 @@ import torch
 
 LABEL = "special values"
 AUTO, STRICT = "auto", "strict"
+MAX_ROUNDS = 6  # special points at most, when an input has fewer elements than special values
 
 
 def specials(dtype: torch.dtype) -> list[float]:
@@ -33,12 +34,24 @@ def specials(dtype: torch.dtype) -> list[float]:
             sub, -sub, 3 * sub]  # fmt: skip
 
 
-def with_specials(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with one of each special value at positions spread evenly over its elements (all
-    of them if it has fewer elements than values); other types unchanged."""
+def rounds(example: Sequence[torch.Tensor]) -> int:
+    """How many special points cover every special value in every float input (an input with
+    fewer elements than values takes them in turns), at most ``MAX_ROUNDS``."""
+    sizes = [t.numel() for t in example if t.is_floating_point() and t.numel() > 0]
+    need = [-(-len(specials(torch.float32)) // min(n, len(specials(torch.float32)))) for n in sizes]
+    return min(MAX_ROUNDS, max(need, default=1))
+
+
+def with_specials(t: torch.Tensor, turn: int = 0) -> torch.Tensor:
+    """``t`` with one of each special value at positions spread evenly over its elements; with
+    fewer elements than values, turn ``k`` places the ``k``-th group of them (the last group
+    again past the end). Other types unchanged."""
     if not t.is_floating_point() or t.numel() == 0:
         return t.clone()
-    values = specials(t.dtype)[: t.numel()]
+    every = specials(t.dtype)
+    m = min(t.numel(), len(every))
+    start = min(turn * m, len(every) - m)
+    values = every[start : start + m]
     flat = t.detach().clone().reshape(-1)
     step = max(1, flat.numel() // len(values))
     for k, v in enumerate(values):

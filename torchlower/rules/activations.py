@@ -13,7 +13,7 @@ import torch
 
 from torchlower.core.values import Value, normalize_dim
 from torchlower.errors import LoweringError
-from torchlower.rules import rule
+from torchlower.rules import nan, rule
 from torchlower.rules.common import Builder, Scalar, cast
 from torchlower.rules.math import log1p
 
@@ -28,13 +28,16 @@ def _bin(b: Builder, op: str, x: Value, y: Value | float) -> Value:
 
 @rule("aten::relu", "aten::relu_")
 def relu(b: Builder, x: Value) -> Value:
-    """relu(Tensor self) -> Tensor"""
-    return _unary(b, "relu", x)
+    """relu(Tensor self) -> Tensor  (float: NaN and -0.0 kept, ``rules/nan.py``)"""
+    return nan.relu(b, x) if nan.is_float(x) else _unary(b, "relu", x)
 
 
 @rule("aten::hardtanh", "aten::hardtanh_")
 def hardtanh(b: Builder, x: Value, min_val: Scalar = -1.0, max_val: Scalar = 1.0) -> Value:
-    """hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor  (ReLU6 traces as this)"""
+    """hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor  (ReLU6 traces as this;
+    NaN kept, ``rules/nan.py``)"""
+    if nan.is_float(x):
+        return nan.bounded(b, x, float(min_val), float(max_val))
     return _bin(b, "min", _bin(b, "max", x, float(min_val)), float(max_val))
 
 

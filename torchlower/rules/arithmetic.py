@@ -11,7 +11,7 @@ import torch
 
 from torchlower.core.values import Shape, SymDim, Value, constant
 from torchlower.errors import LoweringError
-from torchlower.rules import rule
+from torchlower.rules import nan, rule
 from torchlower.rules.common import (
     Builder,
     Operand,
@@ -163,17 +163,24 @@ def clamp(b: Builder, x: Value, lo: Operand | None, hi: Operand | None) -> Value
     """clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor  (also .Tensor bounds)
 
     ``None`` is unbounded; ``0``/``0.0`` is a bound. ``max`` is applied last, so ``min > max``
-    gives ``max`` everywhere like torch.
+    gives ``max`` everywhere like torch. A float NaN in ``x`` or a tensor bound is the result, as
+    in torch (tract's ``max`` / ``min`` return the other operand: ``rules/nan.py``).
     """
     if lo is None and hi is None:
         raise LoweringError("clamp: at least one of min and max must be given (both are None)")
     dtype = result_dtype(x, lo, hi)
     y: Value = cast(b, x, dtype)
+    if (
+        nan.is_float(x)
+        and dtype == x.dtype
+        and all(v is None or isinstance(v, (int, float)) for v in (lo, hi))
+    ):
+        return nan.bounded(b, x, None if lo is None else float(lo), None if hi is None else float(hi))
     if lo is not None:
-        y = binary(b, "max", y, lo, dtype)
+        y = nan.kept(b, lo, binary(b, "max", y, lo, dtype))
     if hi is not None:
-        y = binary(b, "min", y, hi, dtype)
-    return y
+        y = nan.kept(b, hi, binary(b, "min", y, hi, dtype))
+    return nan.kept(b, x, y)
 
 
 @rule("aten::clamp_min", "aten::clamp_min_")

@@ -342,11 +342,15 @@ def atan2(b: Builder, y: Value, x: Value) -> Value:
     """atan2(Tensor self, Tensor other) -> Tensor: atan(y/x) moved to the right quadrant."""
     dtype = torch.promote_types(result_type(y, x), torch.float32)
     y, x = promote(b, y, x, dtype=dtype)
-    base = unary(b, "atan", binary(b, "div", y, x))  # x = 0 gives ±inf → ±pi/2
+    # x = 0 gives ±inf → ±pi/2. tract divides as y · recip(x), and recip of a float32 denormal
+    # overflows to inf (0 / -1e-45 was NaN, torch -0): the quotient is taken in float64
+    wide = [cast(b, v, torch.float64) if dtype == torch.float32 else v for v in (y, x)]
+    base = unary(b, "atan", cast(b, binary(b, "div", *wide), dtype))
     # y = -0.0 turns by -pi like y < 0 (torch: atan2(-0., -1.) = -pi); only 1 / y tells -0 from +0
     below = binary(b, "or", binary(b, "lt", y, 0.0), binary(b, "lt", unary(b, "recip", y), 0.0))
     turn = select(b, below, -math.pi, math.pi)
-    shifted = binary(b, "add", base, select(b, binary(b, "lt", x, 0.0), turn, 0.0))
+    # base + 0.0 would turn a -0.0 (atan2(-0., denormal)) into +0: the turn is selected instead
+    shifted = select(b, binary(b, "lt", x, 0.0), binary(b, "add", base, turn), base)
     origin = binary(b, "and", binary(b, "eq", x, 0.0), binary(b, "eq", y, 0.0))
     # at the origin the zeros' signs decide: x = -0 gives ±pi (by y's sign), x = +0 gives y (±0)
     at_origin = select(b, binary(b, "lt", unary(b, "recip", x), 0.0), turn, y)

@@ -112,6 +112,7 @@ def max_pool(
         "stride": _full(s),
         "dilation": _full(d),
     }
+    # float NaN and all -inf windows as torch: nnef/guards_values.py (nan_pools)
     y = b.call("max_pool", [x], attrs, dtype=x.dtype, shape=(*shape_of(x)[:2], *out))
     return _unbatched(b, y, unbatched)
 
@@ -203,8 +204,26 @@ def adaptive_avg_pool(b: Builder, x: Value, output_size: Sequence[int | None]) -
     return y
 
 
+_WINDOWED = 16  # adaptive averages with at most this many windows are means of slices
+
+
 def _average_along(b: Builder, x: Value, axis: int, size: int, out: int) -> Value:
-    """Adaptive average along ``axis`` (one of the last two) as a matmul with a constant matrix."""
+    """Adaptive average along ``axis`` (one of the last two): the mean of each window's slice,
+    concatenated (an infinite input stays in its own windows, as in torch), or, past
+    ``_WINDOWED`` windows, a matmul with a constant matrix (whose zeros make ``0 · inf`` NaN)."""
+    if out <= _WINDOWED:
+        shape = list(shape_of(x))
+        shape[axis] = 1
+        parts = []
+        for j in range(out):
+            lo, hi = (j * size) // out, -((-(j + 1) * size) // out)
+            sliced = list(shape_of(x))
+            sliced[axis] = hi - lo
+            attrs = {"axes": [axis], "begin": [lo], "end": [hi]}
+            part = b.call("slice", [x], attrs, dtype=x.dtype, shape=tuple(sliced))
+            parts.append(b.call("mean_reduce", [part], {"axes": [axis]}, dtype=x.dtype, shape=tuple(shape)))
+        shape[axis] = out
+        return b.call("concat", [parts], {"axis": axis}, dtype=x.dtype, shape=tuple(shape))
     m = torch.zeros(out, size, dtype=torch.float64)
     for j in range(out):
         lo, hi = (j * size) // out, -((-(j + 1) * size) // out)

@@ -15,7 +15,7 @@ from torchlower.core.values import Dim, Value, normalize_dim
 from torchlower.errors import LoweringError
 from torchlower.rules import rule
 from torchlower.rules.common import Builder, shape_of, size_tensor
-from torchlower.rules.math import binary, cast, floating, unary
+from torchlower.rules.math import binary, cast, floating, maximum, minimum, unary
 
 Dims = int | Sequence[int] | None
 
@@ -71,14 +71,14 @@ def min_all(b: Builder, x: Value) -> Value:
 
 @rule("aten::max.other")
 def max_other(b: Builder, x: Value, other: Value) -> Value:
-    """max.other(Tensor self, Tensor other) -> Tensor (elementwise, like maximum)"""
-    return binary(b, "max", x, other)
+    """max.other(Tensor self, Tensor other) -> Tensor (elementwise, like maximum: NaN kept)"""
+    return maximum(b, x, other)
 
 
 @rule("aten::min.other")
 def min_other(b: Builder, x: Value, other: Value) -> Value:
-    """min.other(Tensor self, Tensor other) -> Tensor"""
-    return binary(b, "min", x, other)
+    """min.other(Tensor self, Tensor other) -> Tensor (elementwise, like minimum: NaN kept)"""
+    return minimum(b, x, other)
 
 
 @rule("aten::aminmax")
@@ -135,9 +135,19 @@ def logsumexp(b: Builder, x: Value, dim: Dims, keepdim: bool = False) -> Value:
 # ---- var / std ------------------------------------------------------------------------------
 
 
-def _variance(b: Builder, x: Value, dim: Dims, correction: float, keepdim: bool) -> tuple[Value, Value]:
-    """(variance, mean) with torch's correction (1 = unbiased), reduced over ``dim``."""
+def _variance(
+    b: Builder, x: Value, dim: Dims, correction: float, keepdim: bool, root: bool = False
+) -> tuple[Value, Value]:
+    """(variance, mean) with torch's correction (1 = unbiased), reduced over ``dim``; with
+    ``root`` the standard deviation instead of the variance.
+
+    float32 runs in float64 and is rounded once, as torch's CPU kernel accumulates: squares of
+    deviations near 1.8e19 overflowed float32 (``std`` of a column holding -3.4e38 came back inf,
+    torch 1.7e38; issue 32 fuzz)."""
     x = floating(b, x)
+    if x.dtype == torch.float32 and b.precision == "f32":
+        var, mean = _variance(b, cast(b, x, torch.float64), dim, correction, keepdim, root)
+        return cast(b, var, torch.float32), cast(b, mean, torch.float32)
     axes = axes_of(x, dim)
     n = size_product(x, axes)
     if isinstance(n, int):
@@ -149,6 +159,7 @@ def _variance(b: Builder, x: Value, dim: Dims, correction: float, keepdim: bool)
     centered = binary(b, "sub", x, mean)
     squares = reduce(b, "sum_reduce", binary(b, "mul", centered, centered), axes)
     var = binary(b, "div", squares, divisor)
+    var = unary(b, "sqrt", var) if root else var
     return finish(b, var, axes, keepdim), finish(b, mean, axes, keepdim)
 
 
@@ -179,13 +190,13 @@ def var_correction(
 @rule("aten::std")
 def std_all(b: Builder, x: Value, unbiased: bool = True) -> Value:
     """std(Tensor self, bool unbiased=True) -> Tensor"""
-    return unary(b, "sqrt", var_all(b, x, unbiased))
+    return _variance(b, x, None, _correction(unbiased, None), False, root=True)[0]
 
 
 @rule("aten::std.dim")
 def std_dim(b: Builder, x: Value, dim: Dims, unbiased: bool = True, keepdim: bool = False) -> Value:
     """std.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor"""
-    return unary(b, "sqrt", var_dim(b, x, dim, unbiased, keepdim))
+    return _variance(b, x, dim, _correction(unbiased, None), keepdim, root=True)[0]
 
 
 @rule("aten::std.correction")
@@ -193,7 +204,7 @@ def std_correction(
     b: Builder, x: Value, dim: Dims = None, correction: float | None = None, keepdim: bool = False
 ) -> Value:
     """std.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False)"""
-    return unary(b, "sqrt", var_correction(b, x, dim, correction, keepdim))
+    return _variance(b, x, dim, _correction(True, correction), keepdim, root=True)[0]
 
 
 @rule("aten::var_mean", "aten::var_mean.correction")
@@ -211,8 +222,9 @@ def std_mean(
     b: Builder, x: Value, dim: Dims = None, correction: float | None = None, keepdim: bool = False
 ) -> tuple[Value, Value]:
     """std_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False)"""
-    var, mean = var_mean(b, x, dim, correction, keepdim)
-    return unary(b, "sqrt", var), mean
+    if isinstance(dim, bool):  # std_mean(Tensor self, bool unbiased=True)
+        return _variance(b, x, None, _correction(dim, None), False, root=True)
+    return _variance(b, x, dim, _correction(True, correction), keepdim, root=True)
 
 
 # ---- norms ----------------------------------------------------------------------------------
@@ -288,5 +300,4 @@ def std_mean_dim(
     b: Builder, x: Value, dim: Dims, unbiased: bool = True, keepdim: bool = False
 ) -> tuple[Value, Value]:
     """std_mean.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> (Tensor, Tensor)"""
-    var, mean = _variance(b, x, dim, _correction(unbiased, None), keepdim)
-    return unary(b, "sqrt", var), mean
+    return _variance(b, x, dim, _correction(unbiased, None), keepdim, root=True)

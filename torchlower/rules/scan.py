@@ -53,8 +53,14 @@ def cumsum(b: Builder, x: Value, dim: int, dtype: torch.dtype | None = None) -> 
 
 @rule("aten::cumprod", "aten::cumprod_")
 def cumprod(b: Builder, x: Value, dim: int, dtype: torch.dtype | None = None) -> Value:
-    """cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"""
+    """cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor
+
+    float32 runs in float64, as torch's CPU kernel accumulates: the scan's other association
+    overflowed near the float32 range (a product of -1.7e38 came back -inf, issue 32 fuzz).
+    """
     x = _scan_input(b, x, dtype)
+    if x.dtype == torch.float32:
+        return cast(b, emit_scan(b, cast(b, x, torch.float64), dim, "mul", 1.0), torch.float32)
     return emit_scan(b, x, dim, "mul", 1.0 if x.dtype is None or x.dtype.is_floating_point else 1)
 
 

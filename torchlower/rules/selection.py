@@ -10,7 +10,7 @@ import torch
 
 from torchlower.core.values import Value, normalize_dim
 from torchlower.errors import LoweringError
-from torchlower.rules import rule
+from torchlower.rules import nan, rule
 from torchlower.rules.common import Builder, reshape
 from torchlower.rules.layout import dims_of, squeeze
 
@@ -23,12 +23,21 @@ def _reduce(b: Builder, op: str, x: Value, dim: int, keepdim: bool, dtype: torch
 
 
 def _arg(b: Builder, op: str, x: Value, dim: int | None, keepdim: bool) -> Value:
+    """tract's argmax / argmin; for floats, a row holding NaN gives its first NaN's index as in
+    torch (tract skips NaN: ``rules/nan.py``)."""
     if dim is not None:
-        return _reduce(b, op, x, normalize_dim(dim, x.rank), keepdim, torch.int64)
+        axis = normalize_dim(dim, x.rank)
+        y = _reduce(b, op, x, axis, keepdim, torch.int64)
+        if not nan.is_float(x):
+            return y
+        return nan.argext(b, y, x, axis, lambda v: v if keepdim else squeeze(b, v, [axis]))
     flat = reshape(b, x, [int(torch.Size(dims_of(x)).numel())])
+    y = _reduce(b, op, flat, 0, True, torch.int64)
+    if nan.is_float(x):
+        y = nan.argext(b, y, flat, 0, lambda v: v)
     if keepdim:
-        return reshape(b, _reduce(b, op, flat, 0, True, torch.int64), [1] * x.rank)
-    return _reduce(b, op, flat, 0, False, torch.int64)  # tract cannot reshape to rank 0: squeeze
+        return reshape(b, y, [1] * x.rank)
+    return squeeze(b, y, [0])  # tract cannot reshape to rank 0: squeeze
 
 
 @rule("aten::argmax")
