@@ -268,6 +268,11 @@ def gemma3(seed: int = 0) -> Any:
 
 
 def gemma3_folder(path: Path, seed: int = 0) -> tuple[Path, Any]:
+    """The model saved with Gemma 3's image processor (its sizes)."""
+    import transformers
+
     model = gemma3(seed)
     model.save_pretrained(path)
+    size = SIGLIP["image_size"]
+    transformers.Gemma3ImageProcessor(size={"height": size, "width": size}).save_pretrained(path)
     return path, model

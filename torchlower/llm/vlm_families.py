@@ -42,7 +42,8 @@ IMAGES_AXIS = ("idefics3", "smolvlm")
 # what each encoder's preprocessing is, as the model's processor does it (preprocessor_config.json)
 PREPROCESSING_KEYS = {
     "vision": ("image_processor_type", "do_resize", "size", "crop_size", "resample", "do_rescale",
-               "rescale_factor", "do_normalize", "image_mean", "image_std", "do_convert_rgb"),
+               "rescale_factor", "do_normalize", "image_mean", "image_std", "do_convert_rgb",
+               "do_pan_and_scan"),
     "audio": ("feature_extractor_type", "feature_size", "sampling_rate", "n_fft", "hop_length",
               "chunk_length", "n_samples", "padding_value"),
 }  # fmt: skip
