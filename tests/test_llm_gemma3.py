@@ -3,7 +3,7 @@ during prefill (the ``token_type_ids`` mask), which a causal mask cannot say. Th
 ``image_blocks`` [1, S] (the new tokens' image numbers, 0 for text), recorded in the manifest's
 ``attention`` and fed by the runner; the mask is "causal, or the same nonzero block", within
 the sliding window on sliding layers. ``torchlower llm export`` of a tiny random folder, then
-``torchlower.llm.generate`` gives HF ``generate``'s greedy tokens with one image and none.
+``torchlower.llm.generate`` gives HF ``generate``'s greedy tokens with one image, two and none.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _media(ids: torch.Tensor, pixels: torch.Tensor | None) -> dict[str, torch.Te
     return {"pixel_values": pixels, "token_type_ids": (ids == vlm_models.IMAGE_TOKEN).long()}
 
 
-@pytest.mark.parametrize("images", [1, 0])
+@pytest.mark.parametrize("images", [1, 2, 0])
 def test_f32_tokens_and_logits_equal_hf(
     gemma3: tuple[Path, Any], exported: tuple[Path, dict[str, Any]], images: int
 ) -> None:
