@@ -222,3 +222,57 @@ def qwen2_vl_pixels(model: Any, seed: int = 0, images: int = 1) -> torch.Tensor:
     patches = int(torch.tensor(image_grid(model)).prod())
     width = v.in_channels * v.temporal_patch_size * v.patch_size**2
     return torch.randn(images * patches, width, generator=torch.Generator().manual_seed(seed))
+
+
+SIGLIP = {
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "image_size": 32,
+    "patch_size": 4,  # 8 × 8 patches, average-pooled by 2: 16 image rows per image
+}
+GEMMA3_TEXT = LLAMA | {
+    "num_hidden_layers": 3,  # sliding, sliding, full (pattern 3)
+    "head_dim": 16,
+    "query_pre_attn_scalar": 16,
+    "sliding_window": 12,  # smaller than an image block plus its text: the window bites in the check
+    "sliding_window_pattern": 3,
+    "tie_word_embeddings": False,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+}
+
+
+def gemma3(seed: int = 0) -> Any:
+    """A ``Gemma3ForConditionalGeneration`` (SigLIP tower, pooled and RMS-normed projector, Gemma 3
+    text with sliding and full layers) with seeded random weights."""
+    import transformers
+
+    config = transformers.Gemma3Config(
+        vision_config=transformers.SiglipVisionConfig(**SIGLIP),
+        text_config=transformers.Gemma3TextConfig(**GEMMA3_TEXT),
+        mm_tokens_per_image=16,
+        image_token_index=IMAGE_TOKEN,
+        boi_token_index=151,
+        eoi_token_index=152,
+        tie_word_embeddings=False,  # tied, the scaled embedding makes the chain repeat its last token
+    )
+    torch.manual_seed(seed)
+    model = _spread(transformers.Gemma3ForConditionalGeneration(config), seed)
+    with torch.no_grad():  # HF initializes the projector at zero
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.6)
+    return model
+
+
+def gemma3_folder(path: Path, seed: int = 0) -> tuple[Path, Any]:
+    """The model saved with Gemma 3's image processor (its sizes)."""
+    import transformers
+
+    model = gemma3(seed)
+    model.save_pretrained(path)
+    size = SIGLIP["image_size"]
+    transformers.Gemma3ImageProcessor(size={"height": size, "width": size}).save_pretrained(path)
+    return path, model

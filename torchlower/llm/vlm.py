@@ -36,6 +36,8 @@ from torchlower.llm.part_export import dequantized_model, export_part, folder_ta
 from torchlower.llm.precision import DEFAULT_F32_PARTS, keep_f32
 from torchlower.llm.rope import rotary_tables
 from torchlower.llm.vlm_families import (
+    attention,
+    decoder_feeds,
     language_model,
     media_example,
     media_inputs,
@@ -45,6 +47,7 @@ from torchlower.llm.vlm_families import (
 )
 from torchlower.llm.vlm_parts import EmbedPart, MediaLayout
 from torchlower.llm.wrapper import (
+    BlockCausalLM,
     CacheLayout,
     EmbedsCausalLM,
     MropeCausalLM,
@@ -155,19 +158,25 @@ def _export_decoder(
     model: nn.Module, layout: CacheLayout, folder: Path, context: int, common: tuple[Any, ...],
     props: dict[str, Any], files: dict[str, bytes],
 ) -> tuple[nn.Module, tuple[report.ExportReport, dict[str, torch.Tensor] | None]]:  # fmt: skip
-    """The decoder fed embeddings (and Qwen2-VL's positions) with the KV cache, and its export."""
+    """The decoder fed embeddings (and Qwen2-VL's positions or Gemma 3's image blocks) with the
+    KV cache, and its export."""
     mrope = positions(model) is not None
-    decoder = (MropeCausalLM if mrope else EmbedsCausalLM)(model, layout).eval()
-    feeds = ["inputs_embeds", "position_ids"] if mrope else ["inputs_embeds"]
+    feeds = decoder_feeds(model)
+    kind = MropeCausalLM if mrope else BlockCausalLM if "image_blocks" in feeds else EmbedsCausalLM
+    decoder = kind(model, layout).eval()
     names_in = [*feeds, *layout.input_names()[1:]]
-    axes = {"inputs_embeds": {1: ("S", 1, context)}, "position_ids": {2: ("S", 1, context)}}
+    axes = {
+        "inputs_embeds": {1: ("S", 1, context)},
+        "position_ids": {2: ("S", 1, context)},
+        "image_blocks": {1: ("S", 1, context)},
+    }
     axes = {n: axes[n] for n in feeds} | {n: {2: ("P", 1, context)} for n in names_in[len(feeds) :]}
     hidden = int(model.get_input_embeddings().embedding_dim)
     # M-RoPE's [3, 1, S] positions take the computed rotary form (the tables index [1, S])
     tables = contextlib.nullcontext() if mrope else rotary_tables(model, context)
     with attributes_kept(model), static_rope(model), tables:
         return decoder, export_part(
-            decoder, _decoder_example(layout, hidden, mrope), folder / DECODER, names_in,
+            decoder, _decoder_example(layout, hidden, feeds), folder / DECODER, names_in,
             layout.output_names(), axes, *common, _bounds(context), props | {_PART: "decoder"}, files,
             rewrite=_f32_parts(decoder, common[0]),
         )  # fmt: skip
@@ -189,12 +198,15 @@ def _context(model: nn.Module, max_context: int | None) -> int:
     return int(max_context or limit)
 
 
-def _decoder_example(layout: CacheLayout, hidden: int, mrope: bool) -> tuple[torch.Tensor, ...]:
+def _decoder_example(layout: CacheLayout, hidden: int, names: list[str]) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
     embeds = torch.randn(1, stages.TRACE_SEQ, hidden, generator=g)
     feeds = [embeds]
-    if mrope:  # three position rows continuing the cache
+    if "position_ids" in names:  # three position rows continuing the cache
         feeds.append(torch.arange(stages.TRACE_PAST, stages.TRACE_PAST + stages.TRACE_SEQ).expand(3, 1, -1))
+    if "image_blocks" in names:  # text, then one image block: both branches of the mask
+        seq = stages.TRACE_SEQ
+        feeds.append((torch.arange(seq) >= seq // 2).long()[None])
     return (*feeds, *[torch.randn(t.shape, generator=g) for t in layout.empty(stages.TRACE_PAST)])
 
 
@@ -313,7 +325,7 @@ def _manifest(
         },
         "decoder": {
             "archive": DECODER,
-            "inputs": ["inputs_embeds", *(["position_ids"] if positions(model) else []), *cache],
+            "inputs": [*decoder_feeds(model), *cache],
             "outputs": layout.output_names(),
         },
         "media": {
@@ -327,6 +339,7 @@ def _manifest(
             "placement": "the prompt's rows at token_id, in order, take the feature rows",
         },
         "positions": positions(model),  # None: arange(P, P + S) inside the decoder
+        "attention": attention(model),  # None: causal (and windowed) from positions alone
         "max_context": context,
         "vocab_size": int(text.vocab_size),
         "hidden_size": int(model.get_input_embeddings().embedding_dim),

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from torchlower.llm.vlm_parts import (
+    Gemma3VisionPart,
     Idefics3VisionPart,
     LlavaVisionPart,
     MediaLayout,
@@ -28,7 +29,11 @@ ARCHITECTURES = {
     "idefics3": "Idefics3ForConditionalGeneration",
     "smolvlm": "SmolVLMForConditionalGeneration",
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "gemma3": "Gemma3ForConditionalGeneration",
 }
+# models whose image tokens see each other both ways within one image (HF's token_type_ids
+# mask): the decoder takes the new tokens' image-block ids as a second input
+IMAGE_BLOCKS = ("gemma3",)
 # Qwen2-VL's one image grid per export, in merged tokens per side (an image of
 # 4 · spatial_merge_size · patch_size pixels a side, 16 tokens)
 QWEN2_VL_TOKENS_SIDE = 4
@@ -37,7 +42,8 @@ IMAGES_AXIS = ("idefics3", "smolvlm")
 # what each encoder's preprocessing is, as the model's processor does it (preprocessor_config.json)
 PREPROCESSING_KEYS = {
     "vision": ("image_processor_type", "do_resize", "size", "crop_size", "resample", "do_rescale",
-               "rescale_factor", "do_normalize", "image_mean", "image_std", "do_convert_rgb"),
+               "rescale_factor", "do_normalize", "image_mean", "image_std", "do_convert_rgb",
+               "do_pan_and_scan"),
     "audio": ("feature_extractor_type", "feature_size", "sampling_rate", "n_fft", "hop_length",
               "chunk_length", "n_samples", "padding_value"),
 }  # fmt: skip
@@ -51,6 +57,9 @@ def media_part(model: nn.Module) -> tuple[nn.Module, MediaLayout]:
     if kind == "qwen2_vl":
         grid = image_grid(model)
         return Qwen2VLVisionPart(model, grid).eval(), qwen2_vl_layout(model, grid)
+    if kind == "gemma3":
+        part: nn.Module = Gemma3VisionPart(model).eval()
+        return part, vision_layout(model, part)
     part = (Idefics3VisionPart if kind in IMAGES_AXIS else LlavaVisionPart)(model).eval()
     return part, vision_layout(model, part)
 
@@ -97,6 +106,25 @@ def positions(model: nn.Module) -> dict[str, Any] | None:
             "merged_grid": [t, h // merge, w // merge]}  # fmt: skip
 
 
+def attention(model: nn.Module) -> dict[str, Any] | None:
+    """The manifest's ``attention``: how the runner computes Gemma 3's image-block input (None:
+    the decoder's mask is causal from positions alone)."""
+    if model.config.model_type not in IMAGE_BLOCKS:
+        return None
+    return {
+        "kind": "image_blocks",
+        "input": "image_blocks",
+        "blocks": "prefill: runs of media.token_id numbered 1, 2, ...; 0 for text and every later step",
+        "mask": "causal, or the same nonzero block among the new tokens; the past always visible",
+    }
+
+
+def decoder_feeds(model: nn.Module) -> list[str]:
+    """The decoder's inputs before its caches."""
+    extra = ["position_ids"] if positions(model) else ["image_blocks"] if attention(model) else []
+    return ["inputs_embeds", *extra]
+
+
 def media_inputs(
     model: nn.Module, media: MediaLayout, example: tuple[torch.Tensor, ...], prompt: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -108,4 +136,6 @@ def media_inputs(
     if kind == "qwen2_vl":
         return {"pixel_values": example[0][0], "image_grid_thw": torch.tensor([image_grid(model)]),
                 "mm_token_type_ids": (prompt == media.token_id).int()}  # fmt: skip
+    if kind in IMAGE_BLOCKS:  # what Gemma 3's processor gives with the pixels
+        return {"pixel_values": example[0], "token_type_ids": (prompt == media.token_id).long()}
     return dict(zip(media.input_names, example, strict=True))

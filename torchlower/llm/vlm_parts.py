@@ -96,6 +96,19 @@ class Idefics3VisionPart(nn.Module):
         return self.connector(self.vision(pixel_values=pixel_values).last_hidden_state)
 
 
+class Gemma3VisionPart(nn.Module):
+    """Gemma 3: ``pixel_values`` [1, 3, size, size] → [1, mm_tokens_per_image, hidden]: the SigLIP
+    tower's last hidden state, average-pooled to the token grid, RMS-normed (``mm_soft_emb_norm``)
+    and projected, HF's ``get_image_features``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model.model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model.get_image_features(pixel_values=pixel_values).pooler_output
+
+
 def vision_layout(model: nn.Module, part: nn.Module) -> MediaLayout:
     """The vision layout of a LLaVA / Idefics3 model, its token count from one run of ``part``."""
     config = model.config

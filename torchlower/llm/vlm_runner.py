@@ -71,6 +71,7 @@ class MultimodalRunner:
         self.vocab = int(self.manifest["vocab_size"])
         self.positions = self.manifest.get("positions")  # Qwen2-VL's M-RoPE: fed by the runner
         self.next_position = 0
+        self.blocks = self.manifest.get("attention") is not None  # Gemma 3's image-block input
 
     @property
     def mode(self) -> str:
@@ -145,6 +146,8 @@ class MultimodalRunner:
                     " the prompt, as the model's processor does"
                 )
             embeds = scatter_media(embeds, ids, int(self.media["token_id"]), rows)
+        if self.blocks:
+            return self.decoder.run(embeds, image_blocks(ids, int(self.media["token_id"])))
         if self.positions is None:
             return self.decoder.run(embeds)
         grid = self.positions["merged_grid"]
@@ -153,6 +156,8 @@ class MultimodalRunner:
 
     def step(self, token: int) -> np.ndarray:
         embeds = self.embeddings(np.array([[token]]))
+        if self.blocks:  # a generated token is text: causal
+            return self.decoder.run(embeds, np.zeros((1, 1), np.int64))
         if self.positions is None:
             return self.decoder.run(embeds)
         self.next_position += 1
@@ -173,3 +178,11 @@ class MultimodalRunner:
             if stops and tokens[-1] in stops:
                 break
         return tokens, logits
+
+
+def image_blocks(ids: np.ndarray, token_id: int) -> np.ndarray:
+    """[1, S] i64: each run of ``token_id`` in ``ids`` numbered 1, 2, …, 0 elsewhere (the
+    manifest's ``attention``; HF's ``get_block_sequence_ids_for_mask`` plus one)."""
+    image = np.asarray(ids).reshape(1, -1) == token_id
+    starts = image & ~np.pad(image, ((0, 0), (1, 0)))[:, :-1]
+    return np.where(image, np.cumsum(starts, axis=1), 0).astype(np.int64)

@@ -213,9 +213,14 @@ class CachedCausalLM(nn.Module):
         return self.step(input_ids, None, past)
 
     def step(
-        self, input_ids: torch.Tensor, positions: torch.Tensor | None, past: tuple[torch.Tensor, ...]
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None,
+        past: tuple[torch.Tensor, ...],
+        blocks: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
-        """One call of the model; ``positions`` given (M-RoPE's [3, 1, S]) or ``arange(P, P+S)``."""
+        """One call of the model; ``positions`` given (M-RoPE's [3, 1, S]) or ``arange(P, P+S)``;
+        ``blocks`` [1, S]: the new tokens' image-block ids (``BlockCausalLM``)."""
         keep = past[-1] if self.keep_input else None
         past = past[:-1] if self.keep_input else past
         p, s = past[0].shape[2], input_ids.shape[1]
@@ -223,7 +228,7 @@ class CachedCausalLM(nn.Module):
         query = torch.arange(p, p + s, device=input_ids.device)
         options: dict[str, Any] = {self.cache_arg: cache, "use_cache": True}
         if not self.own_mask:
-            options["attention_mask"] = self._mask(query, p + s)
+            options["attention_mask"] = self._mask(query, p + s, blocks)
         if self.positions:
             options["position_ids"] = query.unsqueeze(0) if positions is None else positions
         if self.keep:
@@ -236,10 +241,16 @@ class CachedCausalLM(nn.Module):
             logits = logits[:, -1:, :]
         return (logits, *(t.to(self.cache_dtype) for t in cache_tensors(present_cache(out))))
 
-    def _mask(self, query: torch.Tensor, total: Any) -> Any:
-        """Additive float masks [1, 1, S, P+S]: causal, and causal within the sliding window."""
+    def _mask(self, query: torch.Tensor, total: Any, blocks: torch.Tensor | None = None) -> Any:
+        """Additive float masks [1, 1, S, P+S]: causal, and causal within the sliding window;
+        with ``blocks``, a new token also sees the later new tokens of its own nonzero block
+        (the window still applies, as HF's ``create_masks_for_vision_model`` composes them)."""
         key = torch.arange(0, total, device=query.device)
         causal = key[None, :] <= query[:, None]
+        if blocks is not None:  # the past's block ids are 0: always seen causally, never by block
+            mine = blocks[0]
+            keys = torch.cat([torch.zeros_like(key[: total - mine.shape[0]]), mine])
+            causal = causal | ((keys[None, :] == mine[:, None]) & (mine[:, None] != 0))
         dtype = self.model.dtype
         full = additive_mask(causal, dtype)
         if self.window is None:
@@ -266,6 +277,18 @@ class MropeCausalLM(EmbedsCausalLM):
         self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         return self.step(inputs_embeds, position_ids, past)
+
+
+class BlockCausalLM(EmbedsCausalLM):
+    """``forward(inputs_embeds, image_blocks, *past)``: Gemma 3's decoder, whose image tokens see
+    each other both ways within one image during prefill (HF's ``token_type_ids`` mask), which
+    a causal mask cannot say. ``image_blocks`` [1, S] i64 numbers the new tokens' images (1, 2, …
+    per run of image tokens; 0 for text), computed by the runner from the prompt."""
+
+    def forward(
+        self, inputs_embeds: torch.Tensor, image_blocks: torch.Tensor, *past: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        return self.step(inputs_embeds, None, past, image_blocks)
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
