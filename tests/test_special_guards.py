@@ -124,3 +124,23 @@ def test_relu_after_a_conv_and_its_pool_stay_tracts_fused_ops(tmp_path: Path) ->
     )
     assert report.op_histogram["relu"] == 1 and report.op_histogram["max_pool"] == 1
     assert "select" not in report.op_histogram and "tract_core_is_nan" not in report.op_histogram
+
+
+class DenormalWeights(nn.Module):
+    """A matmul and a conv whose constant weights hold denormals (nnef/guards_matmul.normal_weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.tensor([[DENORMAL, 1.0], [2.0, -DENORMAL]])
+        self.conv = nn.Conv1d(2, 2, 1, bias=False)
+        with torch.no_grad():
+            self.conv.weight.copy_(self.w[:, :, None])
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.silu(x @ self.w), self.conv(x.t()[None])
+
+
+def test_denormal_weights_times_infinity(frontend: str, tmp_path: Path) -> None:
+    """tract's matmul/conv kernels flush denormal operands: inf · 1e-45 in a dot product was NaN."""
+    x = torch.tensor([[INF, 1.0], [-INF, 2.0], [1.0, 3.0]])
+    _equal(DenormalWeights(), (x,), frontend, tmp_path)

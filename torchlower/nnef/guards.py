@@ -48,6 +48,9 @@ the three around matmuls live in ``nnef/guards_matmul.py``:
 - ``exact_windows`` (``nnef/guards_windows.py``): a strided conv or pool on a size ``8 * h``
   reads no trailing padding past its last window, so tract's ``(in + pad - k) / s`` is exact
   (it cannot simplify ``(7 + 8*h) / 8`` to ``h``, and a U-Net's decoder then fails to load).
+- ``normal_weights`` (``nnef/guards_matmul.py``): tract's matmul / conv kernels flush denormal
+  operands (``inf · 1e-45`` in a dot product is NaN, torch inf): float32 denormals of a constant
+  matmul / conv operand are stored as ±the smallest normal.
 - ``empty_reductions``: tract's ``sum_reduce`` / ``mean_reduce`` over an axis of size 0 panics
   ("attempt to divide by zero" in its sum kernel) and aborts the process. Such a reduction is
   torch's empty sum (0) or empty mean (NaN) broadcast to the result's shape.
@@ -69,6 +72,7 @@ from torchlower.nnef.guards_matmul import (
     broadcast_after_matmul,
     broadcast_as_product,
     flat_matmul_after_reshape,
+    normal_weights,
     replacing,
 )
 from torchlower.nnef.guards_windows import exact_windows
@@ -84,6 +88,7 @@ _WIDER = {torch.float32: (torch.float64, "f64", "f32"), torch.float16: (torch.fl
 def apply(b: NNEFBuilder) -> None:
     """Every guard, in order; the builder's assignments are replaced."""
     exact_windows(b)  # names no new value in quantized graphs (their graph.quant names values)
+    normal_weights(b)  # changes stored values only
     if b.quantization:
         return
     merge_duplicates(b)

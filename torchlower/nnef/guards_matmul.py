@@ -1,12 +1,15 @@
 """The guards around ``matmul``: rewrites of its operands that tract 0.23's einsum declutter gets wrong.
 
 Listed, with the tract behaviour each avoids, in ``nnef/guards.py`` (which runs them):
-``broadcast_after_matmul``, ``broadcast_as_product``, ``flat_matmul_after_reshape``.
+``broadcast_after_matmul``, ``broadcast_as_product``, ``flat_matmul_after_reshape``,
+``normal_weights``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import torch
 
 from torchlower.core.values import Value
 from torchlower.nnef import graph_edit as edit
@@ -14,6 +17,45 @@ from torchlower.nnef import text
 from torchlower.nnef.builder import NNEFBuilder
 
 Assignment = text.Assignment
+_PRODUCTS = ("matmul", "linear", "conv", "deconv")
+_LAYOUT = ("reshape", "transpose", "squeeze", "unsqueeze", "tract_core_broadcast")
+_SMALLEST = torch.finfo(torch.float32).tiny
+
+
+def normal_weights(b: NNEFBuilder) -> bool:
+    """Float32 denormals in a constant operand of a matmul or conv become ±the smallest normal.
+
+    tract 0.23.9's matmul and conv kernels flush denormal operands to zero: ``inf · 1e-45`` in
+    a dot product came out NaN where torch gives inf (found by the special-values fuzz, ``silu(x @ w)``).
+    ±1.18e-38 keeps the product's sign and infinity; a finite product moves by at most
+    ``|x| · 1.18e-38``, below float32's resolution of anything but a product near its largest
+    values. Denormals of a runtime operand are flushed still (docs/reliability.md)."""
+    producers, changed = edit.producers(b), False
+    for a in b.assignments:
+        if a.op not in _PRODUCTS:
+            continue
+        for v in a.args:
+            source = _variable_behind(v, producers)
+            label = source.attrs["label"] if source is not None else None
+            w = b.weights.get(label) if label is not None else None
+            if not isinstance(w, torch.Tensor) or w.dtype != torch.float32:
+                continue
+            denormal = (w != 0) & (w.abs() < _SMALLEST)
+            if bool(denormal.any()):
+                b.weights[label] = torch.where(denormal, torch.copysign(torch.tensor(_SMALLEST), w), w)
+                changed = True
+    return changed
+
+
+def _variable_behind(v: object, producers: dict[str, Assignment]) -> Assignment | None:
+    """The ``variable`` a matmul/conv operand reads, through layout ops (a transposed weight)."""
+    while isinstance(v, Value) and (p := producers.get(v.name)) is not None:
+        if p.op.startswith("variable"):
+            return p
+        if p.op not in _LAYOUT or not p.args:
+            return None
+        v = p.args[0]
+    return None
 
 
 def broadcast_after_matmul(b: NNEFBuilder) -> bool:
