@@ -12,7 +12,7 @@ from torch import nn
 
 import torchlower
 from tests.test_dynamic import export_dynamic
-from torchlower.errors import LoweringError
+from torchlower.errors import InvalidArgumentError, LoweringError
 from torchlower.nnef.tract import run_in_tract
 
 
@@ -143,6 +143,17 @@ class PinsLength(nn.Module):
 def test_pinned_length_names_input_and_axis(tmp_path):
     with pytest.raises(LoweringError, match=r"input 'x' axis 1 \(S\) cannot be dynamic"):
         torchlower.export(
-            PinsLength(), torch.randn(2, 7, 5), tmp_path / "m.nnef.tgz", frontend="export",
+            PinsLength(), torch.randn(2, 7, 5), tmp_path / "m.nnef.tgz", frontend="jit",
             dynamic_axes={"x": {1: "S"}},
         )  # fmt: skip
+
+
+def test_pinned_length_under_export_adopts_the_branchs_bound(tmp_path):
+    """torch.export keeps the branch taken (``S > 3``) as a bound: adopted, said, and enforced."""
+    report = torchlower.export(
+        PinsLength(), torch.randn(2, 7, 5), tmp_path / "m.nnef.tgz", frontend="export",
+        dynamic_axes={"x": {1: "S"}},
+    )  # fmt: skip
+    assert any("4 <= S adopted" in n and "PyTorch also runs at S=3" in n for n in report.notes), report.notes
+    with pytest.raises(InvalidArgumentError, match="S = 3 is outside the archive's bound S >= 4"):
+        torchlower.load(report.path).run([torch.randn(2, 3, 5).numpy()])

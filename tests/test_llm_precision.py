@@ -8,6 +8,7 @@ measure the format, not a bug. The check itself compares with HF running the sam
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -130,7 +131,9 @@ def test_f16_with_f32_parts(tmp_path: Path) -> None:
     assert mixed.properties["torchlower.llm.f32_parts"] == "attention,norms,lm_head"
     graph = _graph(mixed.path)
     assert "ln_f_weight_f32 = tract_core_cast(" in graph and "lm_head" in graph.split("_f32 = ")[-1]
-    assert "_f32 = tract_core_cast(" not in _graph(pure.path)
+    # the pure graph widens only its max / min reductions (guards.wide_extrema: an all -inf row)
+    widened = re.findall(r"(\w+_f32) = tract_core_cast\(", _graph(pure.path))
+    assert all(re.search(rf"(max|min)_reduce\({w}\b", _graph(pure.path)) for w in widened), widened
     assert mixed.logit_error < pure.logit_error  # 1.3e-2 vs 2.4e-2 (f16 sums lose more)
     assert llm.generate(mixed.path, PROMPT, 8) == llm_models.greedy(model, PROMPT, 8)
     with pytest.raises(InvalidArgumentError, match="f32_parts"):

@@ -116,9 +116,16 @@ def like(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         elif hi <= 0 and lo < 0:
             draw = -draw.abs()
         return draw.to(t.dtype)
+    lo, hi = int(flat.min()), int(flat.max())
+    if t.dim() == 1 and flat.numel() > 1 and bool((flat[1:] >= flat[:-1]).all()):
+        # kept sorted between the example's first and last values: offsets and cumulative lengths
+        # (embedding_bag's start at 0, do not decrease and end at the index count; a permutation of
+        # them made torch read out of bounds)
+        drawn = torch.randint(lo, hi + 1, t.shape, generator=g, dtype=torch.int64).sort().values
+        drawn[0], drawn[-1] = int(flat[0]), int(flat[-1])
+        return drawn.to(t.dtype)
     if flat.numel() > 1 and flat.unique().numel() == flat.numel():
         return flat[torch.randperm(flat.numel(), generator=g)].reshape(t.shape).clone()
-    lo, hi = int(flat.min()), int(flat.max())
     drawn = torch.randint(lo, hi + 1, t.shape, generator=g, dtype=torch.int64).to(t.dtype)
     keep = torch.rand(t.shape, generator=g) < _KEEP
     return torch.where(keep, t, drawn)
