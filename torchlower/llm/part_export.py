@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -122,3 +123,29 @@ def dequantized_model(
         fresh = nn.Parameter(tensor.detach().to(old.dtype).reshape(old.shape), requires_grad=False)
         setattr(target, attr, fresh)
     return clone.eval()
+
+
+def judge_decoding(
+    result: Any,
+    what: str,
+    tokens: list[int],
+    logits: list[np.ndarray],
+    hf: Any,
+    reference_is_model: bool,
+    precision: str,
+) -> None:
+    """The end-to-end check of a multi-archive export: tract's greedy ``tokens`` / ``logits``
+    against HF's (``hf(model_kind, forced)`` → tokens, logits of the reference or original model).
+    Records the tokens and the logit error against the original model; raises ``CheckError``."""  # fmt: skip
+    want = hf("reference", tokens)[1]
+    ref_tokens = hf("reference", None)[0]
+    original = hf("original", tokens)[1]
+    result.tokens, result.reference_tokens = tokens, ref_tokens
+    error = float(np.abs(np.stack(logits) - want).max())
+    result.logit_error = float(np.abs(np.stack(logits) - original).max())
+    tol = (1e-4 if reference_is_model else 1e-3) * max(1.0, float(np.abs(want).max()))
+    if precision != "f16" and (tokens != ref_tokens or error > tol):
+        raise CheckError(
+            f"{result.path}: tract's {what} disagree with Hugging Face (nothing written): tokens"
+            f" {tokens} vs {ref_tokens}, max logit error {error:.3g} > {tol:.3g}"
+        )

@@ -29,8 +29,8 @@ from torch import nn
 from torchlower import __version__
 from torchlower.core import progress
 from torchlower.core.staging import staged
-from torchlower.errors import CheckError, InvalidArgumentError
-from torchlower.llm.part_export import dequantized_model, export_part, folder_target, naming
+from torchlower.errors import InvalidArgumentError
+from torchlower.llm.part_export import dequantized_model, export_part, folder_target, judge_decoding, naming
 from torchlower.llm.seq2seq_families import context_limit, layout_of, parts
 from torchlower.llm.seq2seq_head import table_names, untie_head
 from torchlower.llm.seq2seq_parts import Seq2SeqLayout
@@ -155,18 +155,12 @@ def _check_end_to_end(
     start = [int(model.config.decoder_start_token_id or 0)]
     steps = min(CHECK_TOKENS, result.max_context - len(start))
     tokens, logits = Seq2SeqRunner(result.path).greedy(start, steps, features.numpy())
-    want = hf_decode(reference_model, features, start, steps, forced=tokens)[1]
-    ref_tokens = hf_decode(reference_model, features, start, steps)[0]
-    original = hf_decode(model, features, start, steps, forced=tokens)[1]
-    result.tokens, result.reference_tokens = tokens, ref_tokens
-    error = float(np.abs(np.stack(logits) - want).max())
-    result.logit_error = float(np.abs(np.stack(logits) - original).max())
-    tol = (1e-3 if reference_model is not model else 1e-4) * max(1.0, float(np.abs(want).max()))
-    if precision != "f16" and (tokens != ref_tokens or error > tol):
-        raise CheckError(
-            f"{result.path}: tract's encoder + decoder disagree with Hugging Face (nothing"
-            f" written): tokens {tokens} vs {ref_tokens}, max logit error {error:.3g} > {tol:.3g}"
-        )
+
+    def hf(kind: str, forced: list[int] | None) -> tuple[list[int], np.ndarray]:
+        chosen = reference_model if kind == "reference" else model
+        return hf_decode(chosen, features, start, steps, forced=forced)
+
+    judge_decoding(result, "encoder + decoder", tokens, logits, hf, reference_model is model, precision)
 
 
 def hf_decode(

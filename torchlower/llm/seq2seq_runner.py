@@ -7,14 +7,14 @@ decoder step feeds the new token ids, the self-attention cache (tract state when
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from torchlower.errors import ArtifactError, InvalidArgumentError
+from torchlower.errors import InvalidArgumentError
 from torchlower.llm.context import ContextLengthError
+from torchlower.llm.manifest import read_manifest as read_format_manifest
 
 MANIFEST = "manifest.json"
 FORMAT = "torchlower.speech_seq2seq"
@@ -25,15 +25,7 @@ def is_seq2seq(path: Path) -> bool:
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ArtifactError(f"{folder / MANIFEST}: not readable JSON ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(
-            f"{folder / MANIFEST}: not a {FORMAT} manifest (written by torchlower.llm.export)"
-        )
-    return manifest
+    return read_format_manifest(folder, FORMAT)
 
 
 class Seq2SeqRunner:

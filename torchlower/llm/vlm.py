@@ -30,9 +30,9 @@ from torch import nn
 from torchlower import __version__
 from torchlower.core import progress
 from torchlower.core.staging import staged
-from torchlower.errors import CheckError, InvalidArgumentError
+from torchlower.errors import InvalidArgumentError
 from torchlower.llm import stages
-from torchlower.llm.part_export import dequantized_model, export_part, folder_target, naming
+from torchlower.llm.part_export import dequantized_model, export_part, folder_target, judge_decoding, naming
 from torchlower.llm.precision import DEFAULT_F32_PARTS, keep_f32
 from torchlower.llm.rope import rotary_tables
 from torchlower.llm.vlm_families import (
@@ -247,18 +247,13 @@ def _check_end_to_end(
     runner = MultimodalRunner(result.path)
     tokens, logits = runner.greedy(prompt.numpy(), steps, item[0].numpy(), *[t.numpy() for t in item[1:]])
     inputs = media_inputs(model, media, item, prompt)
-    want = hf_decode(reference, prompt, inputs, steps, forced=tokens)[1]
-    ref_tokens = hf_decode(reference, prompt, inputs, steps)[0]
-    original = hf_decode(model, prompt, inputs, steps, forced=tokens)[1]
-    result.tokens, result.reference_tokens = tokens, ref_tokens
-    error = float(np.abs(np.stack(logits) - want).max())
-    result.logit_error = float(np.abs(np.stack(logits) - original).max())
-    tol = (1e-3 if reference is not model else 1e-4) * max(1.0, float(np.abs(want).max()))
-    if precision != "f16" and (tokens != ref_tokens or error > tol):
-        raise CheckError(
-            f"{result.path}: tract's {media.part} encoder + decoder disagree with Hugging Face (nothing"
-            f" written): tokens {tokens} vs {ref_tokens}, max logit error {error:.3g} > {tol:.3g}"
-        )
+
+    def hf(kind: str, forced: list[int] | None) -> tuple[list[int], np.ndarray]:
+        return hf_decode(reference if kind == "reference" else model, prompt, inputs, steps, forced=forced)
+
+    judge_decoding(
+        result, f"{media.part} encoder + decoder", tokens, logits, hf, reference is model, precision
+    )
 
 
 def hf_decode(

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from torchlower.errors import ArtifactError, InvalidArgumentError
+from torchlower.errors import InvalidArgumentError
 from torchlower.llm.decoder import Decoder
+from torchlower.llm.manifest import read_manifest as read_format_manifest
 from torchlower.llm.mrope import mrope_positions, text_positions
 from torchlower.llm.vlm_parts import scatter_media
 
@@ -35,15 +36,7 @@ def is_multimodal(path: Path) -> bool:
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ArtifactError(f"{folder / MANIFEST}: not readable JSON ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(
-            f"{folder / MANIFEST}: not a {FORMAT} manifest (written by torchlower.llm.export)"
-        )
-    return manifest
+    return read_format_manifest(folder, FORMAT)
 
 
 def as_array(value: Any) -> np.ndarray:
