@@ -110,3 +110,20 @@ def test_more_hybrids(name: str, facts: list[str], tmp_path: Path) -> None:
     want = llm_models.greedy(model, PROMPT, 32)
     assert len(set(want)) > 3
     assert llm.generate(report.path, PROMPT, 32) == want
+
+
+def test_falcon_h1_attention_and_mamba2_in_parallel(tmp_path: Path) -> None:
+    """Every Falcon-H1 layer runs attention and a Mamba2 mixer side by side (each layer carries
+    conv and SSM states and a KV cache), with µP multipliers away from 1 on the embedding, the
+    key, the attention and SSM inputs and outputs, the mixer's projection sections, the MLP and
+    the LM head: the check against HF fails if one is dropped."""
+    model = llm_models.build_ssm("falcon_h1")
+    report = llm.export(model, tmp_path / "f.nnef.tgz")
+    assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
+    assert report.states == [f"in_{k}_state_{i}" for i in range(2) for k in ("conv", "ssm")]
+    decoder = Decoder(report.path)
+    assert decoder.mode == "state"  # both layers' KV caches are tract state
+    assert decoder.fed_facts == ["1,96,4,f32", "1,4,16,8,f32"] * 2
+    want = llm_models.greedy(model, PROMPT, 32)
+    assert len(set(want)) > 3
+    assert llm.generate(report.path, PROMPT, 32) == want

@@ -94,9 +94,15 @@ def hf_forward(
 
 
 def _entries(layer: Any) -> list[tuple[str, torch.Tensor]]:
-    if hasattr(layer, "conv_states"):
-        return [("conv", layer.conv_states[0]), ("ssm", layer.recurrent_states[0])]
-    return [("key", layer.keys), ("value", layer.values)]
+    """A cache layer's tensors: a mixer's states, an attention layer's keys and values, or both
+    (Falcon-H1's layers run attention and a Mamba2 mixer side by side)."""
+    states = (
+        [("conv", layer.conv_states[0]), ("ssm", layer.recurrent_states[0])]
+        if hasattr(layer, "conv_states")
+        else []
+    )
+    kv = [("key", layer.keys), ("value", layer.values)] if getattr(layer, "keys", None) is not None else []
+    return [*states, *kv]
 
 
 def hf_states(cache: Any) -> list[torch.Tensor]:
