@@ -1,4 +1,5 @@
-"""State-space and hybrid causal LMs (Mamba, Mamba2, Bamba) as ``(input_ids, *states) -> (logits, *new)``.
+"""State-space and hybrid causal LMs (Mamba, Mamba2, Bamba, Falcon-H1, …) as
+``(input_ids, *states) -> (logits, *new)``.
 
 A state-space layer carries two fixed-size states between calls instead of a growing KV cache:
 the last ``conv_kernel`` inputs of its causal depthwise convolution (``conv``, [1, channels, K])
