@@ -47,14 +47,16 @@ def reference(model: torch.nn.Module, x: np.ndarray, axis: int, fed: int) -> np.
 
 
 def assert_whole_stream(
-    model: torch.nn.Module, x: np.ndarray, axis: int, got: np.ndarray, out_axis: int, fed: int
+    model: torch.nn.Module, x: np.ndarray, case: Case, got: np.ndarray, out_axis: int, fed: int
 ) -> float:
-    """``got`` (a delay-aligned streamed output) equals PyTorch on every step it has, and has at
-    least the steps PyTorch gives on ``x`` alone; the error relative to the output scale."""
+    """``got`` (a delay-aligned streamed output) has the steps ``x`` covers (one per ``stride``
+    input steps, at least PyTorch's on ``x`` alone) and equals PyTorch on every one of them; the
+    error relative to the output scale."""
     with torch.no_grad():
         alone = model(torch.from_numpy(x)).numpy()
-    want_all = reference(model, x, axis, fed)
+    want_all = reference(model, x, case.axis, fed)
     n = got.shape[out_axis]
+    assert n == -(-x.shape[case.axis] // case.stride), (x.shape, got.shape)
     assert alone.shape[out_axis] <= n <= want_all.shape[out_axis], (alone.shape, got.shape, want_all.shape)
     want = np.take(want_all, np.arange(n), axis=out_axis)
     assert got.shape == want.shape
@@ -109,7 +111,7 @@ def test_zoo_round_trip(case: Case, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert (ran["pulse"], ran["delay"], ran["steps"]) == (case.second, case.delay, length)
     assert ran["real_time_factor"] > 0 and ran["chunks"] >= math.ceil(length / case.second)
     with np.load(out) as data:
-        assert_whole_stream(model, x, case.axis, data[out_name], out_axis, ran["chunks"] * case.second)
+        assert_whole_stream(model, x, case, data[out_name], out_axis, ran["chunks"] * case.second)
 
     # the API at the export pulse, tract in this process (the CLI's run used the child process)
     with torchlower.load(path).stream({"T": case.pulse}, isolated=False) as stream:
@@ -118,7 +120,7 @@ def test_zoo_round_trip(case: Case, tmp_path: Path, capsys: pytest.CaptureFixtur
             x = signal(case.shape, case.axis, n, seed)
             result = stream.run({"x": x})
             got = result.outputs[out_name]
-            assert_whole_stream(model, x, case.axis, got, out_axis, result.chunks * case.pulse)
+            assert_whole_stream(model, x, case, got, out_axis, result.chunks * case.pulse)
 
 
 def test_python_m_torchlower_streams(tmp_path: Path) -> None:
@@ -140,4 +142,4 @@ def test_python_m_torchlower_streams(tmp_path: Path) -> None:
     ran = json.loads(proc.stdout)
     assert (ran["pulse"], ran["delay"], ran["chunks"]) == (24, 0, 5) and ran["real_time_factor"] > 0
     with np.load(tmp_path / "out.npz") as data:
-        assert_whole_stream(model, x, case.axis, data["output"], 2, 5 * 24)
+        assert_whole_stream(model, x, case, data["output"], 2, 5 * 24)
