@@ -197,3 +197,39 @@ def test_archive_without_stream_has_no_streaming_comment(tmp_path: Path) -> None
     torchlower.export(CausalTCN(), (torch.randn(1, 4, 64),), path, dynamic_axes={"x": {2: "T"}})
     assert "# streaming" not in torchlower.artifact.io.graph_text(path)
     assert torchlower.inspect(path, tract=False)["streaming"] is None
+
+
+def test_fast_state_gives_what_the_tract_package_gives(tmp_path: Path) -> None:
+    """``nnef/pulse_ffi.FastState`` (tract's C calls without the package's per-call overhead)
+    returns what ``State.run`` + ``to_numpy`` return, chunk after chunk; a chunk tract refuses
+    is a TractError, not a crash (tract then invalidates the state, as through ``State.run``),
+    and the arrays it returns are the caller's own."""
+    import tract
+
+    from torchlower.nnef import reader
+    from torchlower.nnef.pulse import InProcessPulse
+    from torchlower.nnef.pulse_ffi import FastState
+
+    path = tmp_path / "tcn.nnef.tgz"
+    x = (torch.randn(1, 4, 64),)
+    torchlower.export(
+        model_of(CausalTCN), x, path, dynamic_axes={"x": {2: "T"}}, check=False
+    )  # compared here
+    with reader.extracted(path) as folder:
+        pulsed = InProcessPulse(Path(folder), "T", 8)
+    fast, plain = FastState(pulsed.runnable.spawn_state()), pulsed.runnable.spawn_state()
+    assert fast.direct
+    rng = np.random.default_rng(0)
+    kept = []
+    for _ in range(5):
+        chunk = rng.standard_normal((1, 4, 8)).astype(np.float32)
+        (got,), (want,) = fast.run([chunk]), [t.to_numpy() for t in plain.run([chunk])]
+        assert got.dtype == np.float32 and got.shape == (1, 8, 8) and np.array_equal(got, want)
+        kept.append(got)
+    assert len({a.ctypes.data for a in kept}) == 5 and all(a.flags.writeable for a in kept)
+    with pytest.raises(tract.TractError):
+        fast.run([np.zeros((1, 3, 8), np.float32)])
+    with pytest.raises(tract.TractError, match="invalidated"):
+        fast.run([chunk])
+    fast, plain = FastState(pulsed.runnable.spawn_state()), pulsed.runnable.spawn_state()
+    assert np.array_equal(fast.run([chunk])[0], plain.run([chunk])[0].to_numpy())
