@@ -31,8 +31,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import torchlower  # noqa: E402
-from torchlower.nnef import reader  # noqa: E402
 from torchlower.artifact import runner  # noqa: E402
+from torchlower.nnef import reader  # noqa: E402
 from torchlower.nnef.pulse import InProcessPulse, PulseSession  # noqa: E402
 from torchlower.nnef.pulse_ffi import FastState  # noqa: E402
 
