@@ -99,6 +99,9 @@ def test_zoo_round_trip(case: Case, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert shown["inputs"] == {"x": case.axis}
     (out_name, (out_axis, out_delay)), *_ = shown["outputs"].items()
     assert out_delay == case.delay
+    assert main(["inspect", path, "--no-shapes"]) == 0  # the table a user reads
+    text = capsys.readouterr().out
+    assert f"over T: x axis {case.axis} → {out_name} axis {out_axis} (delay {case.delay})" in text
     checked = cli(capsys, "check", path, "--stream", f"T={case.second}", "--model", spec)
     assert_points(checked["stream"], case.second, case.delay)
 
