@@ -14,6 +14,7 @@ those symbols, or a dtype outside the table, falls back to ``State.run``.
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,13 +40,14 @@ _SYMBOLS = ("tract_tensor_from_bytes", "tract_state_run", "tract_tensor_as_bytes
 
 
 class FastState:
-    """``state.run(arrays)`` → the outputs as numpy arrays (copies tract no longer owns). Not for
-    concurrent calls (neither is a tract state): the C argument buffers are reused."""
+    """``state.run(arrays)`` → the outputs as numpy arrays (copies tract no longer owns). Calls
+    are serialized by a lock: ctypes releases the GIL during tract's run, and the C argument
+    buffers are reused (two threads pushing at once must not swap each other's outputs)."""
 
     def __init__(self, state: Any) -> None:
         from tract.bindings import lib
 
-        self.state, self.lib = state, lib
+        self.state, self.lib, self.lock = state, lib, threading.Lock()
         self.direct = all(hasattr(lib, s) for s in _SYMBOLS) and hasattr(state, "ptr")
         if self.direct:
             self.ins = (ctypes.c_void_p * state.input_count())()
@@ -57,8 +59,12 @@ class FastState:
         self.refs = tuple(map(ctypes.byref, (self.code, self.rank, self.dims, self.data)))
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        if not self.direct or any(a.dtype not in _CODES for a in arrays):
-            return [t.to_numpy() for t in self.state.run(list(arrays))]
+        with self.lock:
+            if not self.direct or any(a.dtype not in _CODES for a in arrays):
+                return [t.to_numpy() for t in self.state.run(list(arrays))]
+            return self._run(arrays)
+
+    def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         lib, made, pending = self.lib, [], []
         try:
             for i, array in enumerate(arrays):
