@@ -67,7 +67,7 @@ def main() -> int:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        for case in zoo.ZOO:
+        for case in [*zoo.ZOO, zoo.WAV2LETTER]:
             model = zoo.model_of(case.factory)
             path = Path(tmp, f"{case.name}.nnef.tgz")
             axes = {"x": {case.axis: "T"}}

@@ -12,6 +12,7 @@ import torch
 
 import torchlower
 from tests.streaming_models import (
+    WAV2LETTER,
     CausalTCN,
     CenteredSTFT,
     ConvTasNet,
@@ -22,6 +23,7 @@ from tests.streaming_models import (
     SelfAttention,
     model_of,
 )
+from torchlower.artifact.stream_verify import verify_stream
 from torchlower.errors import CheckError, InvalidArgumentError, InvalidPulseError, StreamingError
 
 
@@ -240,3 +242,23 @@ def test_fast_state_gives_what_the_tract_package_gives(tmp_path: Path) -> None:
         fast.run([chunk])
     fast, plain = FastState(pulsed.runnable.spawn_state()), pulsed.runnable.spawn_state()
     assert np.array_equal(fast.run([chunk])[0], plain.run([chunk])[0].to_numpy())
+
+
+def test_real_package_model_streams(tmp_path: Path) -> None:
+    """torchaudio's Wav2Letter (MFCC input: a stride-2 conv, then 'same' convs with look-ahead):
+    exported with a stream at one pulse (three lengths), verified again at a second pulse."""
+    pytest.importorskip("torchaudio")
+    case = WAV2LETTER
+    model = model_of(case.factory)
+    path = tmp_path / "w2l.nnef.tgz"
+    report = torchlower.export(
+        model, (torch.randn(case.shape),), path, dynamic_axes={"x": {case.axis: "T"}},
+        stream={"T": case.pulse},
+    )  # fmt: skip
+    s = report.stream
+    assert (s.delay, s.multiple) == (case.delay, case.stride)
+    assert len({p.length for p in s.points}) == 3
+    assert all(e.ok and e.max_abs <= e.tolerance / 10 for p in s.points for e in p.errors)
+    again = verify_stream(path, torchlower.load(path).graph, model, {"T": case.second})
+    assert again.delay == case.delay and len(again.points) == 3
+    assert all(e.max_abs <= e.tolerance / 10 for p in again.points for e in p.errors)
