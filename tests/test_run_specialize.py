@@ -115,7 +115,7 @@ def test_cli_specialize(archive: tuple[Path, torch.nn.Module], tmp_path: Path) -
         "--time",
         "2",
     )
-    assert data["ok"] and data["latency_ms"]["runs"] == 2
+    assert data["ok"] and data["latency_ms"]["runs"] == 2 and data["latency_ms"]["first_call"] > 0
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
     got = next(iter(np.load(tmp_path / "o.npz").values()))
