@@ -48,7 +48,8 @@ def test_refused_where_literal_arithmetic_differs() -> None:
 def test_fallback_runs_like_the_generic_plan(tmp_path: Path) -> None:
     folder = tmp_path / "neg.nnef"
     folder.mkdir()
-    (folder / "graph.nnef").write_text(GRAPH.format(end="(S - 9) / 4 + 3").replace("    w = v", "    # w = v"))
+    text = GRAPH.format(end="(S - 9) / 4 + 3").replace("    w = v", "    # w = v")  # no weight file
+    (folder / "graph.nnef").write_text(text)
     x = np.arange(6, dtype=np.float32)[None]
     with torchlower.load(folder) as art:
         generic = art.run(x)["y"]
