@@ -219,12 +219,13 @@ class Session:
     """The optimized tract plans of one archive; ``run`` is called many times.
 
     The generic plan serves every size the archive declares. ``run(inputs, sizes)`` uses a plan
-    optimized at ``sizes`` instead (tract's ``SetSymbols`` before it optimizes: tract 0.23 lowers
-    a convolution over symbolic spatial sizes to im2col + matmul, up to 3x slower than the direct
-    kernels it picks at known sizes); the last ``kept`` such plans stay loaded, in the child
-    beside the generic one. Plans load on first use, from the checked bytes of ``path``: the
-    generic one from a folder removed at once, sized ones from a folder kept until ``close``
-    (each new size loads again, tract's Python API cannot copy a model).
+    optimized at ``sizes`` instead: the graph text with the sizes written in (``concretize``),
+    else tract's ``SetSymbols`` before it optimizes. tract 0.23 lowers a convolution over
+    symbolic spatial sizes to im2col + matmul (up to 4x slower than the direct kernels it picks
+    at known sizes) and loads symbolic size arithmetic slowly. The last ``kept`` sized plans stay
+    loaded beside the generic one, in the one child. Plans load on first use from the checked
+    bytes of ``path``: the generic one from a folder removed at once, sized ones from a folder
+    kept until ``close`` (each new size loads again: tract's Python API cannot copy a model).
     """
 
     def __init__(
