@@ -1,13 +1,13 @@
 """The streaming zoo (issue 29) through the CLI and the API, in tract's real pulse transform.
 
 Every zoo model (tests/streaming_models.py; its torchaudio MFCC and mel front ends are the real
-package models; torchaudio's Wav2Letter streams through the API in test_streaming.py) goes through ``export --stream`` (three input lengths at the export pulse), ``inspect``,
-``check --stream`` at a second pulse against ``--model`` (three lengths again), ``run --stream
---inputs --out --json`` and ``torchlower.load(...).stream(..., isolated=False).run`` (two more
-lengths). The CLI runs in this process (``torchlower.cli.main``: a subprocess per command costs
-its imports); one subprocess test keeps ``python -m torchlower`` honest. Besides the library's
-own streaming check, the test compares every streamed output itself, whole and delay-aligned,
-with PyTorch."""
+package models; torchaudio's Wav2Letter streams through the API in test_streaming.py) goes through
+``export --stream`` (three input lengths at the export pulse), ``inspect``, ``check --stream`` at a
+second pulse against ``--model`` (three lengths again), ``run --stream --inputs --out --json`` and
+``torchlower.load(...).stream(..., isolated=False).run`` (two more lengths). The CLI runs in this
+process (``torchlower.cli.main``: a subprocess per command costs its imports); one subprocess test
+keeps ``python -m torchlower`` honest. Besides the library's own streaming check, the test compares
+every streamed output itself, whole and delay-aligned, with PyTorch."""
 
 from __future__ import annotations
 
