@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Union
 
 from torchlower.core import size_floors
+from torchlower.core.size_period import periodic_least
 
 if TYPE_CHECKING:
     import torch
@@ -258,7 +259,8 @@ def at_least(e: Any, lows: Mapping[str, int] | None = None) -> Any:
     Term by term first (``2*floor((T + 7) / 8) - 1 >= 1``); then with each floor replaced by a
     bound of it, ``c·floor(x) >= c·x`` for c < 0 and ``>= c·(x - (d - 1) / d)`` for c > 0 (d the
     denominator of x), so terms can cancel (``-T - 4*floor(-T / 4) >= 0``, padding to a multiple
-    of 4). The larger of the two bounds.
+    of 4). The larger of the two bounds; when that is negative, the exact least value of a
+    one-symbol expression periodic in it (``size_period``).
     """
     import sympy
 
@@ -271,6 +273,8 @@ def at_least(e: Any, lows: Mapping[str, int] | None = None) -> Any:
         _floor_bound,
     )
     lows_ = [x for x in (low, _at_least(sympy.expand(bounded), lows or {})) if x is not None]
+    if not lows_ or max(lows_) < 0:  # floors that cancel only together: exact over one period
+        lows_ += [x for x in (periodic_least(e, lows or {}),) if x is not None]
     return max(lows_) if lows_ else None
 
 

@@ -23,7 +23,7 @@ from torchlower.errors import (
     TraceError,
     ValueDependentTraceError,
 )
-from torchlower.frontends import jit_script, jit_trace, provenance, views
+from torchlower.frontends import jit_align, jit_script, jit_trace, provenance, views
 from torchlower.frontends.jit_nodes import is_tensor, meta, normalize_args, scope_of, source_location
 from torchlower.frontends.jit_trace import FastTrace, dynamic_overrides, maybe_quantize_args, trace
 from torchlower.frontends.session import Session
@@ -182,7 +182,11 @@ def _step(
         env.update(zip(outputs, run(node, env, walk, where), strict=True))
         return
     shapes = dyn.shapes.get(index) if dyn is not None else None
-    results = _lower_node(node, [env[i] for i in node.inputs()], session, shapes)
+    args = [env[i] for i in node.inputs()]
+    if dyn is not None and index in dyn.pad_to:  # a pad some traces lack: its amounts by size
+        args[1] = jit_align.amounts(args[0], args[1], dyn.pad_to[index], scope_of(node) or "<top level>")
+        shapes = [dyn.pad_to[index]]
+    results = _lower_node(node, args, session, shapes)
     if len(outputs) == 1 and node.kind() in _UNPACK and results is not MISSING:
         results = results[0]  # unpacking a one-element list (split into one chunk)
     if len(outputs) == 1:
