@@ -141,10 +141,12 @@ def lower_jit(
     else:
         graph = tracer.torch_graph.copy()
         torch._C._jit_pass_inline(graph)
+        dyn = dynamic_overrides(tracer.mod, tracer.fn_name, tracer.args or (), graph, spec) if spec else None
+        if dyn is not None and dyn.graph is not None:  # a trace holding a pad/slice the example's lacks
+            graph = dyn.graph
         graph_inputs = list(graph.inputs())
         env[graph_inputs[0]] = _ModuleRef("", tracer.mod)
         tensor_inputs = graph_inputs[1:]
-        dyn = dynamic_overrides(tracer.mod, tracer.fn_name, tracer.args or (), graph, spec) if spec else None
     progress.retotal(sum(n.kind().startswith("aten::") for n in graph.nodes()), "lowering")
     if isinstance(tracer.mod, torch.jit.ScriptModule) and len(tensor_inputs) > len(inputs):
         rest = jit_script.defaults(tracer, len(inputs))
@@ -183,9 +185,9 @@ def _step(
         return
     shapes = dyn.shapes.get(index) if dyn is not None else None
     args = [env[i] for i in node.inputs()]
-    if dyn is not None and index in dyn.pad_to:  # a pad some traces lack: its amounts by size
-        args[1] = jit_align.amounts(args[0], args[1], dyn.pad_to[index], scope_of(node) or "<top level>")
-        shapes = [dyn.pad_to[index]]
+    if dyn is not None and index in dyn.resized:  # a pad/slice some traces lack: sized by the fit
+        args = jit_align.resized(node.kind(), args, dyn.resized[index], scope_of(node) or "<top level>")
+        shapes = [dyn.resized[index]]
     results = _lower_node(node, args, session, shapes)
     if len(outputs) == 1 and node.kind() in _UNPACK and results is not MISSING:
         results = results[0]  # unpacking a one-element list (split into one chunk)

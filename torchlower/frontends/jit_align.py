@@ -1,4 +1,4 @@
-"""Traces that differ by a pad the model applies only on one side of a size branch.
+"""Traces that differ by a pad or a slice the model applies only on one side of a size branch.
 
 SEW's upsampling ends with ``if x.shape[1] < n: x = pad(x, (0, 0, 0, n - x.shape[1]))``: where the
 encoder's length is odd the trace holds a pad of 1, where it is even no pad at all, so the traces
@@ -9,8 +9,11 @@ on both sides of the branch. That holds only when the pad's output size is one e
 every capture (the size fitter proves it, or refuses the axis), and the pad rule refuses an amount
 that could be negative (a crop, which the model never does).
 
-Only a pad in the example's trace is aligned (the example's graph is the one lowered); a trace with
-nodes the example's lacks still raises "the traced graph changes with it".
+EnCodec's decoder is the mirror case: ``if mask.shape[-1] < y.shape[-1]: y = y[..., :mask.shape[-1]]``
+crops only where T is not a multiple of its hop, so the example's trace may lack the slice. The
+trace that holds every other one (``superset``) is then the one lowered; a slice some traces lack
+ends at its start plus its fitted output size. Traces that differ otherwise still raise "the traced
+graph changes with it".
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from torchlower.errors import LoweringError
 
 PADS = ("aten::pad", "aten::constant_pad_nd")
+OPTIONAL = (*PADS, "aten::slice")  # ops that are an identity at some size (a pad of 0, a full slice)
 # what builds a pad's amounts in a trace: constants, lists and integer math on sizes
 _SIZE_MATH = {
     "prim::Constant", "prim::ListConstruct", "prim::NumToTensor", "aten::size", "aten::Int",
@@ -46,7 +50,7 @@ def align(master: Sequence[Any], other: Sequence[Any]) -> tuple[list[Any], set[i
             missing.update(range(i1, i2))
         else:
             return None
-    pads = {i for i in missing if master[i].kind() in PADS}
+    pads = {i for i in missing if master[i].kind() in OPTIONAL}
     if not pads:
         return None
     arguments = pad_arguments(master, pads)
@@ -56,6 +60,14 @@ def align(master: Sequence[Any], other: Sequence[Any]) -> tuple[list[Any], set[i
             return None
         out[i] = stand_in
     return out, pads
+
+
+def superset(nodes: Sequence[Sequence[Any]]) -> int:
+    """The index of a trace every other one aligns into (the example's, 0, when it does)."""
+    for k in sorted(range(len(nodes)), key=lambda k: (k != 0, -len(nodes[k]))):
+        if all(g == k or align(nodes[k], ns) is not None for g, ns in enumerate(nodes)):
+            return k
+    return 0
 
 
 def _constant_in(master: Sequence[Any], aligned: Sequence[Any], i: int) -> Any:
@@ -103,6 +115,17 @@ def _key(node: Any) -> str:
     except (RuntimeError, IndexError):
         line = ""
     return f"{node.kind()}|{node.scopeName()}|{line}"
+
+
+def resized(kind: str, args: list[Any], target: Sequence[Any], where: str) -> list[Any]:
+    """The arguments of an optional op (``OPTIONAL``) that give the fitted output shape ``target``."""
+    if kind in PADS:
+        return [args[0], amounts(args[0], args[1], target, where), *args[2:]]
+    x, dim, start, _, step = args
+    axis = dim % len(x.shape)
+    if step != 1 or not isinstance(start, (int, type(None))) or (start or 0) < 0:
+        raise LoweringError(f"slice at {where}: only some traces slice, with step {step} from {start}")
+    return [x, dim, start, (start or 0) + target[axis], step]
 
 
 def amounts(x: Any, pad: Sequence[Any], target: Sequence[Any], where: str) -> list[Any]:

@@ -30,7 +30,9 @@ class JitOverrides:
 
     shapes: dict[int, list[Shape | None]] = field(default_factory=dict)
     constants: dict[int, Any] = field(default_factory=dict)
-    pad_to: dict[int, Shape] = field(default_factory=dict)  # pads missing from some traces (jit_align)
+    resized: dict[int, Shape] = field(default_factory=dict)  # pads/slices some traces lack (jit_align)
+    master: int = 0  # the trace whose graph is lowered (it holds every other one)
+    graph: Any = None  # that graph, when it is not the example's
 
 
 def jit_overrides(
@@ -39,14 +41,15 @@ def jit_overrides(
     """Compare the inlined graphs traced at every point of ``fitter`` (one pass); sizes become
     expressions. Incomplete while ``fitter.complete()`` is False (more captures are wanted)."""
     fitter.begin()
-    nodes, optional = _aligned([list(g.nodes()) for g in graphs])
-    arguments = jit_align.pad_arguments(nodes[0], optional)
-    out = JitOverrides()
-    for i, node in enumerate(nodes[0]):
+    master = jit_align.superset([list(g.nodes()) for g in graphs])
+    nodes, optional = _aligned([list(g.nodes()) for g in graphs], master)
+    arguments = jit_align.pad_arguments(nodes[master], optional)
+    out = JitOverrides(master=master)
+    for i, node in enumerate(nodes[master]):
         if i in arguments:  # a pad's amounts: recomputed from its fitted output size (jit.py)
             continue
         if i in optional:
-            out.pad_to[i] = _optional_pad(fitter, graphs, nodes, i)
+            out.resized[i] = _optional_op(fitter, graphs, nodes, master, i)
             continue
         kinds = [ns[i].kind() if i < len(ns) else None for ns in nodes]
         if any(k != node.kind() for k in kinds):
@@ -90,28 +93,29 @@ def jit_overrides(
     return out
 
 
-def _aligned(nodes: list[list[Any]]) -> tuple[list[list[Any]], set[int]]:
-    """Each trace's nodes at the example trace's indices, pads it lacks as None (``jit_align``);
-    a trace that differs otherwise is left as it is (the comparison then names the difference)."""
-    out, optional = [nodes[0]], set()
-    for ns in nodes[1:]:
-        got = jit_align.align(nodes[0], ns)
+def _aligned(nodes: list[list[Any]], master: int) -> tuple[list[list[Any]], set[int]]:
+    """Each trace's nodes at the master trace's indices, pads/slices it lacks as None
+    (``jit_align``); a trace that differs otherwise is left as it is (the comparison then names
+    the difference)."""
+    out, optional = [], set()
+    for ns in nodes:
+        got = jit_align.align(nodes[master], ns)
         out.append(ns if got is None else got[0])
         optional |= set() if got is None else got[1]
     return out, optional
 
 
-def _optional_pad(fitter: SizeFitter, graphs: Sequence[Any], nodes: list[list[Any]], i: int) -> Shape:
-    """The output shape of a pad some traces lack, fitted over all of them (where it is missing,
-    its output is its input). Its amounts are that shape minus the padded tensor's."""
-    master = nodes[0][i]
+def _optional_op(fitter: SizeFitter, graphs: Sequence[Any], nodes: list[list[Any]], m: int, i: int) -> Shape:
+    """The output shape of a pad or slice some traces lack, fitted over all of them (where it
+    is missing, its output is its input); its amounts follow from that shape (``jit_align``)."""
+    master = nodes[m][i]
     seen, inputs = [], []
     for g, ns in enumerate(nodes):
         if ns[i] is not None:
             seen.append(_sizes(ns[i].output()))
             inputs.append(_input_sizes([ns[i]]))
             continue
-        size = _sizes(_value_in(graphs[g], nodes[0], ns, master.inputsAt(0)))
+        size = _sizes(_value_in(graphs[g], nodes[m], ns, master.inputsAt(0)))
         seen.append(size)
         inputs.append([tuple((d,)) for d in size] if size is not None else [])
     if any(s is None for s in seen):
