@@ -276,11 +276,11 @@ def test_guard_windows_read_no_unused_padding(frontend: str, tmp_path: Path) -> 
     run_at(path, model, [(9, 9), (33, 17), (41, 57)])
 
 
-@pytest.mark.parametrize("frontend", ["export", "jit"])
+@pytest.mark.parametrize("frontend", ["export", "jit", "fx"])
 def test_decoder_interpolating_to_the_skip_size(frontend: str, tmp_path: Path) -> None:
     """``interpolate(x, size=skip.shape[2:])`` on ``4*h`` to ``8*h`` is a whole factor of 2
-    (segmentation_models_pytorch's U-Net decoder). Not under fx: FX hands ``F.interpolate`` to
-    torch.export with the example's sizes as constants, so the size is no longer ``8*h``."""
+    (segmentation_models_pytorch's U-Net decoder); FX passes the symbolic size to the ATen rule
+    (``frontends/fx_interpolate.py``) rather than torch.export's baked integers."""
     model, path = UNet(3, to_size=True).eval(), tmp_path / "m.nnef.tgz"
     torchlower.export(model, torch.randn(1, 3, 16, 24), path, frontend=frontend,
                       dynamic_axes={"x": {2: "8*h", 3: "8*w"}})  # fmt: skip
