@@ -28,7 +28,7 @@ from torchlower.core.dynamic_probe import adopt_multiple, probe_checks
 from torchlower.core.model_io import state_kept
 from torchlower.errors import LoweringError
 from torchlower.frontends import export_guards
-from torchlower.frontends.export_guards import CONSTRAINTS, GUARD, fixes, guard_sides, multiples
+from torchlower.frontends.export_guards import CONSTRAINTS, GUARD, guard_sides, multiples, suggested_fixes
 from torchlower.frontends.export_program import export_program
 from torchlower.frontends.provenance import raised_at
 
@@ -129,7 +129,7 @@ def _suggested_bounds(spec: Any, symbols: list[str], text: str) -> dict[str, tup
     """torch.export's suggested ``Dim('T', min=320)`` for every one of ``symbols``, merged with
     the declared bounds; None when one pins a size, is missing or excludes the example."""
     found: dict[str, tuple[int, int | None]] = {}
-    for sym, lo, hi, const in fixes(text):
+    for sym, lo, hi, const in suggested_fixes(text):
         if sym in symbols:
             if const:
                 return None
@@ -188,7 +188,7 @@ def _export_restricted(
 def _pins_a_size(text: str, symbols: list[str], module: nn.Module, spec: Any, example: Sequence[Any]) -> bool:
     """torch.export found the model fixes a symbol to one size (``S = 2``) and PyTorch agrees:
     it fails at the sizes next to it. (``x[:, -3:]`` at ``S = 2`` is pinned too, yet runs.)"""
-    for sym, _, _, const in fixes(text):
+    for sym, _, _, const in suggested_fixes(text):
         if sym in symbols and const:
             v = int(const)
             if not (_runs(module, spec, example, sym, v + 1) and _runs(module, spec, example, sym, v + 3)):
@@ -308,7 +308,7 @@ def _pinned(spec: Any, symbols: list[str], text: str, module: nn.Module, example
             f"declare the multiple: dynamic_axes={{{name!r}: {{{axis}: {rule.text()!r}}}}} or {derived} in"
             " dynamic_shapes (the archive then takes only such sizes)"
         )
-    for sym, lo, hi, const in fixes(text):
+    for sym, lo, hi, const in suggested_fixes(text):
         if sym not in symbols:
             continue
         if const:

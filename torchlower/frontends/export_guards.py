@@ -26,7 +26,7 @@ _SCAN = 64  # sizes above the lower bound scanned for a guard's splits
 _SPLITS = 3  # splits per symbol checked (each adds two sizes at most)
 
 
-def fixes(text: str) -> list[tuple[str, str, str, str]]:
+def suggested_fixes(text: str) -> list[tuple[str, str, str, str]]:
     """torch's suggested fixes as ``(symbol, min, max, constant)``, empty strings where absent."""
     return _FIX.findall(text.split("Suggested fixes:")[-1])
 
@@ -44,7 +44,7 @@ def asked(spec: Any, text: str, symbols: list[str]) -> list[str]:
     """The suggestions for ``symbols`` as guards (``S = 2*_S``, ``S = 2``, ``S >= 4``,
     ``S <= 999``); without any, torch's guards in the symbols' names (``(-2 + S) != 1``)."""
     out = [f"{s} = {Form('_' + s, k, c).text()}" for s, (k, c) in sorted(multiples(text, symbols).items())]
-    for sym, lo, hi, const in fixes(text):
+    for sym, lo, hi, const in suggested_fixes(text):
         if sym in symbols:
             out += [f"{sym} = {const}"] * bool(const) + [f"{sym} >= {lo}"] * bool(lo)
             out += [f"{sym} <= {hi}"] * bool(hi)
@@ -63,7 +63,7 @@ def guard_sides(spec: Any, symbols: list[str], text: str) -> dict[str, list[int]
     for sym, (k, c) in multiples(text, symbols).items():
         on = next(v for v in range(spec.base[sym], spec.base[sym] + k) if (v - c) % k == 0)
         sides[sym].update((on, on + 1))
-    for sym, lo, hi, const in fixes(text):
+    for sym, lo, hi, const in suggested_fixes(text):
         if sym in symbols:
             for at, below in ((const, 0), (lo, 1), (hi, 0)):  # the guard's size and its other side
                 if at:
