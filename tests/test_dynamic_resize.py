@@ -54,26 +54,28 @@ def test_resize_to_a_skip_connection_of_its_own_size(
 class TinyFPN(nn.Module):
     """A feature pyramid over any H×W: strided convs give levels of ``(H + 1)/2`` and ``(H + 3)/4``
     (floor forms, no multiples), the top-down path resizes each level to its lateral's shape
-    (torchvision's ``size=feat.shape[-2:]``), and a head upsamples by a scale factor (smp's FPN)."""
+    (torchvision's ``size=feat.shape[-2:]``), heads upsample by a scale factor (smp's FPN) or with
+    ``nn.Upsample`` (YOLO's neck), and one resizes to a fixed size."""
 
     def __init__(self) -> None:
         super().__init__()
         self.down = nn.ModuleList(nn.Conv2d(c, 4, 3, stride=2, padding=1) for c in (3, 4))
         self.lateral = nn.Conv2d(4, 4, 1)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         c2 = self.down[0](x)
         c4 = self.down[1](c2)
         p2 = self.lateral(c2) + F.interpolate(c4, size=c2.shape[-2:], mode="nearest")
         head = F.interpolate(c4, scale_factor=2, mode="bilinear", align_corners=False)
         pooled = F.interpolate(p2, size=(3, 5), mode="bilinear", align_corners=False)
-        return p2, head, pooled
+        return p2, head, pooled, self.up(c4)
 
 
 def test_fpn_resizes_over_symbolic_sizes_under_fx(tmp_path: Path) -> None:
-    """FX lowers each ``F.interpolate`` with the ATen rule over the levels' symbolic sizes; through
-    torch.export (FX's route for calls it cannot see into) ``(H + 3)/4`` was refused as a Dim, and
-    the lateral's size would be the capture's integers."""
+    """FX lowers each ``F.interpolate`` (and ``nn.Upsample``, traced into) with the ATen rule over
+    the levels' symbolic sizes; through torch.export (FX's route for calls it cannot see into)
+    ``(H + 3)/4`` was refused as a Dim, and the lateral's size would be the capture's integers."""
     torch.manual_seed(0)
     model = TinyFPN().eval()
     report = torchlower.export(
