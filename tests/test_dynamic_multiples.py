@@ -236,6 +236,31 @@ def test_multiple_with_root_one_under_export(tmp_path: Path) -> None:
     run_at(path, model, [(8, 8), (16, 40)])
 
 
+class EncoderAfterLinear(nn.Module):
+    """A ``torch.nn`` leaf FX keeps whole (``nn.TransformerEncoderLayer``): lowered through
+    torch.export of that module alone, on the example's batch of 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(8, 8)
+        self.inner = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(self.lin(x))
+
+
+def test_batch_one_does_not_pin_a_leaf_fx_hands_to_torch_export(tmp_path: Path) -> None:
+    """FX's torch.export of a leaf moves a symbol at 1 to 2 as the export front end does
+    (ultralytics' Detect head under fx): B stays dynamic, checked at B = 1 (the example) too."""
+    model, path = EncoderAfterLinear().eval(), tmp_path / "m.nnef.tgz"
+    report = torchlower.export(model, torch.randn(1, 5, 8), path, frontend="fx", dynamic_axes={"x": {0: "B"}})
+    assert report.inputs[0].shape == ("B", 5, 8) and report.max_abs_error < 1e-5
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        assert np.abs(torchlower.load(path).run([x.numpy()])["output"] - model(x).numpy()).max() < 1e-5
+
+
 def test_cli_spelling(tmp_path: Path) -> None:
     path = tmp_path / "m.nnef.tgz"
     data = cli_json(
