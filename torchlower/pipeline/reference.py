@@ -42,3 +42,25 @@ def run_reference(model: nn.Module, req: Request, output_names: Sequence[str] | 
         with model_io.state_kept(module):
             req.spec.probe(lambda inputs: module(*inputs), req.example)
     return Reference(module, expected, names_out)
+
+
+def run_shapes(model: nn.Module, req: Request, output_names: Sequence[str] | None) -> Reference:
+    """The reference of an export that is not checked: the outputs' shapes and dtypes from a run
+    on fake tensors (``fake_run``), which reads no weight — a memory-mapped checkpoint stays on
+    disk — and no probe of the check sizes."""
+    module = model_io.eval_view(model)
+    try:
+        returned = fake_run(module, req.example)
+    except Exception:  # python that reads tensor values (a grid's ``tolist``): run for real
+        return run_reference(model, req, output_names)
+    expected = model_io.flatten_outputs(returned)
+    return Reference(module, expected, model_io.output_names(expected, output_names, returned))
+
+
+def fake_run(module: nn.Module, example: Sequence[torch.Tensor]) -> object:
+    """``module(*example)`` on fake tensors: outputs with their shapes and dtypes, no data (no
+    weight read, no arithmetic)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with torch.no_grad(), model_io.state_kept(module), FakeTensorMode(allow_non_fake_inputs=True):
+        return module(*example)
