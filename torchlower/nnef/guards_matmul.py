@@ -20,7 +20,7 @@ Assignment = text.Assignment
 _PRODUCTS = ("matmul", "linear", "conv", "deconv")
 _LAYOUT = ("reshape", "transpose", "squeeze", "unsqueeze", "tract_core_broadcast")
 _SMALLEST = torch.finfo(torch.float32).tiny
-_SCAN = 1 << 20  # elements per slice of a weight's denormal scan (4 MiB of f32, not a copy of it)
+_SCAN = 1 << 16  # elements per slice of a weight's denormal scan: its temporaries stay in the heap
 
 
 def normal_weights(b: NNEFBuilder) -> bool:
@@ -58,8 +58,8 @@ def _has_denormal(w: torch.Tensor, release: Callable[[torch.Tensor], None] | Non
         part = flat[i : i + _SCAN]
         if bool(((part != 0) & (part.abs() < _SMALLEST)).any()):
             return True
-        if release is not None:
-            release(part)
+        if release is not None:  # from the previous slice: the page they share is whole in it
+            release(flat[max(0, i - _SCAN) : i + _SCAN])
     return False
 
 

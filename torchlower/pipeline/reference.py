@@ -59,8 +59,22 @@ def run_shapes(model: nn.Module, req: Request, output_names: Sequence[str] | Non
 
 def fake_run(module: nn.Module, example: Sequence[torch.Tensor]) -> object:
     """``module(*example)`` on fake tensors: outputs with their shapes and dtypes, no data (no
-    weight read, no arithmetic)."""
+    weight read, no arithmetic).
+
+    Attributes the run sets are put back, and new tensor attributes (a fake rotary table)
+    removed; other new attributes stay, since what they record outlives the run (transformers'
+    ``_output_capturing_hooks_installed`` flags the hooks its first call registers: removing it
+    would register them twice on the next call)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with torch.no_grad(), model_io.state_kept(module), FakeTensorMode(allow_non_fake_inputs=True):
-        return module(*example)
+    saved = [(m, dict(vars(m))) for m in module.modules()]
+    try:
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+            return module(*example)
+    finally:
+        for m, attrs in saved:
+            for key, value in list(vars(m).items()):
+                if key in attrs and attrs[key] is not value:
+                    object.__setattr__(m, key, attrs[key])
+                elif key not in attrs and isinstance(value, torch.Tensor):
+                    delattr(m, key)
