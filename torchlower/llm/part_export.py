@@ -71,6 +71,8 @@ def export_part(
         written = archive.write(
             staging, graph, weights, builder.quant_text(), files, release, huffman_only=True
         )
+        if mapping is not None:  # small tensors share pages the writer's pieces leave behind
+            mapping.release_all()
         result = report.export_report(written, req, ref, captured, weights)
         if check:
             outcome = checks.check_export(
