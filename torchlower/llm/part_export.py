@@ -36,8 +36,8 @@ def export_part(
     ``rewrite(builder)`` runs after the pipeline's passes (e.g. ``precision.keep_f32``);
     ``keep_float``: parameters q4_0 leaves float (a token table).
 
-    Unchecked, the part never runs in PyTorch (its outputs' shapes come from fake tensors: the
-    parts' dynamic axes are token and cache lengths, which need no probe). With ``mapping``
+    Unchecked, the part never runs in PyTorch (the parts' dynamic axes are token and cache
+    lengths, which need no probe of multiples; the outputs' shapes come from the graph). With ``mapping``
     (``stream.Mapping``: the weights view the checkpoint file) the pages the trace and passes read
     are dropped and each tensor's pages as the archive writes it, so the resident set stays
     near the largest activation, not the part's weights."""
@@ -46,7 +46,7 @@ def export_part(
         check=check, tolerance=None, precision=precision, compress=compress, dynamic_axes=axes,
         dynamic_shapes=None, allow_value_dependent_trace=False,
     )  # fmt: skip
-    ref = (reference.run_reference if check else reference.run_shapes)(module, req, names_out)
+    ref = reference.run_reference(module, req, names_out) if check else reference.unrun(module, names_out)
     # torch itself in f16 is this far from f32 on these models (docs/llm.md), as the causal-LM check
     tolerance = (
         F16_TOLERANCE * tolerances.output_scale([t.numpy() for t in ref.expected])
@@ -55,6 +55,7 @@ def export_part(
     )
     captured = capture.capture(req, ref)
     builder = captured.builder
+    ref = ref if check else reference.graph_outputs(ref, builder)
     builder.release = mapping.release if mapping is not None else None
     dequantized = optimize.compress(builder, ref.module, compress, keep_float)
     optimize.optimize(builder)

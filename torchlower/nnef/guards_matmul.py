@@ -20,7 +20,7 @@ Assignment = text.Assignment
 _PRODUCTS = ("matmul", "linear", "conv", "deconv")
 _LAYOUT = ("reshape", "transpose", "squeeze", "unsqueeze", "tract_core_broadcast")
 _SMALLEST = torch.finfo(torch.float32).tiny
-_SCAN = 1 << 16  # elements per slice of a weight's denormal scan: its temporaries stay in the heap
+_SCAN = 1 << 18  # elements per slice of a weight's denormal scan (1 MiB): small temporaries, few calls
 
 
 def normal_weights(b: NNEFBuilder) -> bool:

@@ -11,6 +11,7 @@ from torch import nn
 
 from torchlower.core import model_io
 from torchlower.errors import InvalidArgumentError, TorchlowerError
+from torchlower.nnef.builder import NNEFBuilder
 from torchlower.pipeline.request import Request
 
 
@@ -44,17 +45,25 @@ def run_reference(model: nn.Module, req: Request, output_names: Sequence[str] | 
     return Reference(module, expected, names_out)
 
 
-def run_shapes(model: nn.Module, req: Request, output_names: Sequence[str] | None) -> Reference:
-    """The reference of an export that is not checked: the outputs' shapes and dtypes from a run
-    on fake tensors (``fake_run``), which reads no weight — a memory-mapped checkpoint stays on
-    disk — and no probe of the check sizes."""
-    module = model_io.eval_view(model)
-    try:
-        returned = fake_run(module, req.example)
-    except Exception:  # python that reads tensor values (a grid's ``tolist``): run for real
-        return run_reference(model, req, output_names)
-    expected = model_io.flatten_outputs(returned)
-    return Reference(module, expected, model_io.output_names(expected, output_names, returned))
+def unrun(model: nn.Module, output_names: Sequence[str]) -> Reference:
+    """The reference of an export that is not checked: the model never runs (a memory-mapped
+    checkpoint stays on disk, no probe of check sizes); ``graph_outputs`` fills the outputs'
+    shapes and dtypes from the lowered graph, for the report."""
+    return Reference(model_io.eval_view(model), [], list(output_names))
+
+
+def graph_outputs(ref: Reference, builder: NNEFBuilder) -> Reference:
+    """``ref`` with the lowered graph's outputs as meta tensors: their dtypes and ranks (a
+    symbolic size stands as 1; the report shows the graph's symbolic shape)."""
+    expected = [
+        torch.empty(
+            [d if isinstance(d, int) else 1 for d in v.shape or ()],
+            dtype=v.dtype or torch.float32,
+            device="meta",
+        )
+        for _, v in builder.outputs
+    ]
+    return Reference(ref.module, expected, ref.output_names)
 
 
 def fake_run(module: nn.Module, example: Sequence[torch.Tensor]) -> object:
@@ -69,8 +78,8 @@ def fake_run(module: nn.Module, example: Sequence[torch.Tensor]) -> object:
 
     saved = [(m, dict(vars(m))) for m in module.modules()]
     try:
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
-            return module(*example)
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            return module(*[mode.from_tensor(t) for t in example])
     finally:
         for m, attrs in saved:
             for key, value in list(vars(m).items()):
