@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,10 +19,15 @@ pytest.importorskip("transformers")
 from torchlower import llm
 
 
-@pytest.mark.parametrize("kind", ["Idefics3", "SmolVLM"])
-def test_tokens_equal_hf_with_two_tiles(tmp_path: Path, kind: str) -> None:
-    folder, model = vlm_models.idefics3_folder(tmp_path / "hf", kind=kind)
-    report = llm.export(folder, tmp_path / "tract")
+@pytest.fixture(scope="module", params=["Idefics3", "SmolVLM"])
+def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ...]:
+    kind = request.param
+    folder, model = vlm_models.idefics3_folder(tmp_path_factory.mktemp(kind) / "hf", kind=kind)
+    return kind, folder, model, llm.export(folder, folder.parent / "tract")
+
+
+def test_tokens_equal_hf_with_two_tiles(exported: tuple[Any, ...]) -> None:
+    kind, _, model, report = exported
     assert report.tokens == report.reference_tokens and report.logit_error < 1e-3
     manifest = json.loads((report.path / "manifest.json").read_text())
     assert manifest["model_type"] == kind.lower() and manifest["media"]["tokens_per_item"] == 16
@@ -34,3 +40,35 @@ def test_tokens_equal_hf_with_two_tiles(tmp_path: Path, kind: str) -> None:
         )
     want = out[0, ids.shape[1] :].tolist()
     assert llm.generate(report.path, ids, 32, pixel_values=pixels) == want and len(set(want)) > 3
+
+
+@pytest.mark.parametrize("exported", ["Idefics3"], indirect=True)
+def test_unchecked_export_streams_the_checked_bytes(exported: tuple[Any, ...], tmp_path: Path) -> None:
+    """Unchecked, no module with weights runs in PyTorch on real tensors (shapes come from fake
+    ones; the rotary tables are computed) and the weights view the memory-mapped checkpoint
+    (``llm/stream.py``); the archives are the checked export's, byte for byte."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from torchlower.llm import source, vlm_families
+
+    _, folder, _, checked = exported
+    assert source.open_named(folder, vlm_families.ARCHITECTURES, mapped=True)[2] is not None
+    real_calls: list[str] = []
+
+    def count(module: torch.nn.Module, args: tuple[object, ...]) -> None:
+        real = [a for a in args if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor)]
+        if any(not a.is_meta for a in real) and next(module.parameters(), None) is not None:
+            real_calls.append(type(module).__name__)
+
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        unchecked = llm.export(folder, tmp_path / "unchecked", check=False)
+    finally:
+        hook.remove()
+    assert real_calls == []
+    names = sorted(p.name for p in checked.path.iterdir())
+    assert names == sorted(p.name for p in unchecked.path.iterdir()) and len(names) == 4
+    for name in names:
+        assert (checked.path / name).read_bytes() == (unchecked.path / name).read_bytes(), name
+    for part in ("embed", "encoder", "decoder"):  # the report's outputs come from the graph unchecked
+        assert getattr(unchecked, part).outputs == getattr(checked, part).outputs, part

@@ -155,14 +155,14 @@ def export(
             speech[0], speech[1], path, precision=precision, compress=compress, max_context=max_context,
             check=check,
         )  # fmt: skip
-    multimodal = open_named(source, vlm_families.ARCHITECTURES) if part is None else None
+    multimodal = open_named(source, vlm_families.ARCHITECTURES, mapped=True) if part is None else None
     if multimodal is not None:  # a vision/audio LM: a folder of three archives (vlm.py)
         _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts, lora, "a multimodal LM")
         from torchlower.llm import vlm
 
         return vlm.export(
             multimodal[0], multimodal[1], path, precision=precision, compress=compress,
-            max_context=max_context, check=check,
+            max_context=max_context, check=check, mapping=multimodal[2],
         )  # fmt: skip
     storage = table_storage(compress, embeddings, lm_head)
     parts = _f32_parts(precision, f32_parts)

@@ -30,17 +30,23 @@ def export_part(
     names_out: list[str], axes: dict[str, Any] | None, precision: str, compress: str | None,
     check: bool, extensions: list[str], props: dict[str, Any], files: dict[str, bytes],
     frontend: str = "export", rewrite: Callable[[Any], object] | None = None,
-    keep_float: frozenset[str] = frozenset(),
+    keep_float: frozenset[str] = frozenset(), mapping: Any = None,
 ) -> tuple[report.ExportReport, dict[str, torch.Tensor] | None]:  # fmt: skip
     """``torchlower.export``'s stages, with the graph's bounds, properties and bundled files;
     ``rewrite(builder)`` runs after the pipeline's passes (e.g. ``precision.keep_f32``);
-    ``keep_float``: parameters q4_0 leaves float (a token table)."""
+    ``keep_float``: parameters q4_0 leaves float (a token table).
+
+    Unchecked, the part never runs in PyTorch (the parts' dynamic axes are token and cache
+    lengths, which need no probe of multiples; the outputs' shapes come from the graph). With ``mapping``
+    (``stream.Mapping``: the weights view the checkpoint file) the pages the trace and passes read
+    are dropped and each tensor's pages as the archive writes it, so the resident set stays
+    near the largest activation, not the part's weights."""
     req = request.request(
         module, example, target, input_names=names_in, output_names=names_out, frontend=frontend,
         check=check, tolerance=None, precision=precision, compress=compress, dynamic_axes=axes,
         dynamic_shapes=None, allow_value_dependent_trace=False,
     )  # fmt: skip
-    ref = reference.run_reference(module, req, names_out)
+    ref = reference.run_reference(module, req, names_out) if check else reference.unrun(module, names_out)
     # torch itself in f16 is this far from f32 on these models (docs/llm.md), as the causal-LM check
     tolerance = (
         F16_TOLERANCE * tolerances.output_scale([t.numpy() for t in ref.expected])
@@ -49,6 +55,8 @@ def export_part(
     )
     captured = capture.capture(req, ref)
     builder = captured.builder
+    ref = ref if check else reference.graph_outputs(ref, builder)
+    builder.release = mapping.release if mapping is not None else None
     dequantized = optimize.compress(builder, ref.module, compress, keep_float)
     optimize.optimize(builder)
     if rewrite is not None:
@@ -56,8 +64,16 @@ def export_part(
     weights = builder.live_weights()
     builder.example_sizes = req.example_sizes
     graph = bundle.with_header(builder.graph_text(), extensions, bundle.properties_fragment(props))
+    release = None
+    if mapping is not None:
+        mapping.release_all()  # the eager run, folds and passes may have read weights
+        release = mapping.release
     with write.staging(req.target, check) as staging:
-        written = archive.write(staging, graph, weights, builder.quant_text(), files, huffman_only=True)
+        written = archive.write(
+            staging, graph, weights, builder.quant_text(), files, release, huffman_only=True
+        )
+        if mapping is not None:  # small tensors share pages the writer's pieces leave behind
+            mapping.release_all()
         result = report.export_report(written, req, ref, captured, weights)
         if check:
             outcome = checks.check_export(

@@ -126,15 +126,17 @@ def open_speech_seq2seq(
 
 
 def open_named(
-    source: str | os.PathLike[str] | nn.Module, architectures: dict[str, str]
-) -> tuple[nn.Module, dict[str, bytes]] | None:
+    source: str | os.PathLike[str] | nn.Module, architectures: dict[str, str], mapped: bool = False
+) -> tuple[nn.Module, dict[str, bytes], Any] | None:
     """The model of a folder whose config names ``architectures[model_type]`` (or a loaded model
-    of one of those classes), loaded through that class, and its files to bundle; None for any
-    other model. The folder's weights must all be taken (``WrongModelError`` otherwise)."""
+    of one of those classes), loaded through that class, its files to bundle and, with
+    ``mapped``, the ``stream.Mapping`` its weights view when the checkpoint is all-f32
+    safetensors (None otherwise); None for any other model. The folder's weights must all be
+    taken (``WrongModelError`` otherwise)."""
     if isinstance(source, nn.Module):
         if type(source).__name__ not in architectures.values():
             return None
-        return source, {"config.json": source.config.to_json_string(use_diff=False).encode()}
+        return source, {"config.json": source.config.to_json_string(use_diff=False).encode()}, None
     if not isinstance(source, (str, os.PathLike)):
         return None
     folder = Path(source)
@@ -148,6 +150,17 @@ def open_named(
     files = weight_files(folder)
     check_weights_readable(files)
     cls = getattr(transformers, wanted)
+    if mapped:
+        from torchlower.llm import stream
+
+        try:
+            model, mapping = stream.mapped_model(files, config, cls)
+        except stream.NotStreamable:
+            pass
+        else:
+            refuse_partial(folder, config, type(model).__name__, list(mapping.unused))
+            stream.generation_config(model, folder)
+            return model, bundled_files(folder), mapping
     try:
         model, info = cls.from_pretrained(
             str(folder), local_files_only=True, dtype=torch.float32, output_loading_info=True
@@ -157,7 +170,7 @@ def open_named(
     refuse_partial(
         folder, config, type(model).__name__, sorted(str(k) for k in info.get("unexpected_keys", ()))
     )
-    return model.eval(), bundled_files(folder)
+    return model.eval(), bundled_files(folder), None
 
 
 def refuse_partial(folder: Path, config: Any, loaded: str, unused: list[str]) -> None:

@@ -184,6 +184,8 @@ def store_tables(
 def optimize(loaded: Loaded, captured: Captured, precision: str, logits: str, parts: tuple[str, ...]) -> None:
     """The pipeline's guards and passes, then the LLM's own rewrites."""
     builder, wrapper = captured.builder, captured.wrapper
+    if loaded.src.mapping is not None:  # the passes that read every weight drop its pages as they go
+        builder.release = loaded.src.mapping.release
     if precision == "f16":
         drop_cache_casts(builder)
     pipeline_optimize.optimize(builder)

@@ -138,8 +138,9 @@ def empty_parameters() -> Iterator[None]:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
-def mapped_model(files: list[Path], config: Any) -> tuple[nn.Module, Mapping]:
-    """The causal LM with every parameter viewing the checkpoint; raises ``NotStreamable``."""
+def mapped_model(files: list[Path], config: Any, cls: Any = None) -> tuple[nn.Module, Mapping]:
+    """The causal LM (or ``cls``, a transformers model class: a multimodal LM) with every
+    parameter viewing the checkpoint; raises ``NotStreamable``."""
     import transformers
 
     if any(f.suffix != ".safetensors" for f in files):
@@ -156,11 +157,23 @@ def mapped_model(files: list[Path], config: Any) -> tuple[nn.Module, Mapping]:
         for key, meta in header.items():
             tensors[key] = mapping.tensor(path, key, meta, start, memory)
     with empty_parameters():
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if cls is None:
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        else:
+            model = cls._from_config(config, dtype=torch.float32)
     used = _assign(model, tensors)
     ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []]
     mapping.unused = sorted(k for k in tensors if k not in used and not any(p.search(k) for p in ignored))
     return model.eval(), mapping
+
+
+def generation_config(model: nn.Module, folder: Path) -> None:
+    """The folder's ``generation_config.json`` on the model, as ``from_pretrained`` sets it (the
+    manifest's end-of-sequence ids come from it)."""
+    if (folder / "generation_config.json").is_file() and getattr(model, "can_generate", lambda: False)():
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
 
 
 def _assign(model: nn.Module, tensors: dict[str, torch.Tensor]) -> set[str]:

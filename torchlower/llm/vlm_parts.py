@@ -110,12 +110,14 @@ class Gemma3VisionPart(nn.Module):
 
 
 def vision_layout(model: nn.Module, part: nn.Module) -> MediaLayout:
-    """The vision layout of a LLaVA / Idefics3 model, its token count from one run of ``part``."""
+    """The vision layout of a LLaVA / Idefics3 model, its token count from one run of ``part``
+    on fake tensors (no weight read)."""
+    from torchlower.pipeline.reference import fake_run
+
     config = model.config
     size = int(config.vision_config.image_size)
     shape = (1, int(config.vision_config.num_channels), size, size)
-    with torch.no_grad():
-        rows = part(torch.zeros(shape)).shape
+    rows = fake_run(part, (torch.zeros(shape),)).shape  # type: ignore[attr-defined]
     return MediaLayout(
         "vision", "pixel_values", shape, "image_features", int(config.image_token_id), int(rows[1]),
         int(rows[2]),

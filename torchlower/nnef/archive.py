@@ -128,7 +128,7 @@ def write(
 
 
 _COPY_BUFFER = 1 << 20
-_PIECE = 1 << 24
+_PIECE = 1 << 22  # released pieces of a memory-mapped tensor: at most this much of it resident
 
 
 def _pieces(data: bytes | memoryview) -> list[memoryview]:

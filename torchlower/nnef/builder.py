@@ -106,6 +106,9 @@ class NNEFBuilder:
         # NaN-keeping clamps (rules/nan.py) by result name: (input, lo, hi); where tract would fuse
         # a plain max / min into the producing conv, nnef/guards_values.py gives that back
         self.clamps: dict[str, tuple[Value, float | None, float | None, Value]] = {}  # + the lo step
+        # called with a weight (or a slice of one) a pass has read: a memory-mapped checkpoint drops
+        # those pages (llm/stream.py), so scanning every weight does not make the model resident
+        self.release: Callable[[torch.Tensor], None] | None = None
 
     # ---- names --------------------------------------------------------------------------
     def fresh(self, hint: str | None = None) -> str:

@@ -20,6 +20,7 @@ Assignment = text.Assignment
 _PRODUCTS = ("matmul", "linear", "conv", "deconv")
 _LAYOUT = ("reshape", "transpose", "squeeze", "unsqueeze", "tract_core_broadcast")
 _SMALLEST = torch.finfo(torch.float32).tiny
+_SCAN = 1 << 18  # elements per slice of a weight's denormal scan (1 MiB): small temporaries, few calls
 
 
 def normal_weights(b: NNEFBuilder) -> bool:
@@ -40,11 +41,26 @@ def normal_weights(b: NNEFBuilder) -> bool:
             w = b.weights.get(label) if label is not None else None
             if not isinstance(w, torch.Tensor) or w.dtype != torch.float32:
                 continue
-            denormal = (w != 0) & (w.abs() < _SMALLEST)
-            if bool(denormal.any()):
+            if _has_denormal(w, b.release):
+                denormal = (w != 0) & (w.abs() < _SMALLEST)
                 b.weights[label] = torch.where(denormal, torch.copysign(torch.tensor(_SMALLEST), w), w)
                 changed = True
     return changed
+
+
+def _has_denormal(w: torch.Tensor, release: Callable[[torch.Tensor], None] | None) -> bool:
+    """Whether ``w`` holds a denormal, read slice by slice: the temporaries stay small, and each
+    slice read is handed to ``release`` (a memory-mapped weight drops its pages as it goes)."""
+    if not w.is_contiguous():  # a view: scanned whole (reshaping would copy it anyway)
+        return bool(((w != 0) & (w.abs() < _SMALLEST)).any())
+    flat = w.reshape(-1)
+    for i in range(0, flat.numel(), _SCAN):
+        part = flat[i : i + _SCAN]
+        if bool(((part != 0) & (part.abs() < _SMALLEST)).any()):
+            return True
+        if release is not None:  # from the previous slice: the page they share is whole in it
+            release(flat[max(0, i - _SCAN) : i + _SCAN])
+    return False
 
 
 def _variable_behind(v: object, producers: dict[str, Assignment]) -> Assignment | None:

@@ -51,7 +51,7 @@ def capture(req: Request, ref: Reference) -> Captured:
                     req.example,
                     req.input_names,
                     ref.output_names,
-                    len(ref.expected),
+                    len(ref.output_names),
                     req.precision,
                     req.spec,
                     req.allow_value_dependent,
