@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,10 +19,16 @@ pytest.importorskip("transformers")
 from torchlower import llm
 
 
-@pytest.mark.parametrize("kind", ["Idefics3", "SmolVLM"])
-def test_tokens_equal_hf_with_two_tiles(tmp_path: Path, kind: str) -> None:
-    folder, model = vlm_models.idefics3_folder(tmp_path / "hf", kind=kind)
-    report = llm.export(folder, tmp_path / "tract")
+@pytest.mark.parametrize(
+    "kind", [pytest.param("Idefics3", marks=pytest.mark.xdist_group("idefics3")), "SmolVLM"]
+)
+def test_tokens_equal_hf_with_two_tiles(tmp_path: Path, kind: str, exports: Any) -> None:
+    """Idefics3: the session's export (tests/archive_exports.py); SmolVLM its own."""
+    if kind == "Idefics3":
+        (folder, model), report = exports.folder("idefics3"), exports.exported("idefics3")
+    else:
+        folder, model = vlm_models.idefics3_folder(tmp_path / "hf", kind=kind)
+        report = llm.export(folder, tmp_path / "tract")
     assert report.tokens == report.reference_tokens and report.logit_error < 1e-3
     manifest = json.loads((report.path / "manifest.json").read_text())
     assert manifest["model_type"] == kind.lower() and manifest["media"]["tokens_per_item"] == 16

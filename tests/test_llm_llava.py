@@ -25,15 +25,17 @@ from torchlower.errors import ArtifactError, InvalidArgumentError
 from torchlower.llm.vlm import hf_decode
 from torchlower.llm.vlm_runner import MultimodalRunner
 
-
-@pytest.fixture(scope="module")
-def llava(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    return vlm_models.llava_folder(tmp_path_factory.mktemp("llava") / "hf")
+pytestmark = pytest.mark.xdist_group("llava")  # one worker exports it once (archive_exports)
 
 
 @pytest.fixture(scope="module")
-def exported(llava: tuple[Path, Any]) -> Any:
-    return llm.export(llava[0], llava[0].parent / "llava_tract")
+def llava(exports: Any) -> tuple[Path, Any]:
+    return exports.folder("llava")
+
+
+@pytest.fixture(scope="module")
+def exported(exports: Any) -> Any:
+    return exports.exported("llava")
 
 
 def _hf_generate(model: Any, ids: torch.Tensor, n: int, pixels: torch.Tensor | None) -> list[int]:

@@ -30,15 +30,17 @@ START = [2]  # decoder_start_token_id (Speech2Text's end of sentence)
 PAD = 1
 MAX_FRAMES = 120  # 4 * max_source_positions: two stride-2 convolutions
 
-
-@pytest.fixture(scope="module")
-def s2t(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    return speech_models.speech2text_folder(tmp_path_factory.mktemp("s2t") / "hf")
+pytestmark = pytest.mark.xdist_group("speech2text")  # one worker exports it once (archive_exports)
 
 
 @pytest.fixture(scope="module")
-def exported(s2t: tuple[Path, Any]) -> Any:
-    return llm.export(s2t[0], s2t[0].parent / "s2t_tract")
+def s2t(exports: Any) -> tuple[Path, Any]:
+    return exports.folder("speech2text")
+
+
+@pytest.fixture(scope="module")
+def exported(exports: Any) -> Any:
+    return exports.exported("speech2text")
 
 
 def _hf_generate(model: Any, features: torch.Tensor, n: int) -> list[int]:

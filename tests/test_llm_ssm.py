@@ -8,19 +8,33 @@ HF ``generate``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from tests import llm_models
-from tests.test_cli import cli_json
 
 pytest.importorskip("transformers")
 from torchlower import llm
 from torchlower.llm.runner import Decoder
 
 PROMPT = torch.tensor([[3, 17, 42, 9, 101]])
+
+
+def _cli_json(*args: Any) -> dict[str, Any]:
+    """The CLI's own entry point, in process (a subprocess costs its imports)."""
+    import contextlib
+    import io
+    import json
+
+    from torchlower.cli.main import main
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main([*map(str, args), "--json"]) == 0
+    return json.loads(stdout.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +44,7 @@ def mamba() -> torch.nn.Module:
 
 def test_mamba_folder_tokens_equal_hf(mamba: torch.nn.Module, tmp_path: Path) -> None:
     mamba.save_pretrained(tmp_path / "mamba")
-    data = cli_json("llm", "export", tmp_path / "mamba", "-o", tmp_path / "m.nnef.tgz")
+    data = _cli_json("llm", "export", tmp_path / "mamba", "-o", tmp_path / "m.nnef.tgz")
     assert data["states"] == [f"in_{k}_state_{i}" for i in range(2) for k in ("conv", "ssm")]
     assert data["logit_error_vs_original"] < 1e-4
     labels = {e["name"].split(" (")[1] for e in data["outputs_checked"]}
@@ -63,11 +77,11 @@ def test_mamba_f16_and_q4_0(mamba: torch.nn.Module, tmp_path: Path) -> None:
     assert "io/continuation.npz" in q.bundled
 
 
-def test_mamba2_tokens_equal_hf(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("mamba2")
+def test_mamba2_tokens_equal_hf(exports: Any) -> None:
     """HF's reference prefill is its chunked scan (chunks of 4: the 6- and 9-token prefills cross
     them), its decode the one-step update; the graph's one recurrence equals both."""
-    model = llm_models.build_ssm("mamba2")
-    report = llm.export(model, tmp_path / "m2.nnef.tgz")
+    model, report = exports.folder("mamba2")[1], exports.exported("mamba2")
     assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
     assert report.states == [f"in_{k}_state_{i}" for i in range(2) for k in ("conv", "ssm")]
     want = llm_models.greedy(model, PROMPT, 32)
@@ -75,11 +89,11 @@ def test_mamba2_tokens_equal_hf(tmp_path: Path) -> None:
     assert llm.generate(report.path, PROMPT, 32) == want
 
 
-def test_bamba_hybrid_kv_state_and_explicit_ssm_states(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("bamba")
+def test_bamba_hybrid_kv_state_and_explicit_ssm_states(exports: Any) -> None:
     """Layer 0 Mamba2 (conv + SSM states), layer 1 attention (KV cache): one archive, and tract's
     detect_kv_cache turns the attention cache into state while the SSM states stay explicit."""
-    model = llm_models.build_ssm("bamba")
-    report = llm.export(model, tmp_path / "b.nnef.tgz")
+    model, report = exports.folder("bamba")[1], exports.exported("bamba")
     assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
     assert report.states == ["in_conv_state_0", "in_ssm_state_0"]
     assert report.max_context == 128 and report.properties["torchlower.llm.max_context"] == 128
@@ -96,14 +110,15 @@ def test_bamba_hybrid_kv_state_and_explicit_ssm_states(tmp_path: Path) -> None:
     [
         # gated delta net + gated attention + MoE: HF's chunked delta rule at prefill and its
         # recurrent step at decode equal the graph's one ``torchlower::delta_scan``
-        ("qwen3_next", ["1,64,4,f32", "1,4,8,8,f32"]),
+        pytest.param(
+            "qwen3_next", ["1,64,4,f32", "1,4,8,8,f32"], marks=pytest.mark.xdist_group("qwen3_next")
+        ),
         # Mamba layers with dt/B/C norms + attention + MoE
-        ("jamba", ["1,64,4,f32", "1,64,8,f32"]),
+        pytest.param("jamba", ["1,64,4,f32", "1,64,8,f32"], marks=pytest.mark.xdist_group("jamba")),
     ],
 )
-def test_more_hybrids(name: str, facts: list[str], tmp_path: Path) -> None:
-    model = llm_models.build_ssm(name)
-    report = llm.export(model, tmp_path / "n.nnef.tgz")
+def test_more_hybrids(name: str, facts: list[str], exports: Any) -> None:
+    model, report = exports.folder(name)[1], exports.exported(name)
     assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
     assert report.states == ["in_conv_state_0", "in_ssm_state_0"]
     assert Decoder(report.path).fed_facts == facts  # the KV cache is tract state

@@ -27,15 +27,17 @@ from torchlower.llm.seq2seq_runner import Seq2SeqRunner
 
 START = [1]  # decoder_start_token_id of the tiny config
 
-
-@pytest.fixture(scope="module")
-def whisper(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    return speech_models.whisper_folder(tmp_path_factory.mktemp("whisper") / "hf")
+pytestmark = pytest.mark.xdist_group("whisper")  # one worker exports it once (archive_exports)
 
 
 @pytest.fixture(scope="module")
-def exported(whisper: tuple[Path, Any]) -> Any:
-    return llm.export(whisper[0], whisper[0].parent / "whisper_tract")
+def whisper(exports: Any) -> tuple[Path, Any]:
+    return exports.folder("whisper")
+
+
+@pytest.fixture(scope="module")
+def exported(exports: Any) -> Any:
+    return exports.exported("whisper")
 
 
 def _hf_generate(model: Any, features: torch.Tensor, n: int) -> list[int]:
