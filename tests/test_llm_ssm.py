@@ -15,26 +15,13 @@ import pytest
 import torch
 
 from tests import llm_models
+from tests.cli_inprocess import run_json
 
 pytest.importorskip("transformers")
 from torchlower import llm
 from torchlower.llm.runner import Decoder
 
 PROMPT = torch.tensor([[3, 17, 42, 9, 101]])
-
-
-def _cli_json(*args: Any) -> dict[str, Any]:
-    """The CLI's own entry point, in process (a subprocess costs its imports)."""
-    import contextlib
-    import io
-    import json
-
-    from torchlower.cli.main import main
-
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        assert main([*map(str, args), "--json"]) == 0
-    return json.loads(stdout.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +31,7 @@ def mamba() -> torch.nn.Module:
 
 def test_mamba_folder_tokens_equal_hf(mamba: torch.nn.Module, tmp_path: Path) -> None:
     mamba.save_pretrained(tmp_path / "mamba")
-    data = _cli_json("llm", "export", tmp_path / "mamba", "-o", tmp_path / "m.nnef.tgz")
+    data = run_json("llm", "export", tmp_path / "mamba", "-o", tmp_path / "m.nnef.tgz")
     assert data["states"] == [f"in_{k}_state_{i}" for i in range(2) for k in ("conv", "ssm")]
     assert data["logit_error_vs_original"] < 1e-4
     labels = {e["name"].split(" (")[1] for e in data["outputs_checked"]}
