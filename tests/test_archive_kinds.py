@@ -241,7 +241,7 @@ def _archive_commands(made: Made, tmp: Path) -> None:
         given = made.inputs
     _run_equals_library(path, given, tmp)
     if made.model_type:
-        _generate(made)
+        _generate(made, tmp)
     _damaged_archive(path, tmp)
 
 
@@ -315,17 +315,22 @@ def _write_tar(target: Path, files: dict[str, bytes]) -> None:
 
 
 # ---- llm generate -------------------------------------------------------------------------------
-def _generate(made: Made) -> None:
+def _generate_args(made: Made, path: Path, tmp: Path) -> list[Any]:
+    """``torchlower llm generate PATH --ids … -n 8 [--media …]`` for ``made``'s model."""
+    args: list[Any] = ["llm", "generate", path, "--ids", ",".join(map(str, made.start or PROMPT)), "-n", "8"]
+    if made.media:
+        np.savez(tmp / "media.npz", **made.media)
+        args += ["--media", tmp / "media.npz"]
+    return args
+
+
+def _generate(made: Made, tmp: Path) -> None:
     """``torchlower llm generate``: the tokens of ``torchlower.llm.generate``."""
-    ids = made.start or PROMPT
-    args: list[Any] = ["llm", "generate", made.path, "--ids", ",".join(map(str, ids)), "-n", "8"]
-    media = dict(made.media or {})
-    if media:
-        np.savez(made.path.parent / "media.npz", **media)
-        args += ["--media", made.path.parent / "media.npz"]
+    args = _generate_args(made, made.path, tmp)
     data = run_json(*args)
-    assert data["tokens"] == llm.generate(made.path, ids, 8, **media) and len(data["tokens"]) >= 1
-    assert "tokens" in run(*args).stdout
+    want = llm.generate(made.path, made.start or PROMPT, 8, **(made.media or {}))
+    assert data["tokens"] == want and len(want) >= 1
+    assert _row(run(*args).stdout, "tokens", " ".join(map(str, want)))
 
 
 # ---- a folder of archives (speech encoder-decoders, multimodal LMs) ----------------------------
@@ -358,7 +363,7 @@ def _folder_commands(made: Made, tmp: Path) -> None:
         with torchlower.load(archive) as art:
             assert art.properties["torchlower.llm.part"] in (name, "vision", "audio")
             _run_equals_library(archive, _sample(art, "io/example.npz"), tmp)
-    _generate(made)
+    _generate(made, tmp)
     _damaged_folder(made, tmp)
 
 
@@ -370,8 +375,7 @@ def _damaged_folder(made: Made, tmp: Path) -> None:
     missing.unlink()
     for command in ("inspect", "check"):
         _refused(run(command, copy), missing, command)
-    ids = ",".join(map(str, made.start or PROMPT))
-    _refused(run("llm", "generate", copy, "--ids", ids), missing, "generate")
+    _refused(run(*_generate_args(made, copy, tmp)), missing, "generate")
     with pytest.raises(ArtifactError, match=str(missing)):
         llm.generate(copy, made.start or PROMPT, 2, **(made.media or {}))
     (copy / "manifest.json").write_text("{not json")

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests import speech_models
-from tests.test_cli import cli
+from tests.cli_inprocess import run_json
 
 pytest.importorskip("transformers")
 import torchlower
@@ -144,24 +144,19 @@ def test_f16_and_q4_0_export_load_generate(
         assert torchlower.load(report.path / f"{part}.nnef.tgz").weights
 
 
-def test_cli_export_and_commands(s2t: tuple[Path, Any], exported: Any, tmp_path: Path) -> None:
-    out = tmp_path / "cli_tract"
-    proc = cli("llm", "export", s2t[0], "-o", out, "--json")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    data = json.loads(proc.stdout)
+def test_cli_export(s2t: tuple[Path, Any], tmp_path: Path) -> None:
+    """``torchlower llm export`` in process (every command on the parts: test_archive_kinds.py);
+    the text shows the encoder's dynamic frames."""
+    from rich.console import Console
+
+    from torchlower.cli.llm_cmd import render_seq2seq
+
+    data = run_json("llm", "export", s2t[0], "-o", tmp_path / "cli_tract")
     assert data["kind"] == "speech_seq2seq" and data["tokens"] == data["reference_tokens"]
     assert data["max_context"] == 64 and data["encoder_inputs"] == {"input_features": [1, "T", 8]}
-    assert "input_features [1, 1..120, 8]" in cli("llm", "export", s2t[0], "-o", tmp_path / "b").stdout
-    for part in ("encoder", "decoder"):
-        for command in ("inspect", "check", "run"):
-            proc = cli(command, exported.path / f"{part}.nnef.tgz", "--json")
-            assert proc.returncode == 0, (command, part, proc.stderr[-2000:])
-            assert json.loads(proc.stdout)["ok"]
-    summary = json.loads(cli("inspect", exported.path, "--json", "--no-shapes").stdout)
-    assert summary["format"] == "parts" and set(summary["parts"]) == {"encoder", "decoder"}
-    assert (
-        summary["parts"]["encoder"]["bundled"]["properties"]["torchlower.llm.model_type"] == "speech_to_text"
-    )
+    console = Console(record=True, width=110)
+    render_seq2seq(console, data)
+    assert "input_features [1, 1..120, 8]" in console.export_text()
 
 
 def test_end_of_sentence_stops_as_hf(tmp_path: Path) -> None:
