@@ -19,6 +19,7 @@ from torchlower.llm.manifest import read_manifest as read_format_manifest
 
 MANIFEST = "manifest.json"
 FORMAT = "torchlower.speech_seq2seq"
+ENCODER_DECODER = ("encoder", "decoder")
 
 
 def is_seq2seq(path: Path) -> bool:
@@ -38,8 +39,10 @@ class Seq2SeqRunner:
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
         nnef = tract.nnef().with_tract_extra().with_tract_transformers()
-        self.encoder = tract_load(nnef, part_path(self.folder, self.manifest, "encoder")).into_runnable()
-        decoder_path = part_path(self.folder, self.manifest, "decoder")
+        encoder_path, decoder_path = (
+            part_path(self.folder, self.manifest, p) for p in ("encoder", "decoder")
+        )
+        self.encoder = tract_load(nnef, encoder_path).into_runnable()
         self.n_cache = (
             len(self.manifest["decoder"]["inputs"]) - 1 - len(self.manifest["decoder"]["cross_inputs"])
         )

@@ -56,12 +56,13 @@ class MultimodalRunner:
         self.media = self.manifest["media"]
         nnef = tract.nnef().with_tract_extra().with_tract_transformers()
 
-        def load(part: str) -> Any:
-            return tract_load(nnef, part_path(self.folder, self.manifest, part)).into_runnable()
-
-        self.embed = load("embed")
-        self.encoder = load(self.media["part"])
-        self.decoder = Decoder(part_path(self.folder, self.manifest, "decoder"), kv=kv)
+        # every archive named before tract loads any: a missing one fails at once, naming it
+        embed, encoder, decoder = (
+            part_path(self.folder, self.manifest, p) for p in ("embed", self.media["part"], "decoder")
+        )
+        self.embed = tract_load(nnef, embed).into_runnable()
+        self.encoder = tract_load(nnef, encoder).into_runnable()
+        self.decoder = Decoder(decoder, kv=kv)
         self.vocab = int(self.manifest["vocab_size"])
         self.positions = self.manifest.get("positions")  # Qwen2-VL's M-RoPE: fed by the runner
         self.next_position = 0
