@@ -485,3 +485,20 @@ def _rewrite(source: Path, target: Path, member: str, change: Any) -> None:
     files = dict(reader.read_members(source))
     files[member] = change(files.get(member, b""))
     _write_tar(target, files)
+
+
+def test_generate_usage_errors(tmp_path: Path) -> None:
+    """``llm generate``'s own options are refused before anything loads (exit 2, the fix named)."""
+    target = tmp_path / "m.nnef.tgz"
+    target.write_bytes(b"")
+    np.savez(tmp_path / "odd.npz", pixels=np.zeros(2))
+    for args, why in (
+        (("--ids", "1,x"), "not integers separated by commas"),
+        (("--ids", "1", "--media", tmp_path / "odd.npz"), "pixels; it holds generate's media arguments"),
+        (("--ids", "1", "--top-k", "5"), "add --sample"),
+        (("--ids", "1", "-n", "2"), str(target)),  # not an archive: the reader names it
+    ):
+        ran = run("llm", "generate", target, *args)
+        assert ran.returncode == 2 and why in ran.stderr, (args, ran.stderr)
+    ran = run("llm", "generate", tmp_path / "absent", "--ids", "1")
+    assert ran.returncode == 2 and "does not exist" in ran.stderr
