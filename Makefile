@@ -32,6 +32,8 @@ lint: $(STAMP)
 machine: $(STAMP)
 	-@bash .ci/machine.sh $(BIN)/python
 
+# --dist loadgroup: tests marked xdist_group(kind) share a worker, which exports each LLM kind once
+# (tests/archive_exports.py); unmarked tests are balanced as with --dist load
 test: $(STAMP) lint machine
 	TORCHLOWER_VERIFY_COVERAGE=1 $(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25 tests
 
