@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.dynamic_speech_pkgs import PACKAGES  # noqa: E402
 
 
 # ---- the catalogue: name → (family, build) with build() -> (model, example, dynamic_axes) --------
@@ -178,7 +181,11 @@ VISION: dict[str, Callable] = {
     "yolo11n": _yolo("yolo11n.yaml", B32HW),
     "yolov8n_seg": _yolo("yolov8n-seg.yaml", B32HW),
 }
-CATALOGUE = {**{f"speech/{k}": v for k, v in SPEECH.items()}, **{f"vision/{k}": v for k, v in VISION.items()}}
+CATALOGUE = {
+    **{f"speech/{k}": v for k, v in SPEECH.items()},
+    **{f"speech/{k}": v for k, v in PACKAGES.items()},
+    **{f"vision/{k}": v for k, v in VISION.items()},
+}
 
 
 def run_one(name: str, frontend: str) -> dict[str, Any]:
@@ -189,9 +196,13 @@ def run_one(name: str, frontend: str) -> dict[str, Any]:
     torchvision_shim.install()
     import tempfile
 
+    import torch
+
     import torchlower
 
+    torch.set_num_threads(1)
     model, example, axes = CATALOGUE[name]()
+    names = [f"in{i}" for i in range(len(example))] if isinstance(example, tuple) else ["x"]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -199,7 +210,7 @@ def run_one(name: str, frontend: str) -> dict[str, Any]:
                 model,
                 example,
                 Path(tmp) / "m.nnef.tgz",
-                input_names=["x"],
+                input_names=names,
                 dynamic_axes=axes,
                 frontend=frontend,
             )
@@ -208,7 +219,7 @@ def run_one(name: str, frontend: str) -> dict[str, Any]:
             return {"name": name, "ok": False, "error": type(exc).__name__, "why": text[0][:400] if text else "",
                     "typed": isinstance(exc, torchlower.errors.TorchlowerError),
                     "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
-    sizes = [p.label for p in report.points if "=" in p.label]
+    sizes = [p.label for p in report.points if "=" in p.label and p.skipped is None]
     return {
         "name": name, "ok": True, "frontend": report.frontend, "max_abs": report.max_abs_error,
         "sizes": sizes, "notes": report.notes, "seconds": round(time.perf_counter() - started, 1),
@@ -228,7 +239,9 @@ def main() -> int:
         return 0
     names = [n for n in CATALOGUE if not args.only or any(o in n for o in args.only)]
     results = []
-    env = dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="1", TRACT_FLASH_SDPA_ST="1", HF_HUB_OFFLINE="1"
+    )
     load = os.getloadavg()[0]
     for name in names:
         cmd = [sys.executable, "-m", "bench.dynamic_sweep", "--child", name, "--frontend", args.frontend]
@@ -249,6 +262,7 @@ def main() -> int:
                 "why": f"> {args.timeout:.0f} s",
                 "typed": False,
             }
+        result["load"] = round(os.getloadavg()[0], 2)
         results.append(result)
         shown = (
             f"✓ {result['frontend']:6s} max abs {result['max_abs']:.2e} at {', '.join(result['sizes'])}"

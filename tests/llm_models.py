@@ -188,6 +188,35 @@ SSM_CONFIGS: dict[str, Callable[[], Any]] = {
         use_mamba_kernels=False,
         max_position_embeddings=128,
     ),
+    # every layer attention and a Mamba2 mixer in parallel, with µP multipliers away from 1 (each
+    # one moves the logits) and the gated RMS norm over 2 groups
+    "falcon_h1": lambda: _config(
+        "FalconH1Config",
+        vocab_size=160,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_d_ssm=64,
+        mamba_n_heads=4,
+        mamba_n_groups=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_chunk_size=4,
+        mamba_rms_norm=True,
+        mamba_norm_before_gate=False,
+        max_position_embeddings=128,
+        embedding_multiplier=1.5,
+        lm_head_multiplier=0.7,
+        mlp_multipliers=[0.8, 1.3],
+        key_multiplier=0.6,
+        attention_in_multiplier=1.2,
+        attention_out_multiplier=0.9,
+        ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3],
+        ssm_in_multiplier=1.25,
+        ssm_out_multiplier=0.75,
+    ),
     # gated delta net (layer 0, grouped: 4 value heads on 2 key heads) + gated attention with
     # partial rotary (layer 1), mixture-of-experts MLPs with a shared expert
     "qwen3_next": lambda: _config(

@@ -3,6 +3,10 @@ layers speech models stream with (issue 29), each with seeded weights through ``
 
 from __future__ import annotations
 
+import functools
+import types
+from typing import Any, NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -252,6 +256,55 @@ class GRUStateInput(nn.Module):
         return self.gru(x, h0)[0]
 
 
-def model_of(factory: type[nn.Module]) -> nn.Module:
+def wav2letter() -> nn.Module:
+    """torchaudio's ``Wav2Letter`` (MFCC input: a stride-2 conv, then 'same' convs with look-ahead),
+    the real package model of the zoo (23 M parameters: the costliest export of the zoo)."""
+    from tests import torchvision_shim
+
+    torchvision_shim.install_torchaudio()
+    from torchaudio.models import Wav2Letter
+
+    return Wav2Letter(num_classes=20, input_type="mfcc", num_features=13)
+
+
+def model_of(factory: Any) -> nn.Module:
     torch.manual_seed(0)
     return factory().eval()
+
+
+class Case(NamedTuple):
+    """A zoo model: its example, streaming axis, the export pulse, a second pulse, the delay
+    tract reports (in steps of the output's streaming axis) and the input steps per output step."""
+
+    name: str
+    factory: Any
+    shape: tuple[int, ...]
+    axis: int
+    pulse: int
+    second: int
+    delay: int
+    stride: int
+
+
+ZOO = [
+    Case("tcn", CausalTCN, (1, 4, 64), 2, 16, 40, 0, 1),
+    Case("kws", KeywordSpotter, (1, 1024), 1, 128, 32, 1, 32),
+    Case("tasnet", ConvTasNet, (1, 1, 256), 2, 64, 16, 19, 1),
+    Case("lstm", LSTMTagger, (1, 40, 8), 1, 8, 5, 0, 1),
+    Case("depthwise", StridedDepthwise, (1, 8, 64), 2, 16, 6, 1, 2),
+    Case("gru_h0", GRUWithState, (1, 40, 8), 1, 8, 3, 0, 1),
+    Case("lstm_h0_c0", LSTMWithState, (1, 40, 8), 1, 4, 10, 0, 1),
+    Case("norm_pool_slice", NormPoolSlice, (1, 8, 64), 2, 16, 4, 1, 2),
+    Case("cumsum", RunningSum, (1, 4, 64), 2, 16, 7, 0, 1),
+    Case("convstft_denoiser", ConvSTFTDenoiser, (1, 1, 512), 2, 64, 32, 48, 1),
+    Case("stft_denoiser", STFTDenoiser, (1, 512), 1, 64, 32, 48, 1),  # torch.stft / torch.istft
+    Case("torchaudio_mfcc", MFCCSpotter, (1, 4000), 1, 160, 320, 2, 160),  # 10 and 20 ms
+    Case("torchaudio_mel_db", MelDB, (1, 4000), 1, 320, 160, 2, 160),
+]
+
+# torchaudio's Wav2Letter (23 M parameters): its export alone takes 15 s, so the suite streams it
+# through the API (tests/test_streaming.py) and the CLI round trip takes the zoo above
+WAV2LETTER = Case("torchaudio_wav2letter", wav2letter, (1, 13, 200), 2, 16, 32, 48, 2)
+
+# zero-argument seeded factories for the CLI: ``tests.streaming_models:seeded.tcn``
+seeded = types.SimpleNamespace(**{c.name: functools.partial(model_of, c.factory) for c in [*ZOO, WAV2LETTER]})

@@ -236,6 +236,31 @@ def test_multiple_with_root_one_under_export(tmp_path: Path) -> None:
     run_at(path, model, [(8, 8), (16, 40)])
 
 
+class EncoderAfterLinear(nn.Module):
+    """A ``torch.nn`` leaf FX keeps whole (``nn.TransformerEncoderLayer``): lowered through
+    torch.export of that module alone, on the example's batch of 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(8, 8)
+        self.inner = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(self.lin(x))
+
+
+def test_batch_one_does_not_pin_a_leaf_fx_hands_to_torch_export(tmp_path: Path) -> None:
+    """FX's torch.export of a leaf moves a symbol at 1 to 2 as the export front end does
+    (ultralytics' Detect head under fx): B stays dynamic, checked at B = 1 (the example) too."""
+    model, path = EncoderAfterLinear().eval(), tmp_path / "m.nnef.tgz"
+    report = torchlower.export(model, torch.randn(1, 5, 8), path, frontend="fx", dynamic_axes={"x": {0: "B"}})
+    assert report.inputs[0].shape == ("B", 5, 8) and report.max_abs_error < 1e-5
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        assert np.abs(torchlower.load(path).run([x.numpy()])["output"] - model(x).numpy()).max() < 1e-5
+
+
 def test_cli_spelling(tmp_path: Path) -> None:
     path = tmp_path / "m.nnef.tgz"
     data = cli_json(
@@ -276,11 +301,11 @@ def test_guard_windows_read_no_unused_padding(frontend: str, tmp_path: Path) -> 
     run_at(path, model, [(9, 9), (33, 17), (41, 57)])
 
 
-@pytest.mark.parametrize("frontend", ["export", "jit"])
+@pytest.mark.parametrize("frontend", ["export", "jit", "fx"])
 def test_decoder_interpolating_to_the_skip_size(frontend: str, tmp_path: Path) -> None:
     """``interpolate(x, size=skip.shape[2:])`` on ``4*h`` to ``8*h`` is a whole factor of 2
-    (segmentation_models_pytorch's U-Net decoder). Not under fx: FX hands ``F.interpolate`` to
-    torch.export with the example's sizes as constants, so the size is no longer ``8*h``."""
+    (segmentation_models_pytorch's U-Net decoder); FX passes the symbolic size to the ATen rule
+    (``frontends/fx_interpolate.py``) rather than torch.export's baked integers."""
     model, path = UNet(3, to_size=True).eval(), tmp_path / "m.nnef.tgz"
     torchlower.export(model, torch.randn(1, 3, 16, 24), path, frontend=frontend,
                       dynamic_axes={"x": {2: "8*h", 3: "8*w"}})  # fmt: skip

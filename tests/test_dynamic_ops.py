@@ -236,7 +236,7 @@ class UpAligned(nn.Module):
         return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
 
 
-@pytest.mark.parametrize("frontend", ["jit", "export"])
+@pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
 def test_aligned_bilinear_upsampling_over_dynamic_sizes(frontend: str, tmp_path: Path) -> None:
     """align_corners=True weights depend on the size (j·(n−1)/(2n−1)): computed in the graph
     (smp's FPN and Segformer heads)."""
@@ -252,7 +252,7 @@ class PooledBranch(nn.Module):
         return x + F.interpolate(pooled, size=x.shape[-2:], mode="bilinear", align_corners=False)
 
 
-@pytest.mark.parametrize("frontend", ["jit", "export"])
+@pytest.mark.parametrize("frontend", ["jit", "fx", "export"])
 def test_one_pixel_map_resized_to_a_dynamic_size(frontend: str, tmp_path: Path) -> None:
     report = _export(PooledBranch(), torch.randn(2, 3, 5, 6), {0: "B", 2: "H", 3: "W"}, frontend, tmp_path)
     assert report.max_abs_error < 1e-5

@@ -262,6 +262,19 @@ CASES: dict[str, Case] = {
 }
 
 
+# export: where torch.export asks for a guard PyTorch does not need, the program is exported
+# size-oblivious, so the check runs on both sides of that guard (the archive is right at both)
+GUARD_SIDES = {
+    "slice_to_half": (4, 5),  # S = 2*_S
+    "slice_from_half": (4, 5),
+    "slice_last_three": (2, 3),  # S = 2, the capture size (the slice clamps below 3)
+    "slice_past_the_end": (999, 1000),  # S <= 999
+    "unfold_middle_axis": (3, 4),  # S >= 4 (then the model's own 3 <= S)
+    "unfold_last_axis": (3, 4),  # S - 2 != 1 within the model's 3 <= S
+    "transpose_conv_reshape": (3, 4),
+}
+
+
 def _export(name: str, frontend: str, tmp_path: Path) -> tuple[nn.Module, torchlower.ExportReport]:
     case = CASES[name]
     torch.manual_seed(0)
@@ -316,6 +329,12 @@ def test_reference_dynamic_case(name: str, frontend: str, tmp_path: Path) -> Non
     sizes = [p for p in report.points if "=" in p.label and not p.skipped]
     assert sizes and all(p.ok for p in sizes), [p.label for p in report.points]  # other sizes, checked
     assert _run_at_more_sizes(case, model, report)
+    if frontend == "export" and name in GUARD_SIDES:
+        (axis,) = case.axes["x"]  # one input, one symbol
+        base = case.example()[0].shape[axis]
+        checked = {base, *(int(p.label.split("=")[1]) for p in sizes if p.ok)}
+        assert set(GUARD_SIDES[name]) <= checked, (sorted(checked), report.notes)
+        assert any("size-oblivious" in n and "both sides of the guard" in n for n in report.notes)
 
 
 @pytest.mark.parametrize("frontend", FRONTENDS)

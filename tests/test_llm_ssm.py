@@ -19,6 +19,7 @@ from tests.cli_inprocess import run_json
 
 pytest.importorskip("transformers")
 from torchlower import llm
+from torchlower.errors import InvalidArgumentError
 from torchlower.llm.runner import Decoder
 
 PROMPT = torch.tensor([[3, 17, 42, 9, 101]])
@@ -64,16 +65,40 @@ def test_mamba_f16_and_q4_0(mamba: torch.nn.Module, tmp_path: Path) -> None:
     assert "io/continuation.npz" in q.bundled
 
 
+@pytest.fixture(scope="module")
+def mamba2(exports: Any) -> tuple[torch.nn.Module, Any]:
+    """The session's export (tests/archive_exports.py), shared with test_archive_kinds."""
+    return exports.folder("mamba2")[1], exports.exported("mamba2")
+
+
 @pytest.mark.xdist_group("mamba2")
-def test_mamba2_tokens_equal_hf(exports: Any) -> None:
+def test_mamba2_tokens_equal_hf(mamba2: tuple[torch.nn.Module, Any]) -> None:
     """HF's reference prefill is its chunked scan (chunks of 4: the 6- and 9-token prefills cross
     them), its decode the one-step update; the graph's one recurrence equals both."""
-    model, report = exports.folder("mamba2")[1], exports.exported("mamba2")
+    model, report = mamba2
     assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
     assert report.states == [f"in_{k}_state_{i}" for i in range(2) for k in ("conv", "ssm")]
     want = llm_models.greedy(model, PROMPT, 32)
     assert len(set(want)) > 3
     assert llm.generate(report.path, PROMPT, 32) == want
+    assert llm.generate(report.path, PROMPT, 32, prefill_chunk=2) == want
+
+
+@pytest.mark.xdist_group("mamba2")
+def test_mamba2_chunked_prefill_equals_one_call(mamba2: tuple[torch.nn.Module, Any]) -> None:
+    """A 9-token prompt fed in calls of 4, 4 and 1 tokens (states carried) gives the logits and
+    states of one 9-token call, and of HF's prefill."""
+    model, report = mamba2
+    prompt = np.array([[3, 17, 42, 9, 101, 5, 77, 23, 140]])
+    whole, pieces = Decoder(report.path), Decoder(report.path)
+    one, chunked = whole.prefill(prompt), pieces.prefill(prompt, chunk=4)
+    with torch.no_grad():
+        hf = model(torch.from_numpy(prompt)).logits[0, -1].numpy()
+    assert np.abs(chunked - one).max() < 1e-5 and np.abs(one - hf).max() < 1e-4 * np.abs(hf).max()
+    assert all(np.abs(a - b).max() < 1e-5 for a, b in zip(whole.past, pieces.past, strict=True))
+    assert pieces.length == 9 and len(pieces.past) == 4
+    with pytest.raises(InvalidArgumentError, match="prefill_chunk"):
+        pieces.prefill(prompt, chunk=0)
 
 
 @pytest.mark.xdist_group("bamba")
@@ -109,6 +134,23 @@ def test_more_hybrids(name: str, facts: list[str], exports: Any) -> None:
     assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
     assert report.states == ["in_conv_state_0", "in_ssm_state_0"]
     assert Decoder(report.path).fed_facts == facts  # the KV cache is tract state
+    want = llm_models.greedy(model, PROMPT, 32)
+    assert len(set(want)) > 3
+    assert llm.generate(report.path, PROMPT, 32) == want
+
+
+def test_falcon_h1_attention_and_mamba2_in_parallel(tmp_path: Path) -> None:
+    """Every Falcon-H1 layer runs attention and a Mamba2 mixer side by side (each layer carries
+    conv and SSM states and a KV cache), with µP multipliers away from 1 on the embedding, the
+    key, the attention and SSM inputs and outputs, the mixer's projection sections, the MLP and
+    the LM head: the check against HF fails if one is dropped."""
+    model = llm_models.build_ssm("falcon_h1")
+    report = llm.export(model, tmp_path / "f.nnef.tgz")
+    assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
+    assert report.states == [f"in_{k}_state_{i}" for i in range(2) for k in ("conv", "ssm")]
+    decoder = Decoder(report.path)
+    assert decoder.mode == "state"  # both layers' KV caches are tract state
+    assert decoder.fed_facts == ["1,96,4,f32", "1,4,16,8,f32"] * 2
     want = llm_models.greedy(model, PROMPT, 32)
     assert len(set(want)) > 3
     assert llm.generate(report.path, PROMPT, 32) == want

@@ -2,7 +2,8 @@
 
 tract 0.23 lowers a convolution over symbolic spatial sizes to im2col + matmul (up to 3x slower
 than its direct kernels, bench/results-issue28.md); with the sizes set before optimizing it picks
-the static kernels. The numbers must stay torch's at every size, and the sessions kept bounded.
+the static kernels. The numbers must stay the generic plan's (and torch's) at every size, the
+plans live in the artifact's one tract child, and the plans kept are bounded.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch
 
 import torchlower
 from tests.test_cli import cli_json
-from torchlower.artifact import runner
 from torchlower.errors import InvalidArgumentError
+from torchlower.nnef import session as tract_session
 
 
 class Stride4(torch.nn.Module):
@@ -34,45 +35,69 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Mo
     torch.manual_seed(0)
     model = Stride4().eval()
     path = tmp_path_factory.mktemp("specialize") / "conv.nnef.tgz"
-    torchlower.export(
-        model, torch.randn(1, 3, 16, 16), path, dynamic_axes={"x": {0: "B", 2: "4*h", 3: "4*w"}}
-    )
+    axes = {"x": {0: ("B", 1, 3), 2: "4*h", 3: "4*w"}}
+    torchlower.export(model, torch.randn(1, 3, 16, 16), path, dynamic_axes=axes)
     return path, model
 
 
-def test_each_size_gets_its_own_static_plan(archive: tuple[Path, torch.nn.Module]) -> None:
+def _only(outputs: dict[str, np.ndarray]) -> np.ndarray:
+    (value,) = outputs.values()
+    return value
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_each_size_gets_its_own_plan(archive: tuple[Path, torch.nn.Module], isolated: bool) -> None:
     path, model = archive
     rng = np.random.default_rng(3)
     with torchlower.load(path) as art:
-        for shape in ((1, 3, 16, 16), (2, 3, 24, 40), (1, 3, 16, 16)):
+        for shape in ((1, 3, 16, 16), (2, 3, 24, 40), (1, 3, 16, 16)):  # the repeat hits its plan
             x = rng.standard_normal(shape).astype(np.float32)
             with torch.no_grad():
                 want = model(torch.from_numpy(x)).numpy()
-            sized = next(iter(art.run(x, specialize=True).values()))
-            generic = next(iter(art.run(x).values()))
-            assert sized.shape == want.shape
+            sized = _only(art.run(x, specialize=True, isolated=isolated))
+            generic = _only(art.run(x, isolated=isolated))
+            assert sized.shape == generic.shape == want.shape
+            np.testing.assert_allclose(sized, generic, rtol=0, atol=1e-6)
             assert np.abs(sized - want).max() < 1e-5
-            assert np.abs(generic - want).max() < 1e-5
-        assert len(art._sized) == 2, "a size seen again reuses its session"
-        facts = [s.facts["inputs"] for s in art._sized.values()]
-        assert facts == [["2,3,24,40,f32"], ["1,3,16,16,f32"]], "tract sees fixed sizes (last used last)"
-        assert art._session.facts["inputs"] == ["B,3,4*h,4*w,f32"], "the generic session keeps its symbols"
+        plans = art._session.plans
+        assert list(plans) == ["B=2,h=6,w=10", "B=1,h=4,w=4", ""], "one plan per size, last used last"
+        assert plans["B=2,h=6,w=10"]["inputs"] == ["2,3,24,40,f32"], "tract sees fixed sizes"
+        assert plans[""]["inputs"] == ["B,3,4*h,4*w,f32"], "the generic plan keeps its symbols"
+        if isolated:
+            pid = art._session.proc.pid
+            art.run(np.zeros((3, 3, 8, 8), np.float32), specialize=True)
+            assert art._session.proc.pid == pid, "a new size loads into the same child"
 
 
-def test_sessions_kept_are_bounded(archive: tuple[Path, torch.nn.Module]) -> None:
+def test_plans_kept_are_bounded(archive: tuple[Path, torch.nn.Module]) -> None:
     path, _ = archive
     with torchlower.load(path) as art:
-        for h in range(1, runner.SIZED_KEPT + 3):
+        art.run(np.zeros((1, 3, 4, 8), np.float32))
+        for h in range(1, tract_session.KEPT + 3):
             art.run(np.zeros((1, 3, 4 * h, 8), np.float32), specialize=True)
-        assert len(art._sized) == runner.SIZED_KEPT
-        kept = [dict(key[2])["h"] for key in art._sized]
-        assert kept == list(range(3, runner.SIZED_KEPT + 3)), "the least recently used go first"
+        sized = [key for key in art._session.plans if key]
+        assert sized == [f"B=1,h={h},w=2" for h in range(3, tract_session.KEPT + 3)], "LRU goes first"
+        assert "" in art._session.plans, "the generic plan is never evicted"
+        y = _only(art.run(np.ones((1, 3, 4, 8), np.float32), specialize=True))  # evicted: loads again
+        assert y.shape == (1, 4, 1, 2)
 
 
-def test_declaration_is_still_enforced(archive: tuple[Path, torch.nn.Module]) -> None:
+@pytest.mark.parametrize(
+    ("shape", "why"),
+    [((1, 3, 17, 16), "not a multiple of 4"), ((4, 3, 16, 16), "outside the archive's bound B <= 3")],
+)
+def test_declaration_is_still_enforced(
+    archive: tuple[Path, torch.nn.Module], shape: tuple[int, ...], why: str
+) -> None:
     path, _ = archive
-    with torchlower.load(path) as art, pytest.raises(InvalidArgumentError, match="not a multiple of 4"):
-        art.run(np.zeros((1, 3, 17, 16), np.float32), specialize=True)
+    x = np.zeros(shape, np.float32)
+    with torchlower.load(path) as art:
+        with pytest.raises(InvalidArgumentError, match=why) as generic:
+            art.run(x)
+        with pytest.raises(InvalidArgumentError, match=why) as sized:
+            art.run(x, specialize=True)
+        assert str(sized.value) == str(generic.value), "the same error either way"
+        assert art._session is None, "nothing reached tract"
 
 
 def test_cli_specialize(archive: tuple[Path, torch.nn.Module], tmp_path: Path) -> None:
@@ -90,7 +115,7 @@ def test_cli_specialize(archive: tuple[Path, torch.nn.Module], tmp_path: Path) -
         "--time",
         "2",
     )
-    assert data["ok"] and data["latency_ms"]["runs"] == 2
+    assert data["ok"] and data["latency_ms"]["runs"] == 2 and data["latency_ms"]["first_call"] > 0
     with torch.no_grad():
         want = model(torch.from_numpy(x)).numpy()
     got = next(iter(np.load(tmp_path / "o.npz").values()))

@@ -214,6 +214,45 @@ def qwen2_vl_folder(path: Path, seed: int = 0) -> tuple[Path, Any]:
     return path, model
 
 
+QWEN2_5_VL_VISION = {
+    "depth": 2,  # block 0 windowed, block 1 full (fullatt_block_indexes)
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "out_hidden_size": 32,  # the text model's
+    "num_heads": 2,
+    "patch_size": 4,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "in_channels": 3,
+    "window_size": 16,  # 2 × 2 merged tokens a window: the 4 × 4 merged grid is 4 windows
+    "fullatt_block_indexes": [1],
+}
+
+
+def qwen2_5_vl(seed: int = 0) -> Any:
+    """A ``Qwen2_5_VLForConditionalGeneration`` with seeded random weights: Qwen2-VL's text model
+    and M-RoPE, a vision tower with RMS norms, gated MLPs and windowed attention."""
+    import transformers
+
+    rope = {"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0}
+    config = transformers.Qwen2_5_VLConfig(
+        vision_config=QWEN2_5_VL_VISION,
+        text_config=LLAMA | {"rope_parameters": rope},
+        image_token_id=IMAGE_TOKEN,
+        vision_start_token_id=151,
+        vision_end_token_id=152,
+        video_token_id=153,
+    )
+    torch.manual_seed(seed)
+    return _spread(transformers.Qwen2_5_VLForConditionalGeneration(config), seed)
+
+
+def qwen2_5_vl_folder(path: Path, seed: int = 0) -> tuple[Path, Any]:
+    model = qwen2_5_vl(seed)
+    model.save_pretrained(path)
+    return path, model
+
+
 def qwen2_vl_pixels(model: Any, seed: int = 0, images: int = 1) -> torch.Tensor:
     """Flattened patches of ``images`` images of the exported grid, concatenated: [images · 64, 96]."""
     from torchlower.llm.vlm_families import image_grid

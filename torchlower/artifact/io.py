@@ -52,7 +52,6 @@ class Artifact:
     bundled: dict[str, bytes] = field(default_factory=dict, repr=False)
     properties: dict[str, str | int | float] = field(default_factory=dict)  # tract_core_properties
     _session: Any = field(default=None, repr=False, compare=False)  # nnef.session.Session
-    _sized: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # sizes -> Session
 
     @property
     def input_names(self) -> list[str]:
@@ -73,27 +72,35 @@ class Artifact:
         for that child (tract's Python API has no thread setting of its own); a different
         ``threads`` than the running child's starts a new one.
 
-        ``specialize=True`` optimizes the graph for these inputs' sizes (as fast as a static
-        export; one load+optimize per new size, the last few kept): for a server that sees a
-        handful of sizes. Without it one model serves every size.
+        ``specialize=True`` optimizes the graph for these inputs' sizes first (tract's
+        ``SetSymbols``): a dynamic archive then runs as fast as a static export at that size.
+        Each new size costs one load + optimize; the plans of the last four sizes stay loaded
+        beside the generic one. For a server that sees a handful of sizes, not for a decode
+        loop whose length grows every step. Without it one plan serves every size.
         """
         from torchlower.artifact import runner
 
         arrays = runner.as_list(inputs, self.graph.inputs)
         sizes = runner.bind(self.graph.inputs, arrays, self.graph.symbols, self.graph.extensions)
         check_sum_bounds(sizes, self.graph.extensions, self.path)
-        if specialize and sizes:
-            with named(self.path):
-                session = runner.sized_session(self._sized, self.path, threads, isolated, sizes)
-        else:
-            session = self._session
-            if session is None or (session.threads, session.isolated) != (threads, isolated):
-                if session is not None:
-                    session.close()
-                with progress.stage("tract load+optimize"), named(self.path):
-                    session = self._session = runner.session_for(self.path, threads, isolated)
+        plan = sizes if specialize else None
+        session = self._open(threads, isolated)
+        if not session.loaded(plan):
+            with progress.stage(runner.plan_stage(plan)), named(self.path):
+                session.load(plan)
         with progress.stage("running"), named(self.path):
-            return runner.outputs_by_name(self.output_names, session.run(arrays))
+            return runner.outputs_by_name(self.output_names, session.run(arrays, plan))
+
+    def _open(self, threads: int | None, isolated: bool) -> Any:
+        """The tract session for ``threads`` / ``isolated`` (another one closes the running one)."""
+        from torchlower.artifact import runner
+
+        session = self._session
+        if session is None or (session.threads, session.isolated) != (threads, isolated):
+            if session is not None:
+                session.close()
+            session = self._session = runner.session_for(self.path, threads, isolated)
+        return session
 
     def stream(self, pulses: Mapping[str, int], *, threads: int | None = None, isolated: bool = True) -> Any:
         """The archive pulsed in tract: ``stream({"T": 32})`` → ``artifact.stream.Stream`` with
@@ -106,21 +113,15 @@ class Artifact:
 
     def tract_facts(self) -> dict[str, list[str]]:
         """tract's input and output facts (``"B,10,f32"``), loading the model if needed."""
-        if self._session is None:
-            with progress.stage("tract load+optimize"), named(self.path):
-                from torchlower.artifact import runner
-
-                self._session = runner.session_for(self.path, None, True)
-        return dict(self._session.facts)
+        session = self._session or self._open(None, True)
+        with progress.stage("tract load+optimize"), named(self.path):
+            return dict(session.load(None))
 
     def close(self) -> None:
         """Stop the tract process started by ``run`` (it also stops when the artifact is freed)."""
         if self._session is not None:
             self._session.close()
             self._session = None
-        for session in self._sized.values():
-            session.close()
-        self._sized.clear()
 
     def __enter__(self) -> Artifact:
         return self

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from torchlower.core import dtypes, progress
+from torchlower.core import dtypes
 from torchlower.core.dynamic_forms import Form
 from torchlower.errors import InvalidArgumentError
-from torchlower.nnef.graph_model import Expr, Ident, Input
+from torchlower.nnef.graph_model import Expr, Ident, Input, evaluate
 
 Inputs = Mapping[str, Any] | Sequence[Any] | np.ndarray
 
@@ -170,33 +170,6 @@ def _check_bounds(
             )
 
 
-def evaluate(dim: Any, env: Mapping[str, int]) -> int | None:
-    """The integer value of a dimension expression, None if a symbol is unbound."""
-    if isinstance(dim, bool):
-        return None
-    if isinstance(dim, int):
-        return dim
-    if isinstance(dim, (str, Ident)):
-        return env.get(str(dim))
-    if not isinstance(dim, Expr):
-        return None
-    values = [evaluate(a, env) for a in dim.args]
-    if any(v is None for v in values):
-        return None
-    if len(values) == 1:
-        return -values[0] if dim.op == "-" else values[0]  # type: ignore[operator]
-    a, b = values
-    assert a is not None and b is not None
-    table = {
-        "+": a + b,
-        "-": a - b,
-        "*": a * b,
-        "/": a // b if b else None,
-        "^": a**b if 0 <= b < 64 else None,
-    }
-    return table.get(dim.op)
-
-
 def shape_text(shape: Sequence[Any]) -> str:
     """``[B, 3, 224]`` the way the graph declares it."""
     return "[" + ", ".join(str(d) for d in shape) + "]"
@@ -223,35 +196,18 @@ def statistics(array: np.ndarray) -> dict[str, Any]:
     return out
 
 
-def session_for(
-    path: Path, threads: int | None, isolated: bool, sizes: Mapping[str, int] | None = None
-) -> Any:
-    """A tract session of the checked bytes of ``path`` (archives are extracted privately);
-    ``sizes`` fixes symbols before tract optimizes."""
-    from torchlower.nnef import reader
+def session_for(path: Path, threads: int | None, isolated: bool) -> Any:
+    """A tract session of ``path``: its plans (generic, or optimized per size) load on first use
+    from the checked bytes of the archive (``nnef.session.Session``)."""
     from torchlower.nnef.session import Session
 
-    with reader.extracted(path) as folder:  # tract reads exactly the bytes we validated
-        return Session(folder, threads, isolated, sizes)
+    return Session(path, threads, isolated)
 
 
-SIZED_KEPT = 4  # sessions optimized for one size assignment kept per artifact
-
-
-def sized_session(
-    cache: dict[Any, Any], path: Path, threads: int | None, isolated: bool, sizes: Mapping[str, int]
-) -> Any:
-    """The session optimized for ``sizes`` from ``cache`` (most recent last), loading it on a
-    miss and closing the least recently used beyond ``SIZED_KEPT``."""
-    key = (threads, isolated, tuple(sorted(sizes.items())))
-    session = cache.pop(key, None)
-    if session is None:
-        with progress.stage("tract load+optimize at " + ", ".join(f"{k}={v}" for k, v in key[2])):
-            session = session_for(path, threads, isolated, sizes)
-    cache[key] = session
-    while len(cache) > SIZED_KEPT:
-        cache.pop(next(iter(cache))).close()
-    return session
+def plan_stage(sizes: Mapping[str, int] | None) -> str:
+    """The progress line of a plan's first load."""
+    at = ", ".join(f"{k}={v}" for k, v in sorted((sizes or {}).items()))
+    return "tract load+optimize" + (f" at {at}" if at else "")
 
 
 # ---- lattice folders ----------------------------------------------------------------------

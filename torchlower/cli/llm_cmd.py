@@ -27,7 +27,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         description="Load DIR (config.json + safetensors), export the causal LM with explicit KV-cache "
         "inputs/outputs (tract's detect_kv_cache naming), check it against Hugging Face in tract. "
         "Speech encoder-decoders (Whisper, …) and vision/audio LMs (LLaVA, Idefics3, SmolVLM, Qwen2-VL, "
-        "Qwen2-Audio) become a folder of archives and a manifest.json (docs/llm.md).",
+        "Qwen2.5-VL, Qwen2-Audio) become a folder of archives and a manifest.json (docs/llm.md).",
     )
     p.add_argument("folder", metavar="DIR", help="model folder written by save_pretrained")
     p.add_argument("-o", "--output", required=True, help="archive path (.nnef.tgz, .nnef.tar or .nnef dir)")

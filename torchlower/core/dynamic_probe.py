@@ -117,3 +117,29 @@ def adopt_multiple(spec: Any, s: str, k: int, c: int | None = None) -> Form:
     spec.extra_checks = [p for p in spec.extra_checks if s not in p]
     spec.sample()
     return new
+
+
+def lowest_size(spec: Any, run: Any, example: Sequence[torch.Tensor], s: str) -> int | None:
+    """The smallest size of ``s`` PyTorch runs the model at, bisected between the declared lower
+    bound and the example (the other symbols at the example's sizes); None for a symbol the
+    spec does not move or whose lower bound already runs. Assumes a model that runs at a size
+    runs at every larger one; the size found is checked in tract all the same."""
+    if s not in spec.base:
+        return None
+    lo = spec.bounds.get(s, (1, None))[0]
+
+    def runs(value: int) -> bool:
+        try:
+            with torch.no_grad():
+                run(spec.example_at(example, {**spec.base, s: value}))
+        except Exception:
+            return False
+        return True
+
+    fails, ok = lo, spec.base[s]
+    if fails >= ok or runs(fails):
+        return None
+    while ok - fails > 1:
+        mid = (fails + ok) // 2
+        fails, ok = (fails, mid) if runs(mid) else (mid, ok)
+    return ok

@@ -7,8 +7,12 @@ the concrete tensor so rules and front ends can fold instead of emitting ops.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Union
+
+from torchlower.core import size_floors
+from torchlower.core.size_period import periodic_least
 
 if TYPE_CHECKING:
     import torch
@@ -222,37 +226,56 @@ MISSING = Missing()
 def _decided(e: Any) -> Any:
     """``min(1, 2*floor((T + 7) / 8))`` → ``1``: a min/max whose arguments' order holds for every
     positive symbol, by interval arithmetic (sympy cannot order floors; tract 0.23 then fails to
-    equate such sizes, e.g. a relative-position slice ``[:, 1:]`` of a length that is ≥ 1)."""
-    import sympy
+    equate such sizes, e.g. a relative-position slice ``[:, 1:]`` of a length that is ≥ 1).
+    Failing that, over the sizes the model runs at (``size_floors``: the bound is then adopted)."""
+    chosen = _ordered(e, None)
+    floors = size_floors.current()
+    if chosen is not None or floors is None:
+        return e if chosen is None else chosen
+    lows = {s.name: floors.of(s.name) for s in e.free_symbols}
+    lows = {name: low for name, low in lows.items() if low is not None and low > 1}
+    chosen = _ordered(e, lows) if lows else None
+    if chosen is None:
+        return e
+    for name in lows:
+        floors.used.setdefault(name, str(e))
+    return chosen
 
-    sign = 1 if isinstance(e, sympy.Min) else -1  # min: the argument every other one is >= to
+
+def _ordered(e: Any, lows: Mapping[str, int] | None) -> Any:
+    """The argument of min/max ``e`` every other one is >= to (<= for max), else None."""
+    sign = 1 if type(e).__name__ == "Min" else -1
     for a in e.args:
-        lows = [at_least(sign * (b - a)) for b in e.args if b is not a]
-        if all(low is not None and low >= 0 for low in lows):
+        bounds = [at_least(sign * (b - a), lows) for b in e.args if b is not a]
+        if all(low is not None and low >= 0 for low in bounds):
             return a
-    return e
+    return None
 
 
-def at_least(e: Any) -> Any:
-    """A lower bound of the size expression ``e`` over positive integer symbols (None: unknown).
+def at_least(e: Any, lows: Mapping[str, int] | None = None) -> Any:
+    """A lower bound of the size expression ``e`` over positive integer symbols (None: unknown),
+    or over symbols at least ``lows[name]``.
 
     Term by term first (``2*floor((T + 7) / 8) - 1 >= 1``); then with each floor replaced by a
     bound of it, ``c·floor(x) >= c·x`` for c < 0 and ``>= c·(x - (d - 1) / d)`` for c > 0 (d the
     denominator of x), so terms can cancel (``-T - 4*floor(-T / 4) >= 0``, padding to a multiple
-    of 4). The larger of the two bounds.
+    of 4). The larger of the two bounds; when that is negative, the exact least value of a
+    one-symbol expression periodic in it (``size_period``).
     """
     import sympy
 
     e = sympy.sympify(e)
-    low = _at_least(e)
+    low = _at_least(e, lows or {})
     if not e.has(sympy.floor):
         return low
     bounded = sympy.expand(e).replace(
         lambda t: isinstance(t, sympy.Mul) and any(isinstance(f, sympy.floor) for f in t.args),
         _floor_bound,
     )
-    lows = [x for x in (low, _at_least(sympy.expand(bounded))) if x is not None]
-    return max(lows) if lows else None
+    lows_ = [x for x in (low, _at_least(sympy.expand(bounded), lows or {})) if x is not None]
+    if not lows_ or max(lows_) < 0:  # floors that cancel only together: exact over one period
+        lows_ += [x for x in (periodic_least(e, lows or {}),) if x is not None]
+    return max(lows_) if lows_ else None
 
 
 def _floor_bound(term: Any) -> Any:
@@ -270,33 +293,33 @@ def _floor_bound(term: Any) -> Any:
     return c * (x - gap)
 
 
-def _at_least(e: Any) -> Any:
+def _at_least(e: Any, lows: Mapping[str, int]) -> Any:
     import sympy
 
     if e.is_Number:
         return e
     if e.is_Symbol:
-        return sympy.Integer(1) if e.is_positive else None
+        return sympy.Integer(lows.get(e.name, 1)) if e.is_positive else None
     if isinstance(e, sympy.Add):
-        lows = [_at_least(t) for t in e.args]
-        return None if any(x is None for x in lows) else sympy.Add(*lows)
+        parts = [_at_least(t, lows) for t in e.args]
+        return None if any(x is None for x in parts) else sympy.Add(*parts)
     if isinstance(e, sympy.Mul):
         consts = [t for t in e.args if t.is_Number]
         rest = [t for t in e.args if not t.is_Number]
         c = sympy.Mul(*consts)
         if c < 0:
             return None
-        lows = [_at_least(t) for t in rest]
-        if any(x is None or x < 0 for x in lows):
+        parts = [_at_least(t, lows) for t in rest]
+        if any(x is None or x < 0 for x in parts):
             return None
-        return c * sympy.Mul(*lows)
+        return c * sympy.Mul(*parts)
     if isinstance(e, sympy.floor):
-        low = _at_least(e.args[0])
+        low = _at_least(e.args[0], lows)
         return None if low is None else sympy.floor(low)
     if isinstance(e, (sympy.Min, sympy.Max)):
-        lows = [_at_least(t) for t in e.args]
+        parts = [_at_least(t, lows) for t in e.args]
         if isinstance(e, sympy.Max):
-            known = [x for x in lows if x is not None]
+            known = [x for x in parts if x is not None]
             return max(known) if known else None
-        return None if any(x is None for x in lows) else min(lows)
+        return None if any(x is None for x in parts) else min(parts)
     return None

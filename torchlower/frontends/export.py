@@ -20,7 +20,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from torchlower.core import progress
-from torchlower.core.dynamic import not_dynamic
+from torchlower.core.dynamic import not_dynamic, resize
 from torchlower.core.dynamic_forms import linear
 from torchlower.core.model_io import state_kept
 from torchlower.core.values import Value, constant
@@ -210,8 +210,9 @@ def lower_call(
     template = [_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
     call = _Call(fn, template, spec)
     if _dynamic_values(symbolic):
+        dims = _export_dims(symbolic, where, describe(fn))
         program = export_program(
-            call, tensors, None, builder.rules, dynamic_shapes=_export_dims(symbolic, where, describe(fn))
+            call, _off_size_one(tensors, symbolic), None, builder.rules, dynamic_shapes=dims
         )
         symbols = _symbols_of(program, symbolic)
     else:
@@ -250,6 +251,26 @@ def _export_dims(values: Sequence[Value], where: str, what: str) -> tuple[Any, .
             by_axis[axis] = root if form.plain else form.k * root + form.c
         out.append(by_axis or None)
     return (tuple(out),)  # ``*tensors`` is one argument to torch.export
+
+
+def _off_size_one(tensors: Sequence[torch.Tensor], values: Sequence[Value]) -> list[torch.Tensor]:
+    """The example tensors with each symbol at 0 or 1 moved to 2 on every axis it sizes (``k*h + c``
+    at ``h = 2``; values cycled): torch.export specializes sizes 0 and 1 of its example, so a
+    batch-1 example pinned B in a module FX hands to it (ultralytics' Detect head). The symbolic
+    program holds at the example's size too, and the export's check runs there."""
+    forms = [[linear(d) if not isinstance(d, int) else None for d in v.shape or ()] for v in values]
+    pairs = zip(tensors, forms, strict=True)
+    at = {f.symbol: (t.shape[a] - f.c) // f.k for t, fs in pairs for a, f in enumerate(fs) if f}
+    moved = {s for s, n in at.items() if n <= 1}
+    if not moved:
+        return list(tensors)
+    out = []
+    for t, fs in zip(tensors, forms, strict=True):
+        for axis, f in enumerate(fs):
+            if f is not None and f.symbol in moved:
+                t = resize(t, axis, 2 * f.k + f.c)
+        out.append(t)
+    return out
 
 
 def _symbols_of(program: ExportedProgram, values: Sequence[Value]) -> dict[str, str]:

@@ -27,10 +27,10 @@ from torchlower.core.dynamic_forms import Form
 from torchlower.core.dynamic_probe import adopt_multiple, probe_checks
 from torchlower.core.model_io import state_kept
 from torchlower.errors import LoweringError
+from torchlower.frontends import export_guards
+from torchlower.frontends.export_guards import CONSTRAINTS, GUARD, guard_sides, multiples, suggested_fixes
 from torchlower.frontends.export_program import export_program
 from torchlower.frontends.provenance import raised_at
-
-_CONSTRAINTS = re.compile(r"Constraints violated \(([\w, ]+)\)")
 
 
 def export_again(
@@ -41,12 +41,12 @@ def export_again(
     ``rounds``: how many more times a multiple may be adopted (each export can suggest more);
     ``oblivious``: the refused export already reasoned size-obliviously."""
     text = getattr(exc, "torch_message", "")
-    pinned = sorted({s for g in _CONSTRAINTS.findall(text) for s in g.split(", ")})
+    pinned = sorted({s for g in CONSTRAINTS.findall(text) for s in g.split(", ")})
     if not pinned:
         raise exc
-    multiples = _multiples(text, pinned)
-    if multiples and rounds > 0 and _models_multiples(module, spec, example, multiples):
-        return _export_multiples(builder, module, example, spec, multiples, rounds, oblivious)
+    wanted = multiples(text, pinned)
+    if wanted and rounds > 0 and _models_multiples(module, spec, example, wanted):
+        return _export_multiples(builder, module, example, spec, wanted, rounds, oblivious)
     tightened = _model_bounds(spec, pinned, text, module, example)
     if tightened is not None:
         return _export_within(builder, module, example, spec, tightened, text, oblivious)
@@ -66,19 +66,6 @@ def _export(
         )
 
 
-_FIX = re.compile(r"(\w+) = (?:Dim\('\w+'(?:, min=(\d+))?(?:, max=(\d+))?\)|(\d+)(?![\d*]))")
-_MULTIPLE = re.compile(r"(\w+) = (\d+)\*\w+(?: ([+-]) (\d+))?\s*$", re.M)
-
-
-def _multiples(text: str, symbols: list[str]) -> dict[str, tuple[int, int]]:
-    """torch.export's suggested ``H = 32*_H`` / ``W = 4*_W - 1`` as ``{symbol: (k, c)}``."""
-    found = {}
-    for sym, k, op, c in _MULTIPLE.findall(text.split("Suggested fixes:")[-1]):
-        if sym in symbols and int(k) > 1:
-            found[sym] = (int(k), int(c or 0) * (-1 if op == "-" else 1))
-    return found
-
-
 def _runs(module: nn.Module, spec: Any, example: Sequence[Any], sym: str, value: int) -> bool:
     try:
         with torch.no_grad(), state_kept(module):
@@ -89,11 +76,11 @@ def _runs(module: nn.Module, spec: Any, example: Sequence[Any], sym: str, value:
 
 
 def _models_multiples(
-    module: nn.Module, spec: Any, example: Sequence[Any], multiples: dict[str, tuple[int, int]]
+    module: nn.Module, spec: Any, example: Sequence[Any], wanted: dict[str, tuple[int, int]]
 ) -> bool:
     """Whether every multiple torch.export asks for is the model's own: the example is one,
     PyTorch fails one size up and runs a multiple up."""
-    for sym, (k, c) in multiples.items():
+    for sym, (k, c) in wanted.items():
         v = spec.base[sym]
         if (
             (v - c) % k
@@ -106,10 +93,10 @@ def _models_multiples(
 
 def _export_multiples(
     builder: Any, module: nn.Module, example: Sequence[Any], spec: Any,
-    multiples: dict[str, tuple[int, int]], rounds: int, oblivious: bool,
+    wanted: dict[str, tuple[int, int]], rounds: int, oblivious: bool,
 ) -> ExportedProgram:  # fmt: skip
     """Adopt torch.export's multiples (the model's own, ``_models_multiples``), export again."""
-    for sym, (k, _) in sorted(multiples.items()):
+    for sym, (k, _) in sorted(wanted.items()):
         where, form = spec.where([sym]), adopt_multiple(spec, sym, k)
         builder.notes.append(
             f"dynamic axis {where}: {sym} = {form.text()} (torch.export's multiple: {sym} must be"
@@ -142,7 +129,7 @@ def _suggested_bounds(spec: Any, symbols: list[str], text: str) -> dict[str, tup
     """torch.export's suggested ``Dim('T', min=320)`` for every one of ``symbols``, merged with
     the declared bounds; None when one pins a size, is missing or excludes the example."""
     found: dict[str, tuple[int, int | None]] = {}
-    for sym, lo, hi, const in _FIX.findall(text.split("Suggested fixes:")[-1]):
+    for sym, lo, hi, const in suggested_fixes(text):
         if sym in symbols:
             if const:
                 return None
@@ -198,13 +185,10 @@ def _export_restricted(
         return None
 
 
-_GUARD = re.compile(r"satisfy the generated guard (.+?)\.(?:\s|$)")
-
-
 def _pins_a_size(text: str, symbols: list[str], module: nn.Module, spec: Any, example: Sequence[Any]) -> bool:
     """torch.export found the model fixes a symbol to one size (``S = 2``) and PyTorch agrees:
     it fails at the sizes next to it. (``x[:, -3:]`` at ``S = 2`` is pinned too, yet runs.)"""
-    for sym, _, _, const in _FIX.findall(text.split("Suggested fixes:")[-1]):
+    for sym, _, _, const in suggested_fixes(text):
         if sym in symbols and const:
             v = int(const)
             if not (_runs(module, spec, example, sym, v + 1) and _runs(module, spec, example, sym, v + 3)):
@@ -214,7 +198,7 @@ def _pins_a_size(text: str, symbols: list[str], module: nn.Module, spec: Any, ex
 
 def _export_size_oblivious(
     builder: Any, module: nn.Module, example: Sequence[Any], spec: Any, symbols: list[str], text: str,
-    rounds: int,
+    rounds: int, guards: str | None = None,
 ) -> ExportedProgram:  # fmt: skip
     """Export again with size-oblivious guards, then check the artifact where they were.
 
@@ -222,22 +206,28 @@ def _export_size_oblivious(
     that PyTorch does not need answered: whether a conv output is 1 (a ResNet stem), whether
     ``S // 2`` is exact (``x[..., : S // 2]`` → ``S = 2*_S``), whether ``S >= 3`` for
     ``x[:, -3:]`` (the slice clamps). Size-oblivious reasoning answers for every size, so the
-    program may differ from the model exactly at small sizes: the check therefore also runs
-    with the symbols at their lower bounds. Bounds and multiples the size-oblivious export still
-    asks for are adopted as above when they are the model's.
+    program may differ from the model exactly where a guard would have split the sizes: the
+    check therefore also runs on both sides of every guard refused (``S = 4`` and ``5``, ``999``
+    and ``1000``; ``export_guards.guard_sides``) and with the symbols at their lower bounds.
+    ``guards``: the refusal whose guards these are, when not ``text`` (a second one, within
+    bounds already adopted). Bounds and multiples the size-oblivious export still asks for are
+    adopted as above when they are the model's.
     """
+    guards = text if guards is None else guards
     floor = {**spec.base, **{s: spec.bounds.get(s, (1, None))[0] for s in symbols}}
     kept = len(spec.extra_checks), len(spec.skipped)
-    try:
-        with torch.no_grad(), state_kept(module):
-            module(*spec.example_at(example, floor))
-        spec.extra_checks.append(floor)
-    except Exception as exc:  # PyTorch itself refuses that size: nothing to compare there
-        spec.skipped.append((floor, f"PyTorch fails there ({type(exc).__name__})"))
+    sides = guard_sides(spec, symbols, guards)
+    points = [floor, *({**spec.base, s: v} for s, values in sorted(sides.items()) for v in values)]
+    for point in points:
+        _check_at(spec, module, example, point)
     notes = len(builder.notes)
+    asked = "; ".join(export_guards.asked(spec, guards, symbols)) or "a guard on a size"
+    checked = [p for p in points if p in spec.extra_checks]
+    shown = dict.fromkeys(f"{s}={p[s]}" for p in checked for s in symbols if p[s] != spec.base[s])
     builder.notes.append(
-        f"dynamic axes {spec.where(symbols)}: torch.export restricted sizes PyTorch runs at;"
-        f" exported size-oblivious and checked at {', '.join(f'{s}={floor[s]}' for s in symbols)} as well"
+        f"dynamic axes {spec.where(symbols)}: torch.export asked for {asked}, which PyTorch does not"
+        f" need; exported size-oblivious and checked at {', '.join(shown) or 'the example'} as well"
+        " (both sides of the guard, the lower bound)"
     )
     try:
         return _export(builder, module, example, spec, oblivious=True)
@@ -250,6 +240,24 @@ def _export_size_oblivious(
             if program is None:
                 raise _pinned(spec, symbols, text, module, example) from exc
             return program
+
+
+_LARGEST_CHECK = 4096  # a guard's far side (``S <= 9999``) checked up to this size only (attention is S²)
+
+
+def _check_at(spec: Any, module: nn.Module, example: Sequence[Any], point: dict[str, int]) -> None:
+    """Check the artifact at ``point`` too, or record why not (PyTorch fails there, or too large)."""
+    if point == spec.base or point in spec.extra_checks or any(p == point for p, _ in spec.skipped):
+        return
+    if max(point.values()) > max(_LARGEST_CHECK, *spec.base.values()):
+        spec.skipped.append((point, f"not checked: larger than {_LARGEST_CHECK}, the check's largest size"))
+        return
+    try:
+        with torch.no_grad(), state_kept(module):
+            module(*spec.example_at(example, point))
+        spec.extra_checks.append(point)
+    except Exception as exc:  # PyTorch itself refuses that size: nothing to compare there
+        spec.skipped.append((point, f"PyTorch fails there ({type(exc).__name__})"))
 
 
 def _export_within(
@@ -270,7 +278,8 @@ def _export_within(
     except LoweringError as exc:
         if not oblivious:  # within the bounds something else is asked (STFT frames: "is a size 1?")
             try:
-                return _export_size_oblivious(builder, module, example, spec, sorted(bounds), text, 1)
+                inner = getattr(exc, "torch_message", text)
+                return _export_size_oblivious(builder, module, example, spec, sorted(bounds), text, 1, inner)
             except LoweringError:
                 pass
         spec.bounds.clear()
@@ -286,7 +295,7 @@ def _pinned(spec: Any, symbols: list[str], text: str, module: nn.Module, example
     the model is run at a size just outside that, so the line that refuses it can be named.
     """
     needs, fixes, lines = [], [], []
-    for sym, (k, c) in sorted(_multiples(text, symbols).items()):
+    for sym, (k, c) in sorted(multiples(text, symbols).items()):
         rule, (name, axis) = Form("h", k, c), _axis_of(spec, sym)
         needs.append(f"torch.export needs {sym} to be {rule.rule()} ({sym} = {Form('_' + sym, k, c).text()})")
         runs = [
@@ -299,7 +308,7 @@ def _pinned(spec: Any, symbols: list[str], text: str, module: nn.Module, example
             f"declare the multiple: dynamic_axes={{{name!r}: {{{axis}: {rule.text()!r}}}}} or {derived} in"
             " dynamic_shapes (the archive then takes only such sizes)"
         )
-    for sym, lo, hi, const in _FIX.findall(text.split("Suggested fixes:")[-1]):
+    for sym, lo, hi, const in suggested_fixes(text):
         if sym not in symbols:
             continue
         if const:
@@ -324,7 +333,7 @@ def _pinned(spec: Any, symbols: list[str], text: str, module: nn.Module, example
                 first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
                 lines.append(f"at {sym}={outside} it fails at {found} ({first})" if found else "")
     if not needs:  # no suggestion: torch's guards, in the symbols' names
-        guards = _GUARD.findall(text)
+        guards = GUARD.findall(text)
         named = [re.sub(r"L\['\w+'\]\.size\(\)\[\d+\]", "/".join(symbols), g) for g in guards]
         named = [g.replace("IntInfinity()", "inf") for g in named]
         needs = [f"torch.export needs {' and '.join(dict.fromkeys(named))}" if named else ""]

@@ -1,9 +1,11 @@
-"""``F.interpolate`` under the FX front end when its output size is symbolic.
+"""``F.interpolate`` under the FX front end when its input or output size is symbolic.
 
 FX cannot see into ``F.interpolate``; the front end lowers such calls through torch.export,
 which receives the output size as the capture's integers (``size=skip.shape[2:]`` of a skip
-connection with its own symbols), baking them. With a symbolic size the call goes straight to
-the ATen resampling rule instead, the way torch.export and jit record it.
+connection with its own symbols), baking them, and takes only symbols and their multiples as
+input sizes (an FPN level after two strided convs is ``(H + 3)/4``: refused). With a symbolic
+input or size the call goes straight to the ATen resampling rule instead, with the arguments
+torch.export and jit record (``upsample_nearest2d.vec(x, None, [2.0, 2.0])`` for a scale factor).
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ _SIGNATURE = inspect.signature(F.interpolate)
 
 
 def symbolic_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, list[Any]] | None:
-    """``(aten key, rule arguments)`` of an ``F.interpolate`` call whose size is symbolic, else None."""
+    """``(aten key, rule arguments)`` of an ``F.interpolate`` call over symbolic sizes, else None.
+
+    None (torch.export lowers it) when nothing is symbolic, for ``area`` (adaptive pooling),
+    ``antialias`` and ``recompute_scale_factor`` (torch computes the size in Python then).
+    """
     try:
         bound = _SIGNATURE.bind(*args, **kwargs)
     except TypeError:
@@ -39,22 +45,24 @@ def symbolic_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, l
         not isinstance(x, Value)
         or x.rank is None
         or x.rank < 3
+        or x.shape is None
         or a["antialias"]
         or a["recompute_scale_factor"]
+        or a["mode"] not in _OPS
+        or (size is None) == (scale is None)
     ):
         return None
     spatial = x.rank - 2
-    sizes = (
-        list(size) if isinstance(size, (list, tuple)) else ([size] * spatial if size is not None else None)
-    )
-    if sizes is None or not any(isinstance(s, SymDim) for s in sizes) or a["mode"] not in _OPS:
-        return None
+    sizes = None if size is None else (list(size) if isinstance(size, (list, tuple)) else [size] * spatial)
     scales = (
         None
         if scale is None
         else [float(s) for s in (scale if isinstance(scale, (list, tuple)) else [scale] * spatial)]
     )
+    moving = any(isinstance(d, SymDim) for d in x.shape[2:])
+    if not moving and not any(isinstance(s, SymDim) for s in sizes or ()):
+        return None
     op = "aten::" + _OPS[a["mode"]].format(n=spatial) + ".vec"
     if a["mode"] in ("nearest", "nearest-exact"):
-        return op, [x, sizes, scales]
-    return op, [x, sizes, bool(a["align_corners"]), scales]
+        return op, [x, sizes, scales if sizes is None else None]
+    return op, [x, sizes, bool(a["align_corners"]), scales if sizes is None else None]

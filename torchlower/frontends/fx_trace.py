@@ -133,12 +133,19 @@ def _defaulted(model: nn.Module, example: Sequence[Any] | None) -> dict[str, Any
     return found or None
 
 
+# calls the interpreter lowers itself whatever their sizes (``fx_interpolate``), so a ``torch.nn``
+# module made of them (``nn.Upsample``) is traced into: kept whole, torch.export refused an FPN
+# level's ``(H + 1)/2`` as a Dim
+_LOWERED_BY_INTERPRETER = (torch.nn.functional.interpolate,)
+
+
 def _traces_into_known_calls(module: nn.Module) -> bool:
     try:
         graph = fx.Tracer().trace(module)
     except Exception:  # any failure means: keep it whole
         return False
-    return all(pycalls.resolvable(n.target) for n in graph.nodes if n.op == "call_function")
+    calls = [n.target for n in graph.nodes if n.op == "call_function"]
+    return all(pycalls.resolvable(t) or t in _LOWERED_BY_INTERPRETER for t in calls)
 
 
 def trace(

@@ -23,7 +23,7 @@ from torchlower.errors import (
     TraceError,
     ValueDependentTraceError,
 )
-from torchlower.frontends import jit_script, jit_trace, provenance, views
+from torchlower.frontends import jit_align, jit_script, jit_trace, provenance, views
 from torchlower.frontends.jit_nodes import is_tensor, meta, normalize_args, scope_of, source_location
 from torchlower.frontends.jit_trace import FastTrace, dynamic_overrides, maybe_quantize_args, trace
 from torchlower.frontends.session import Session
@@ -141,10 +141,12 @@ def lower_jit(
     else:
         graph = tracer.torch_graph.copy()
         torch._C._jit_pass_inline(graph)
+        dyn = dynamic_overrides(tracer.mod, tracer.fn_name, tracer.args or (), graph, spec) if spec else None
+        if dyn is not None and dyn.graph is not None:  # a trace holding a pad/slice the example's lacks
+            graph = dyn.graph
         graph_inputs = list(graph.inputs())
         env[graph_inputs[0]] = _ModuleRef("", tracer.mod)
         tensor_inputs = graph_inputs[1:]
-        dyn = dynamic_overrides(tracer.mod, tracer.fn_name, tracer.args or (), graph, spec) if spec else None
     progress.retotal(sum(n.kind().startswith("aten::") for n in graph.nodes()), "lowering")
     if isinstance(tracer.mod, torch.jit.ScriptModule) and len(tensor_inputs) > len(inputs):
         rest = jit_script.defaults(tracer, len(inputs))
@@ -182,7 +184,11 @@ def _step(
         env.update(zip(outputs, run(node, env, walk, where), strict=True))
         return
     shapes = dyn.shapes.get(index) if dyn is not None else None
-    results = _lower_node(node, [env[i] for i in node.inputs()], session, shapes)
+    args = [env[i] for i in node.inputs()]
+    if dyn is not None and index in dyn.resized:  # a pad/slice some traces lack: sized by the fit
+        args = jit_align.resized(node.kind(), args, dyn.resized[index], scope_of(node) or "<top level>")
+        shapes = [dyn.resized[index]]
+    results = _lower_node(node, args, session, shapes)
     if len(outputs) == 1 and node.kind() in _UNPACK and results is not MISSING:
         results = results[0]  # unpacking a one-element list (split into one chunk)
     if len(outputs) == 1:

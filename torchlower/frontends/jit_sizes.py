@@ -19,6 +19,8 @@ from torch import nn
 from torchlower.core.dynamic import UNFIT, Spec, not_dynamic
 from torchlower.core.size_fit import PENDING, SizeFitter
 from torchlower.core.values import Shape, SymDim
+from torchlower.errors import LoweringError
+from torchlower.frontends import jit_align
 from torchlower.frontends.jit_size_rules import window_hints
 
 
@@ -28,6 +30,9 @@ class JitOverrides:
 
     shapes: dict[int, list[Shape | None]] = field(default_factory=dict)
     constants: dict[int, Any] = field(default_factory=dict)
+    resized: dict[int, Shape] = field(default_factory=dict)  # pads/slices some traces lack (jit_align)
+    master: int = 0  # the trace whose graph is lowered (it holds every other one)
+    graph: Any = None  # that graph, when it is not the example's
 
 
 def jit_overrides(
@@ -36,9 +41,16 @@ def jit_overrides(
     """Compare the inlined graphs traced at every point of ``fitter`` (one pass); sizes become
     expressions. Incomplete while ``fitter.complete()`` is False (more captures are wanted)."""
     fitter.begin()
-    nodes = [list(g.nodes()) for g in graphs]
-    out = JitOverrides()
-    for i, node in enumerate(nodes[0]):
+    master = jit_align.superset([list(g.nodes()) for g in graphs])
+    nodes, optional = _aligned([list(g.nodes()) for g in graphs], master)
+    arguments = jit_align.pad_arguments(nodes[master], optional)
+    out = JitOverrides(master=master)
+    for i, node in enumerate(nodes[master]):
+        if i in arguments:  # a pad's amounts: recomputed from its fitted output size (jit.py)
+            continue
+        if i in optional:
+            out.resized[i] = _optional_op(fitter, graphs, nodes, master, i)
+            continue
         kinds = [ns[i].kind() if i < len(ns) else None for ns in nodes]
         if any(k != node.kind() for k in kinds):
             moved = [p for p, k in zip(fitter.points, kinds, strict=True) if k != node.kind()]
@@ -79,6 +91,47 @@ def jit_overrides(
         if any(s is not None and any(isinstance(d, SymDim) for d in s) for s in shapes):
             out.shapes[i] = shapes
     return out
+
+
+def _aligned(nodes: list[list[Any]], master: int) -> tuple[list[list[Any]], set[int]]:
+    """Each trace's nodes at the master trace's indices, pads/slices it lacks as None
+    (``jit_align``); a trace that differs otherwise is left as it is (the comparison then names
+    the difference)."""
+    out, optional = [], set()
+    for ns in nodes:
+        got = jit_align.align(nodes[master], ns)
+        out.append(ns if got is None else got[0])
+        optional |= set() if got is None else got[1]
+    return out, optional
+
+
+def _optional_op(fitter: SizeFitter, graphs: Sequence[Any], nodes: list[list[Any]], m: int, i: int) -> Shape:
+    """The output shape of a pad or slice some traces lack, fitted over all of them (where it
+    is missing, its output is its input); its amounts follow from that shape (``jit_align``)."""
+    master = nodes[m][i]
+    seen, inputs = [], []
+    for g, ns in enumerate(nodes):
+        if ns[i] is not None:
+            seen.append(_sizes(ns[i].output()))
+            inputs.append(_input_sizes([ns[i]]))
+            continue
+        size = _sizes(_value_in(graphs[g], nodes[m], ns, master.inputsAt(0)))
+        seen.append(size)
+        inputs.append([tuple((d,)) for d in size] if size is not None else [])
+    if any(s is None for s in seen):
+        raise LoweringError(f"{master.kind()} at {_scope(master)}: the padded tensor has no sizes in a trace")
+    columns = [tuple(c[0] for c in col) for col in zip(*inputs, strict=True)] if all(inputs) else []
+    shape = fitter.shape(seen, columns, f"of the result of {master.kind()} at {_scope(master)}", None)
+    return tuple(shape)
+
+
+def _value_in(graph: Any, master: list[Any], nodes: list[Any], value: Any) -> Any:
+    """``value`` of the example's trace, as the corresponding value of another trace."""
+    producer = value.node()
+    outputs = list(producer.outputs())
+    if producer in master:
+        return nodes[master.index(producer)].outputsAt(outputs.index(value))
+    return list(graph.inputs())[list(producer.graph.inputs()).index(value)]
 
 
 def _hints(copies: Sequence[Any], module: nn.Module | None) -> dict[int, Any]:

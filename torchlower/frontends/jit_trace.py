@@ -185,6 +185,7 @@ def dynamic_overrides(
         while True:
             out = jit_sizes.jit_overrides(spec, graphs, fitter, module)
             if fitter.complete():
+                out.graph = graphs[out.master] if out.master else None
                 return out
             extra = fitter.wanted()
             if not extra:

@@ -101,6 +101,20 @@ class Decoder:
         """Logits of the last position after feeding ``ids`` [1, S] (the cache grows by S)."""
         return self.last_logits(ids, 1)[-1]
 
+    def prefill(self, ids: np.ndarray, chunk: int | None = None) -> np.ndarray:
+        """``step`` of ``ids`` [1, S] in calls of at most ``chunk`` tokens (None: one call), the
+        caches and states carried from call to call: the same logits and states as one call,
+        while each call holds at most ``chunk`` tokens' activations (and stays within a
+        state-space archive's ``S <= max_tokens_per_call``)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(1, -1)
+        if chunk is None:
+            return self.step(ids)
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise InvalidArgumentError(f"prefill_chunk must be an int >= 1 or None; got {chunk!r}")
+        for start in range(0, ids.shape[1], chunk):
+            logits = self.step(ids[:, start : start + chunk])
+        return logits
+
     def last_logits(self, ids: np.ndarray, keep: int) -> np.ndarray:
         """[keep, vocab]: logits of the last ``keep`` positions after feeding ``ids`` [1, S], e.g.
         to verify draft tokens (a ``logits="keep"`` archive computes only those rows; ``"all"``

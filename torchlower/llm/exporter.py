@@ -119,7 +119,7 @@ def export(
     """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract; a
     ``WhisperForConditionalGeneration`` (or Speech2Text's, Moonshine's) becomes a folder of two
     archives (``seq2seq.export``, a ``Seq2SeqReport``); a vision or audio LM (LLaVA, Idefics3,
-    SmolVLM, Qwen2-VL, Qwen2-Audio) a folder of three and a manifest (``vlm.export``, a
+    SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen2-Audio) a folder of three and a manifest (``vlm.export``, a
     ``MultimodalReport``).
 
     Graph inputs ``input_ids`` [1, S] and per layer ``in_cache_key_{i}``/``in_cache_value_{i}``

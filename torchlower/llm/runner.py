@@ -40,6 +40,7 @@ def generate(
     input_features: Any = None,
     pixel_values: Any = None,
     feature_attention_mask: Any = None,
+    prefill_chunk: int | None = None,
 ) -> list[int]:
     """The new token ids after ``input_ids`` (a list, or a [1, S] array/tensor), run in tract.
 
@@ -54,6 +55,8 @@ def generate(
     Greedy by default (``do_sample=False``: the arg-max, ties to the lowest id as torch does);
     ``do_sample=True`` samples from softmax(logits / temperature), optionally over the
     ``top_k`` best, with ``seed`` for reproducibility. Stops early at ``eos_token_id``.
+    ``prefill_chunk`` feeds a causal-LM prompt in calls of at most that many tokens, the caches
+    and states carried between them (``Decoder.prefill``): the same tokens as one call.
     """
     prompt = _as_ids(input_ids)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -63,6 +66,9 @@ def generate(
     stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
     from torchlower.llm import seq2seq_runner, vlm_runner
 
+    several = vlm_runner.is_multimodal(Path(artifact)) or seq2seq_runner.is_seq2seq(Path(artifact))
+    if prefill_chunk is not None and several:
+        raise InvalidArgumentError(f"{artifact}: prefill_chunk= is for causal-LM archives (one graph)")
     if vlm_runner.is_multimodal(Path(artifact)):
         if do_sample:
             raise InvalidArgumentError(
@@ -101,7 +107,7 @@ def generate(
         if decoder.drops_cache(feed.shape[1]):  # as HF's generate: all positions again, long RoPE
             decoder.reset()
             feed = np.concatenate([prompt, np.array([tokens], dtype=np.int64)], axis=1)
-        logits = decoder.step(feed).astype(np.float64)
+        logits = decoder.prefill(feed, prefill_chunk).astype(np.float64)
         token = _pick(logits, do_sample, temperature, top_k, rng)
         tokens.append(token)
         if token in stops:

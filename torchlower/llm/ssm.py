@@ -1,4 +1,5 @@
-"""State-space and hybrid causal LMs (Mamba, Mamba2, Bamba) as ``(input_ids, *states) -> (logits, *new)``.
+"""State-space and hybrid causal LMs (Mamba, Mamba2, Bamba, Falcon-H1, …) as
+``(input_ids, *states) -> (logits, *new)``.
 
 A state-space layer carries two fixed-size states between calls instead of a growing KV cache:
 the last ``conv_kernel`` inputs of its causal depthwise convolution (``conv``, [1, channels, K])
@@ -94,9 +95,15 @@ def hf_forward(
 
 
 def _entries(layer: Any) -> list[tuple[str, torch.Tensor]]:
-    if hasattr(layer, "conv_states"):
-        return [("conv", layer.conv_states[0]), ("ssm", layer.recurrent_states[0])]
-    return [("key", layer.keys), ("value", layer.values)]
+    """A cache layer's tensors: a mixer's states, an attention layer's keys and values, or both
+    (Falcon-H1's layers run attention and a Mamba2 mixer side by side)."""
+    states = (
+        [("conv", layer.conv_states[0]), ("ssm", layer.recurrent_states[0])]
+        if hasattr(layer, "conv_states")
+        else []
+    )
+    kv = [("key", layer.keys), ("value", layer.values)] if getattr(layer, "keys", None) is not None else []
+    return [*states, *kv]
 
 
 def hf_states(cache: Any) -> list[torch.Tensor]:

@@ -77,9 +77,27 @@ def mamba2_mixer(
     """``Mamba2Mixer`` and Bamba's, state [B, H, P, N]: HF's chunked prefill (``mamba2_chunk_scan``:
     segment sums within chunks, a recurrence across them) and its one-step decode compute this
     one recurrence."""
-    batch, length = hidden.shape[0], hidden.shape[1]
+    return _mamba2(m, m.in_proj(hidden), hidden.dtype, conv_state, ssm_state, normed=True)
+
+
+def falcon_h1_mixer(
+    m: nn.Module, hidden: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor
+) -> Mixed:
+    """``FalconH1Mixer``: Mamba2's, with µP multipliers on its input (``ssm_in_multiplier``) and on
+    each section of its projection (``mup_vector``: z, x, B, C, dt), and the gated RMS norm
+    optional (``mamba_rms_norm``; without it the output is gated as ``y · silu(z)``)."""
+    projected = m.in_proj(hidden * m.ssm_in_multiplier) * m.mup_vector
+    return _mamba2(m, projected, hidden.dtype, conv_state, ssm_state, normed=bool(m.mamba_rms_norm))
+
+
+def _mamba2(
+    m: nn.Module, projected: torch.Tensor, dtype: torch.dtype, conv_state: torch.Tensor,
+    ssm_state: torch.Tensor, normed: bool,
+) -> Mixed:  # fmt: skip
+    """Mamba2's mixer after its input projection ``projected`` [B, S, z + xBC + dt]."""
+    batch, length = projected.shape[0], projected.shape[1]
     heads, head_dim, groups, size = m.num_heads, m.head_dim, m.n_groups, m.ssm_state_size
-    gate, xbc, dt = m.in_proj(hidden).split([m.intermediate_size, m.conv_dim, heads], dim=-1)
+    gate, xbc, dt = projected.split([m.intermediate_size, m.conv_dim, heads], dim=-1)
     xbc, conv = _convolved(m, xbc.transpose(1, 2), conv_state, m.act)
     x, b, c = torch.split(xbc, [m.intermediate_size, groups * size, groups * size], dim=-1)
     dt = F.softplus(dt + m.dt_bias)  # [B, S, H]
@@ -93,7 +111,8 @@ def mamba2_mixer(
     inflow = (x * dt[..., None])[..., None] * b[:, :, :, None, :]  # [B, S, H, P, N]
     y, state = linear_scan_op(decay, inflow, c[:, :, :, None, :], ssm_state.to(decay.dtype))
     y = (y + x * m.D[:, None]).reshape(batch, length, heads * head_dim)
-    return m.out_proj(m.norm(y, gate).to(hidden.dtype)), conv, state
+    y = m.norm(y, gate) if normed else y * F.silu(gate)
+    return m.out_proj(y.to(dtype)), conv, state
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -140,5 +159,6 @@ MIXERS: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]
     "JambaMambaMixer": jamba_mixer,
     "Mamba2Mixer": mamba2_mixer,
     "BambaMixer": mamba2_mixer,
+    "FalconH1Mixer": falcon_h1_mixer,
     "Qwen3NextGatedDeltaNet": gated_delta_mixer,
 }

@@ -29,11 +29,15 @@ ARCHITECTURES = {
     "idefics3": "Idefics3ForConditionalGeneration",
     "smolvlm": "SmolVLMForConditionalGeneration",
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "gemma3": "Gemma3ForConditionalGeneration",
 }
 # models whose image tokens see each other both ways within one image (HF's token_type_ids
 # mask): the decoder takes the new tokens' image-block ids as a second input
 IMAGE_BLOCKS = ("gemma3",)
+# models with Qwen2-VL's flattened patches, one fixed grid and M-RoPE positions (Qwen2.5-VL's
+# tower adds windowed attention, traced for the grid as the rest)
+MROPE = ("qwen2_vl", "qwen2_5_vl")
 # Qwen2-VL's one image grid per export, in merged tokens per side (an image of
 # 4 · spatial_merge_size · patch_size pixels a side, 16 tokens)
 QWEN2_VL_TOKENS_SIDE = 4
@@ -54,7 +58,7 @@ def media_part(model: nn.Module) -> tuple[nn.Module, MediaLayout]:
     if model.config.model_type == "qwen2_audio":
         return Qwen2AudioPart(model).eval(), qwen2_audio_layout(model)
     kind = model.config.model_type
-    if kind == "qwen2_vl":
+    if kind in MROPE:
         grid = image_grid(model)
         return Qwen2VLVisionPart(model, grid).eval(), qwen2_vl_layout(model, grid)
     if kind == "gemma3":
@@ -98,7 +102,7 @@ def image_grid(model: nn.Module) -> tuple[int, int, int]:
 
 def positions(model: nn.Module) -> dict[str, Any] | None:
     """The manifest's ``positions``: how the runner computes Qwen2-VL's M-RoPE input (``mrope.py``)."""
-    if model.config.model_type != "qwen2_vl":
+    if model.config.model_type not in MROPE:
         return None
     merge = int(model.config.vision_config.spatial_merge_size)
     t, h, w = image_grid(model)
@@ -133,7 +137,7 @@ def media_inputs(
     kind = model.config.model_type
     if kind in IMAGES_AXIS:
         example = (example[0][None],)
-    if kind == "qwen2_vl":
+    if kind in MROPE:
         return {"pixel_values": example[0][0], "image_grid_thw": torch.tensor([image_grid(model)]),
                 "mm_token_type_ids": (prompt == media.token_id).int()}  # fmt: skip
     if kind in IMAGE_BLOCKS:  # what Gemma 3's processor gives with the pixels

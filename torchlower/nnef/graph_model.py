@@ -4,6 +4,7 @@ inspection) walk. Kept apart from the parser so a reader imports data, not gramm
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,3 +105,33 @@ def referenced_names(value: Any) -> list[str]:
     if isinstance(value, (list, tuple)):
         return [n for v in value for n in referenced_names(v)]
     return []
+
+
+def evaluate(dim: Any, env: Mapping[str, int]) -> int | None:
+    """The integer value of a size expression (``/`` floors, as tract's sizes do), None if a
+    symbol is unbound or the expression is not integer arithmetic."""
+    if isinstance(dim, bool):
+        return None
+    if isinstance(dim, int):
+        return dim
+    if isinstance(dim, (str, Ident)):
+        return env.get(str(dim))
+    if not isinstance(dim, Expr):
+        return None
+    values = [evaluate(a, env) for a in dim.args]
+    if any(v is None for v in values) or not values:
+        return None
+    if dim.op in ("min", "max"):
+        return (min if dim.op == "min" else max)(values)  # type: ignore[type-var]
+    if len(values) == 1:
+        return -values[0] if dim.op == "-" else values[0]  # type: ignore[operator]
+    a, b = values
+    assert a is not None and b is not None
+    table = {
+        "+": a + b,
+        "-": a - b,
+        "*": a * b,
+        "/": a // b if b else None,
+        "^": a**b if 0 <= b < 64 else None,
+    }
+    return table.get(dim.op)

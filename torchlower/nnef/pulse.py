@@ -27,6 +27,7 @@ import numpy as np
 
 from torchlower.errors import CheckError
 from torchlower.nnef.graph_model import Graph, Ident
+from torchlower.nnef.pulse_ffi import FastState
 from torchlower.nnef.session import Child, receive, send, short
 
 _STRIDE = re.compile(r"requires pulse \((\d+)\) to be a stride \((\d+)\) multiple")
@@ -149,7 +150,7 @@ def serve(folder: str, symbol: str, pulse: int) -> int:
     requests = os.fdopen(0, "rb")
     try:
         runnable, facts = _pulsed(folder, symbol, pulse)
-        state = runnable.spawn_state()
+        state = FastState(runnable.spawn_state())
     except Exception as exc:  # tract raises TractError; reported as text to the parent
         send(replies, {"error": short(exc)}, [])
         return 3
@@ -157,12 +158,12 @@ def serve(folder: str, symbol: str, pulse: int) -> int:
     while (message := receive(requests)) is not None:
         header, inputs = message
         if header.get("op") == "reset":
-            state = runnable.spawn_state()
+            state = FastState(runnable.spawn_state())
             send(replies, {"error": None}, [])
             continue
         try:
             start = time.perf_counter()
-            outputs = [t.to_numpy() for t in state.run(inputs)]
+            outputs = state.run(inputs)
             seconds = time.perf_counter() - start
         except Exception as exc:
             send(replies, {"error": short(exc)}, [])
@@ -236,20 +237,22 @@ class InProcessPulse:
             self.runnable, self.facts = _pulsed(str(folder), symbol, pulse)
         except Exception as exc:
             raise refusal(short(exc), pulse) from None
-        self.state: Any = self.runnable.spawn_state()
+        self.state: FastState | None = FastState(self.runnable.spawn_state())
         self.seconds: list[float] = []
 
     def push(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if self.state is None:
+            raise CheckError("this stream was closed; open it again")
         start = time.perf_counter()
         try:
-            outputs = [t.to_numpy() for t in self.state.run(list(inputs))]
+            outputs = self.state.run(inputs)
         except Exception as exc:
             raise CheckError(f"tract could not run the pulsed model: {short(exc)}") from None
         self.seconds.append(time.perf_counter() - start)
         return outputs
 
     def reset(self) -> None:
-        self.state = self.runnable.spawn_state()
+        self.state = FastState(self.runnable.spawn_state())
 
     def close(self) -> None:
         self.state = self.runnable = None

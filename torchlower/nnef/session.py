@@ -1,6 +1,6 @@
 """A loaded, optimized tract model that runs many times: ``torchlower.load(path).run(...)``.
 
-The model lives in a child process by default (``python -m torchlower.nnef.session FOLDER``),
+The model lives in a child process by default (``python -m torchlower.nnef.session --serve``),
 for two reasons the tract Python package imposes:
 
 - tract can abort the whole process on a Rust panic instead of raising; a user's process must
@@ -8,7 +8,8 @@ for two reasons the tract Python package imposes:
 - tract has no thread setting in its Python API: its pool reads ``RAYON_NUM_THREADS`` once,
   when it starts. A child gets its own environment, so ``threads=`` works per artifact.
 
-The child loads and optimizes (``into_runnable``) once, then answers run requests on its
+The child loads and optimizes (``into_runnable``) a plan once — the generic one, and one per
+size assignment the caller asks to specialize for — then answers run requests on its
 stdin/stdout. Arrays travel as raw bytes behind a one-line JSON header (dtype, shape), so a
 call costs one copy each way and no pickling. ``isolated=False`` runs tract in this process
 instead (lowest per-call cost, no abort protection, threads from the environment).
@@ -23,7 +24,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -103,24 +105,27 @@ def receive(stream: IO[bytes]) -> tuple[dict[str, Any], list[np.ndarray]] | None
 
 
 # ---- child side --------------------------------------------------------------------------
-def serve(folder: str, sizes: Mapping[str, int] | None = None) -> int:
-    """Load and optimize once, report the facts, then answer run requests until stdin closes."""
+def serve() -> int:
+    """Answer the parent's requests until stdin closes. ``{"load": folder, "plan": key, "sizes":
+    {...}, "drop": [keys]}`` drops plans the parent evicted, then loads and optimizes ``folder``
+    at ``sizes`` and replies its facts; ``{"plan": key}`` with arrays runs that plan."""
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a stray print in a library must not corrupt the protocol
     requests = os.fdopen(0, "rb")
-    try:
-        model = tract_model(folder, sizes)
-        known = facts(model)
-        runnable = model.into_runnable()
-    except Exception as exc:  # tract raises TractError; reported as text to the parent
-        send(replies, {"error": short(exc)}, [])
-        return 3
-    send(replies, {"error": None, **known}, [])
+    plans: dict[str, Any] = {}  # plan key -> runnable (the parent decides which are kept)
     while (message := receive(requests)) is not None:
-        _, inputs = message
+        header, inputs = message
         try:
-            outputs = [t.to_numpy() for t in runnable.run(inputs)]
-        except Exception as exc:
+            if "load" in header:
+                for key in header.get("drop", []):
+                    plans.pop(key, None)
+                model = tract_model(header["load"], header["sizes"])
+                known = facts(model)
+                plans[header["plan"]] = model.into_runnable()
+                send(replies, {"error": None, **known}, [])
+                continue
+            outputs = [t.to_numpy() for t in plans[header["plan"]].run(inputs)]
+        except Exception as exc:  # tract raises TractError; reported as text to the parent
             send(replies, {"error": short(exc)}, [])
             continue
         send(replies, {"error": None}, outputs)
@@ -202,19 +207,29 @@ class Child:
 
 
 # ---- parent side -------------------------------------------------------------------------
-class Session:
-    """An optimized tract model of one artifact folder; ``run`` is called many times.
+KEPT = 4  # plans optimized for one size assignment kept per session, besides the generic one
 
-    ``folder`` may be deleted once the constructor returns (tract has read it all). ``sizes``
-    fixes symbols before optimizing (see ``tract_model``): the session then runs only at them.
+
+def plan_key(sizes: Mapping[str, int] | None) -> str:
+    """``"B=1,h=10"`` for a plan optimized at those sizes, ``""`` for the generic plan."""
+    return ",".join(f"{k}={int(v)}" for k, v in sorted((sizes or {}).items()))
+
+
+class Session:
+    """The optimized tract plans of one archive; ``run`` is called many times.
+
+    The generic plan serves every size the archive declares. ``run(inputs, sizes)`` uses a plan
+    optimized at ``sizes`` instead: the graph text with the sizes written in (``concretize``),
+    else tract's ``SetSymbols`` before it optimizes. tract 0.23 lowers a convolution over
+    symbolic spatial sizes to im2col + matmul (up to 4x slower than the direct kernels it picks
+    at known sizes) and loads symbolic size arithmetic slowly. The last ``kept`` sized plans stay
+    loaded beside the generic one, in the one child. Plans load on first use from the checked
+    bytes of ``path``: the generic one from a folder removed at once, sized ones from a folder
+    kept until ``close`` (each new size loads again: tract's Python API cannot copy a model).
     """
 
     def __init__(
-        self,
-        folder: Path,
-        threads: int | None = None,
-        isolated: bool = True,
-        sizes: Mapping[str, int] | None = None,
+        self, path: Path, threads: int | None = None, isolated: bool = True, kept: int = KEPT
     ) -> None:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise InvalidArgumentError(f"threads must be a positive integer, got {threads!r}")
@@ -223,61 +238,108 @@ class Session:
                 "threads= needs isolated=True: tract's thread pool reads RAYON_NUM_THREADS once per"
                 " process; set that variable before the first run instead"
             )
-        self.folder, self.threads, self.isolated = folder, threads, isolated
-        self.sizes = dict(sizes or {})
-        self.lock = threading.Lock()
-        self.child: Child | None = None
-        self.runnable: Any = None
-        self.facts: dict[str, list[str]] = {}
-        self._start()
+        self.path, self.threads, self.isolated, self.kept = Path(path), threads, isolated, kept
+        self.lock = threading.RLock()  # a plan is loaded, then run, without another call between
+        self.plans: OrderedDict[str, dict[str, list[str]]] = OrderedDict()  # key -> facts, LRU last
+        self.runnables: dict[str, Any] = {}  # in this process (isolated=False)
+        self.folders = contextlib.ExitStack()  # the extracted archive sized plans load from
+        self.folder: Path | None = None
+        self.text = ""  # its graph.nnef as the archive holds it
+        self.child = Child("torchlower.nnef.session", ["--serve"], threads) if isolated else None
 
-    def _start(self) -> None:
+    def loaded(self, sizes: Mapping[str, int] | None = None) -> bool:
+        """Whether the plan at ``sizes`` (generic for None) is loaded already."""
+        return plan_key(sizes) in self.plans
+
+    def load(self, sizes: Mapping[str, int] | None = None) -> dict[str, list[str]]:
+        """tract's facts of the plan at ``sizes`` (the generic one for None), loading and
+        optimizing it on first use."""
+        key = plan_key(sizes)
+        with self.lock:
+            if key in self.plans:
+                self.plans.move_to_end(key)
+                return self.plans[key]
+            sized = [k for k in self.plans if k]
+            drop = sized[: max(0, len(sized) - self.kept + 1)] if key else []
+            for k in drop:
+                del self.plans[k]
+                self.runnables.pop(k, None)
+            with self._folder(key, sizes or {}) as (folder, symbols):
+                self.plans[key] = self._load(folder, key, symbols, drop)
+            return self.plans[key]
+
+    @contextlib.contextmanager
+    def _folder(self, key: str, sizes: Mapping[str, int]) -> Iterator[tuple[Path, dict[str, int]]]:
+        """The folder to load the plan at ``sizes`` from, and the sizes left for ``SetSymbols``:
+        none when the sizes could be written into the graph text (``concretize``)."""
+        from torchlower.nnef import reader
+        from torchlower.nnef.concretize import concretize
+
+        if self.folder is None and key:
+            self.folder = self.folders.enter_context(reader.extracted(self.path))
+            self.text = (self.folder / "graph.nnef").read_text(encoding="utf-8")
+        if self.folder is None:
+            with reader.extracted(self.path) as folder:  # tract reads exactly the bytes we validated
+                yield folder, {}
+            return
+        text = concretize(self.text, sizes)
+        (self.folder / "graph.nnef").write_text(text or self.text, encoding="utf-8")
+        yield self.folder, ({} if text is not None else dict(sizes))
+
+    def _load(self, folder: Path, key: str, sizes: dict[str, int], drop: list[str]) -> dict[str, list[str]]:
         if not self.isolated:
             try:
-                model = tract_model(str(self.folder), self.sizes)
-                self.facts = facts(model)
-                self.runnable = model.into_runnable()
+                model = tract_model(str(folder), sizes)
+                known = facts(model)
+                self.runnables[key] = model.into_runnable()
             except Exception as exc:
-                raise CheckError(f"tract could not load {self.folder}: {short(exc)}") from None
-            return
-        self.child = Child(
-            "torchlower.nnef.session", [str(self.folder), json.dumps(self.sizes)], self.threads
-        )
-        header, _ = self._exchange(None, "load")
-        self.facts = {"inputs": header["inputs"], "outputs": header["outputs"]}
+                raise CheckError(f"tract could not load {self.path}: {short(exc)}") from None
+            return known
+        header = {"load": str(folder), "plan": key, "sizes": sizes, "drop": drop}
+        reply, _ = self._exchange(header, [], "load")
+        return {"inputs": reply["inputs"], "outputs": reply["outputs"]}
 
-    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """tract's outputs on ``inputs`` (already checked against the declaration)."""
+    @property
+    def facts(self) -> dict[str, list[str]]:
+        """tract's facts of the generic plan (symbols kept), loading it if needed."""
+        return self.load(None)
+
+    def run(self, inputs: Sequence[np.ndarray], sizes: Mapping[str, int] | None = None) -> list[np.ndarray]:
+        """tract's outputs on ``inputs`` (already checked against the declaration; ``sizes`` are
+        the symbols they bind, for a plan optimized at them)."""
+        key = plan_key(sizes)
         with self.lock:
+            self.load(sizes)
             if not self.isolated:
                 try:
-                    return [t.to_numpy() for t in self.runnable.run(list(inputs))]
+                    return [t.to_numpy() for t in self.runnables[key].run(list(inputs))]
                 except Exception as exc:
                     raise CheckError(f"tract could not run the model: {short(exc)}") from None
-            if self.proc is None:
-                raise CheckError(
-                    "the tract process of this artifact stopped earlier; load the artifact again"
-                )
-            return self._exchange(inputs, "run")[1]
+            return self._exchange({"plan": key}, inputs, "run")[1]
 
     @property
     def proc(self) -> subprocess.Popen[bytes] | None:
         return self.child.proc if self.child is not None else None
 
-    def _exchange(self, inputs: Sequence[np.ndarray] | None, what: str) -> tuple[dict[str, Any], list[Any]]:
+    def _exchange(
+        self, header: dict[str, Any], inputs: Sequence[np.ndarray], what: str
+    ) -> tuple[dict[str, Any], list[Any]]:
         assert self.child is not None
-        reply = self.child.exchange({}, inputs, f"tract could not {what} {self.folder}")
+        if self.proc is None:
+            raise CheckError("the tract process of this artifact stopped earlier; load the artifact again")
+        reply = self.child.exchange(header, inputs, f"tract could not {what} {self.path}")
         if reply[0]["error"] is not None:
-            if what == "load":
-                self.close()
             raise CheckError(f"tract could not {what} the model: {reply[0]['error']}")
         return reply
 
     def close(self) -> None:
-        """Stop the child (or drop the in-process model); idempotent."""
-        self.runnable = None
+        """Stop the child (or drop the in-process plans) and remove the kept folder; idempotent."""
+        self.runnables.clear()
+        self.plans.clear()
         if self.child is not None:
             self.child.stop()
+        self.folders.close()
+        self.folder = None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to clean up with
@@ -318,4 +380,4 @@ def _print_facts(folder: str) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--facts"]:
         sys.exit(_print_facts(sys.argv[2]))
-    sys.exit(serve(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else None))
+    sys.exit(serve())

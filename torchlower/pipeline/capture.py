@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from torchlower.core import dynamic, progress
+from torchlower.core import dynamic, dynamic_probe, progress, size_floors
 from torchlower.core.values import MISSING, Value
 from torchlower.errors import (
     DynamicAxisError,
@@ -91,10 +92,12 @@ def lower(
         for i, (n, t) in enumerate(zip(names_in, example, strict=True))
     ]
     session = Session(builder, frontend)
+    find = partial(dynamic_probe.lowest_size, spec, lambda xs: module(*xs), example) if spec else _no_floor
     try:
-        outputs = _run_frontend(
-            frontend, builder, module, example, inputs, session, spec, allow_value_dependent
-        )
+        with size_floors.floors_in_force(find) as floors:
+            outputs = _run_frontend(
+                frontend, builder, module, example, inputs, session, spec, allow_value_dependent
+            )
     except (TorchlowerError, KeyboardInterrupt, MemoryError):
         raise
     except Exception as exc:  # a front end never lets a raw exception out: auto tries the next
@@ -110,6 +113,7 @@ def lower(
     builder.rules_used = sorted(session.used)
     if spec is not None:
         adopt_implied_bounds(builder, spec)
+        adopt_floors(builder, spec, floors)
     builder.assertions = spec.assertions() if spec is not None else []
     return builder
 
@@ -129,6 +133,27 @@ def adopt_implied_bounds(builder: NNEFBuilder, spec: dynamic.Spec) -> None:
             )
         spec.bounds[symbol] = (lo, bound)
         builder.notes.append(f"dynamic axis {spec.where([symbol])}: {symbol} <= {bound} adopted ({why})")
+
+
+def adopt_floors(builder: NNEFBuilder, spec: dynamic.Spec, floors: size_floors.Floors) -> None:
+    """Lower bounds a size decision of the lowering assumed (``core/size_floors``): PyTorch fails
+    below them, so the archive declares them (``T >= 400``), the check runs at the bound and the
+    report says which sizes are refused and why."""
+    for symbol, decided in sorted(floors.used.items()):
+        low = floors.known[symbol]
+        lo, hi = spec.bounds.get(symbol, (1, None))
+        if low is None or low <= lo:
+            continue
+        spec.bounds[symbol] = (low, hi)
+        spec.extra_checks.append({**spec.base, symbol: low})
+        builder.notes.append(
+            f"dynamic axis {spec.where([symbol])}: {symbol} >= {low} adopted (PyTorch fails at"
+            f" {symbol}={low - 1}; the graph's sizes need it: {decided} is decided from there)"
+        )
+
+
+def _no_floor(symbol: str) -> None:
+    return None
 
 
 def first_line_of(exc: BaseException) -> str:
