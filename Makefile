@@ -32,17 +32,19 @@ lint: $(STAMP)
 machine: $(STAMP)
 	-@bash .ci/machine.sh $(BIN)/python
 
+# --dist loadgroup: tests marked xdist_group(kind) share a worker, which exports each LLM kind once
+# (tests/archive_exports.py); unmarked tests are balanced as with --dist load
 test: $(STAMP) lint machine
-	TORCHLOWER_VERIFY_COVERAGE=1 $(BIN)/python -m pytest -n 2 --durations=25 tests
+	TORCHLOWER_VERIFY_COVERAGE=1 $(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25 tests
 
 # Re-record which test proves each rule in tract, then regenerate docs/operators.md from it.
 ops-doc: $(STAMP)
-	TORCHLOWER_RECORD_COVERAGE=1 $(BIN)/python -m pytest -n 2 -q -p no:warnings tests || true
+	TORCHLOWER_RECORD_COVERAGE=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:warnings tests || true
 	$(BIN)/python -c "from torchlower.rules import coverage; print(coverage.markdown(), end='')" > docs/operators.md
 
 # The same from a targeted run (TESTS=...): its proofs are added to the committed record.
 ops-doc-merge: $(STAMP)
-	TORCHLOWER_RECORD_COVERAGE=merge $(BIN)/python -m pytest -n 2 -q -p no:warnings $(TESTS)
+	TORCHLOWER_RECORD_COVERAGE=merge $(BIN)/python -m pytest -n 2 --dist loadgroup -q -p no:warnings $(TESTS)
 	$(BIN)/python -c "from torchlower.rules import coverage; print(coverage.markdown(), end='')" > docs/operators.md
 
 clean:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -82,3 +83,11 @@ def aborting_graph(folder: Path) -> Path:
         "    y = tract_core_einsum([x, x], expr = '...ij,...jk->...ik', acc = 'f32', output = '');\n}\n"
     )
     return bad
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One checked export per LLM kind for the session (``tests/archive_exports.py``)."""
+    from tests.archive_exports import Exports
+
+    return Exports(tmp_path_factory)

@@ -22,19 +22,17 @@ pytest.importorskip("transformers")
 from torchlower import llm
 from torchlower.errors import InvalidArgumentError
 
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    model = llm_models.build("llama")
-    path = tmp_path_factory.mktemp("llama") / "hf"
-    model.save_pretrained(path)
-    return path, model
+pytestmark = pytest.mark.xdist_group("llama")  # one worker exports it once (archive_exports)
 
 
 @pytest.fixture(scope="module")
-def exported(folder: tuple[Path, Any]) -> llm.ExportReport:
-    path = folder[0].parent / "llama.nnef.tgz"
-    return llm.export(folder[0], path, io_samples=True)
+def folder(exports: Any) -> tuple[Path, Any]:
+    return exports.folder("llama")
+
+
+@pytest.fixture(scope="module")
+def exported(exports: Any) -> llm.ExportReport:
+    return exports.exported("llama")
 
 
 def test_check_covers_prefill_past_and_decode(exported: llm.ExportReport) -> None:

@@ -23,20 +23,19 @@ from torchlower import llm
 from torchlower.llm.vlm import hf_decode
 from torchlower.llm.vlm_runner import MultimodalRunner, image_blocks
 
-
-@pytest.fixture(scope="module")
-def gemma3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    return vlm_models.gemma3_folder(tmp_path_factory.mktemp("gemma3") / "hf")
+pytestmark = pytest.mark.xdist_group("gemma3")  # one worker exports it once (archive_exports)
 
 
 @pytest.fixture(scope="module")
-def exported(gemma3: tuple[Path, Any]) -> tuple[Path, dict[str, Any]]:
-    """The folder exported by the CLI, as a user would (in process: a subprocess costs its imports)."""
-    from torchlower.cli.main import main
+def gemma3(exports: Any) -> tuple[Path, Any]:
+    return exports.folder("gemma3")
 
-    out = gemma3[0].parent / "gemma3_tract"
-    assert main(["llm", "export", str(gemma3[0]), "-o", str(out), "--json"]) == 0, "llm export failed"
-    return out, json.loads((out / "manifest.json").read_text())
+
+@pytest.fixture(scope="module")
+def exported(exports: Any) -> tuple[Path, dict[str, Any]]:
+    """The shared export (tests/archive_exports.py) and its manifest."""
+    path = exports.exported("gemma3").path
+    return path, json.loads((path / "manifest.json").read_text())
 
 
 def _media(ids: torch.Tensor, pixels: torch.Tensor | None) -> dict[str, torch.Tensor]:

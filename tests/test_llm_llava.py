@@ -16,24 +16,25 @@ import pytest
 import torch
 
 from tests import vlm_models
-from tests.test_cli import cli
 
 pytest.importorskip("transformers")
 import torchlower
 from torchlower import llm
-from torchlower.errors import ArtifactError, InvalidArgumentError
+from torchlower.errors import InvalidArgumentError
 from torchlower.llm.vlm import hf_decode
 from torchlower.llm.vlm_runner import MultimodalRunner
 
-
-@pytest.fixture(scope="module")
-def llava(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    return vlm_models.llava_folder(tmp_path_factory.mktemp("llava") / "hf")
+pytestmark = pytest.mark.xdist_group("llava")  # one worker exports it once (archive_exports)
 
 
 @pytest.fixture(scope="module")
-def exported(llava: tuple[Path, Any]) -> Any:
-    return llm.export(llava[0], llava[0].parent / "llava_tract")
+def llava(exports: Any) -> tuple[Path, Any]:
+    return exports.folder("llava")
+
+
+@pytest.fixture(scope="module")
+def exported(exports: Any) -> Any:
+    return exports.exported("llava")
 
 
 def _hf_generate(model: Any, ids: torch.Tensor, n: int, pixels: torch.Tensor | None) -> list[int]:
@@ -106,26 +107,6 @@ def test_f16_exports_and_generates(llava: tuple[Path, Any], tmp_path: Path) -> N
     want = _hf_generate(model, ids, 32, pixels)
     assert len(tokens) == 32 and tokens[:8] == want[:8]
     assert 0 < report.logit_error < 2.0
-
-
-def test_every_command_on_the_parts(exported: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    """``inspect``, ``check`` and ``run`` (the CLI's own entry point, in process: a subprocess
-    per command costs its imports) on each archive; the folder itself as a user would."""
-    from torchlower.cli.main import main
-
-    for part in ("embed", "vision", "decoder"):
-        path = exported.path / f"{part}.nnef.tgz"
-        for command in ("inspect", "check", "run"):
-            code = main([command, str(path), "--json"])
-            out = capsys.readouterr()
-            assert code == 0 and json.loads(out.out)["ok"], (command, part, out.err[-2000:])
-    summary = json.loads(cli("inspect", exported.path, "--json", "--no-shapes").stdout)
-    assert summary["format"] == "parts" and set(summary["parts"]) == {"embed", "vision", "decoder"}
-    assert summary["parts"]["decoder"]["bundled"]["properties"]["torchlower.llm.part"] == "decoder"
-    assert main(["check", str(exported.path)]) != 0
-    assert "a folder of 3 archives" in capsys.readouterr().err
-    with pytest.raises(ArtifactError, match=r"vision\.nnef\.tgz"):
-        torchlower.load(exported.path)
 
 
 def test_cli_export_and_unused_weights(

@@ -29,15 +29,17 @@ START = [1]  # decoder_start_token_id
 MIN_SAMPLES = 895  # one position after the three convolutions (kernels 127, 7, 3; strides 64, 3, 2)
 UTTERANCES = [(5, 7500), (6, 4000), (7, MIN_SAMPLES), (8, 16000)]  # (seed, samples)
 
-
-@pytest.fixture(scope="module")
-def moon(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    return speech_models.moonshine_folder(tmp_path_factory.mktemp("moon") / "hf")
+pytestmark = pytest.mark.xdist_group("moonshine")  # one worker exports it once (archive_exports)
 
 
 @pytest.fixture(scope="module")
-def exported(moon: tuple[Path, Any]) -> Any:
-    return llm.export(moon[0], moon[0].parent / "moon_tract")
+def moon(exports: Any) -> tuple[Path, Any]:
+    return exports.folder("moonshine")
+
+
+@pytest.fixture(scope="module")
+def exported(exports: Any) -> Any:
+    return exports.exported("moonshine")
 
 
 def _hf_generate(model: Any, audio: torch.Tensor, n: int) -> list[int]:

@@ -23,15 +23,17 @@ from torchlower.errors import InvalidArgumentError
 from torchlower.llm.vlm import hf_decode
 from torchlower.llm.vlm_runner import MultimodalRunner
 
-
-@pytest.fixture(scope="module")
-def qwen2_audio(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    return vlm_models.qwen2_audio_folder(tmp_path_factory.mktemp("qwen2_audio") / "hf")
+pytestmark = pytest.mark.xdist_group("qwen2_audio")  # one worker exports it once (archive_exports)
 
 
 @pytest.fixture(scope="module")
-def exported(qwen2_audio: tuple[Path, Any]) -> Any:
-    return llm.export(qwen2_audio[0], qwen2_audio[0].parent / "qwen2_audio_tract")
+def qwen2_audio(exports: Any) -> tuple[Path, Any]:
+    return exports.folder("qwen2_audio")
+
+
+@pytest.fixture(scope="module")
+def exported(exports: Any) -> Any:
+    return exports.exported("qwen2_audio")
 
 
 @pytest.mark.parametrize("real", [40, 29, 13])  # frames of audio in the 40-frame window

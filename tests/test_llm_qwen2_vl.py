@@ -22,15 +22,17 @@ from torchlower.llm.mrope import mrope_positions
 from torchlower.llm.vlm_families import image_grid
 from torchlower.llm.vlm_runner import MultimodalRunner
 
-
-@pytest.fixture(scope="module")
-def qwen2_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    return vlm_models.qwen2_vl_folder(tmp_path_factory.mktemp("qwen2_vl") / "hf")
+pytestmark = pytest.mark.xdist_group("qwen2_vl")  # one worker exports it once (archive_exports)
 
 
 @pytest.fixture(scope="module")
-def exported(qwen2_vl: tuple[Path, Any]) -> Any:
-    return llm.export(qwen2_vl[0], qwen2_vl[0].parent / "qwen2_vl_tract")
+def qwen2_vl(exports: Any) -> tuple[Path, Any]:
+    return exports.folder("qwen2_vl")
+
+
+@pytest.fixture(scope="module")
+def exported(exports: Any) -> Any:
+    return exports.exported("qwen2_vl")
 
 
 def _media(model: Any, ids: torch.Tensor, pixels: torch.Tensor | None, images: int) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests import speech_models
-from tests.test_cli import cli
+from tests.cli_inprocess import run_json
 
 pytest.importorskip("transformers")
 import torchlower
@@ -30,15 +30,17 @@ START = [2]  # decoder_start_token_id (Speech2Text's end of sentence)
 PAD = 1
 MAX_FRAMES = 120  # 4 * max_source_positions: two stride-2 convolutions
 
-
-@pytest.fixture(scope="module")
-def s2t(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    return speech_models.speech2text_folder(tmp_path_factory.mktemp("s2t") / "hf")
+pytestmark = pytest.mark.xdist_group("speech2text")  # one worker exports it once (archive_exports)
 
 
 @pytest.fixture(scope="module")
-def exported(s2t: tuple[Path, Any]) -> Any:
-    return llm.export(s2t[0], s2t[0].parent / "s2t_tract")
+def s2t(exports: Any) -> tuple[Path, Any]:
+    return exports.folder("speech2text")
+
+
+@pytest.fixture(scope="module")
+def exported(exports: Any) -> Any:
+    return exports.exported("speech2text")
 
 
 def _hf_generate(model: Any, features: torch.Tensor, n: int) -> list[int]:
@@ -142,24 +144,19 @@ def test_f16_and_q4_0_export_load_generate(
         assert torchlower.load(report.path / f"{part}.nnef.tgz").weights
 
 
-def test_cli_export_and_commands(s2t: tuple[Path, Any], exported: Any, tmp_path: Path) -> None:
-    out = tmp_path / "cli_tract"
-    proc = cli("llm", "export", s2t[0], "-o", out, "--json")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    data = json.loads(proc.stdout)
+def test_cli_export(s2t: tuple[Path, Any], tmp_path: Path) -> None:
+    """``torchlower llm export`` in process (every command on the parts: test_archive_kinds.py);
+    the text shows the encoder's dynamic frames."""
+    from rich.console import Console
+
+    from torchlower.cli.llm_cmd import render_seq2seq
+
+    data = run_json("llm", "export", s2t[0], "-o", tmp_path / "cli_tract")
     assert data["kind"] == "speech_seq2seq" and data["tokens"] == data["reference_tokens"]
     assert data["max_context"] == 64 and data["encoder_inputs"] == {"input_features": [1, "T", 8]}
-    assert "input_features [1, 1..120, 8]" in cli("llm", "export", s2t[0], "-o", tmp_path / "b").stdout
-    for part in ("encoder", "decoder"):
-        for command in ("inspect", "check", "run"):
-            proc = cli(command, exported.path / f"{part}.nnef.tgz", "--json")
-            assert proc.returncode == 0, (command, part, proc.stderr[-2000:])
-            assert json.loads(proc.stdout)["ok"]
-    summary = json.loads(cli("inspect", exported.path, "--json", "--no-shapes").stdout)
-    assert summary["format"] == "parts" and set(summary["parts"]) == {"encoder", "decoder"}
-    assert (
-        summary["parts"]["encoder"]["bundled"]["properties"]["torchlower.llm.model_type"] == "speech_to_text"
-    )
+    console = Console(record=True, width=110)
+    render_seq2seq(console, data)
+    assert "input_features [1, 1..120, 8]" in console.export_text()
 
 
 def test_end_of_sentence_stops_as_hf(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests import llm_models
-from tests.test_cli import cli_json
+from tests.cli_inprocess import run_json
 
 pytest.importorskip("transformers")
 from torchlower import llm
@@ -32,7 +32,7 @@ def mamba() -> torch.nn.Module:
 
 def test_mamba_folder_tokens_equal_hf(mamba: torch.nn.Module, tmp_path: Path) -> None:
     mamba.save_pretrained(tmp_path / "mamba")
-    data = cli_json("llm", "export", tmp_path / "mamba", "-o", tmp_path / "m.nnef.tgz")
+    data = run_json("llm", "export", tmp_path / "mamba", "-o", tmp_path / "m.nnef.tgz")
     assert data["states"] == [f"in_{k}_state_{i}" for i in range(2) for k in ("conv", "ssm")]
     assert data["logit_error_vs_original"] < 1e-4
     labels = {e["name"].split(" (")[1] for e in data["outputs_checked"]}
@@ -66,11 +66,12 @@ def test_mamba_f16_and_q4_0(mamba: torch.nn.Module, tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def mamba2(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Any]:
-    model = llm_models.build_ssm("mamba2")
-    return model, llm.export(model, tmp_path_factory.mktemp("mamba2") / "m2.nnef.tgz")
+def mamba2(exports: Any) -> tuple[torch.nn.Module, Any]:
+    """The session's export (tests/archive_exports.py), shared with test_archive_kinds."""
+    return exports.folder("mamba2")[1], exports.exported("mamba2")
 
 
+@pytest.mark.xdist_group("mamba2")
 def test_mamba2_tokens_equal_hf(mamba2: tuple[torch.nn.Module, Any]) -> None:
     """HF's reference prefill is its chunked scan (chunks of 4: the 6- and 9-token prefills cross
     them), its decode the one-step update; the graph's one recurrence equals both."""
@@ -83,6 +84,7 @@ def test_mamba2_tokens_equal_hf(mamba2: tuple[torch.nn.Module, Any]) -> None:
     assert llm.generate(report.path, PROMPT, 32, prefill_chunk=2) == want
 
 
+@pytest.mark.xdist_group("mamba2")
 def test_mamba2_chunked_prefill_equals_one_call(mamba2: tuple[torch.nn.Module, Any]) -> None:
     """A 9-token prompt fed in calls of 4, 4 and 1 tokens (states carried) gives the logits and
     states of one 9-token call, and of HF's prefill."""
@@ -99,11 +101,11 @@ def test_mamba2_chunked_prefill_equals_one_call(mamba2: tuple[torch.nn.Module, A
         pieces.prefill(prompt, chunk=0)
 
 
-def test_bamba_hybrid_kv_state_and_explicit_ssm_states(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("bamba")
+def test_bamba_hybrid_kv_state_and_explicit_ssm_states(exports: Any) -> None:
     """Layer 0 Mamba2 (conv + SSM states), layer 1 attention (KV cache): one archive, and tract's
     detect_kv_cache turns the attention cache into state while the SSM states stay explicit."""
-    model = llm_models.build_ssm("bamba")
-    report = llm.export(model, tmp_path / "b.nnef.tgz")
+    model, report = exports.folder("bamba")[1], exports.exported("bamba")
     assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
     assert report.states == ["in_conv_state_0", "in_ssm_state_0"]
     assert report.max_context == 128 and report.properties["torchlower.llm.max_context"] == 128
@@ -120,14 +122,15 @@ def test_bamba_hybrid_kv_state_and_explicit_ssm_states(tmp_path: Path) -> None:
     [
         # gated delta net + gated attention + MoE: HF's chunked delta rule at prefill and its
         # recurrent step at decode equal the graph's one ``torchlower::delta_scan``
-        ("qwen3_next", ["1,64,4,f32", "1,4,8,8,f32"]),
+        pytest.param(
+            "qwen3_next", ["1,64,4,f32", "1,4,8,8,f32"], marks=pytest.mark.xdist_group("qwen3_next")
+        ),
         # Mamba layers with dt/B/C norms + attention + MoE
-        ("jamba", ["1,64,4,f32", "1,64,8,f32"]),
+        pytest.param("jamba", ["1,64,4,f32", "1,64,8,f32"], marks=pytest.mark.xdist_group("jamba")),
     ],
 )
-def test_more_hybrids(name: str, facts: list[str], tmp_path: Path) -> None:
-    model = llm_models.build_ssm(name)
-    report = llm.export(model, tmp_path / "n.nnef.tgz")
+def test_more_hybrids(name: str, facts: list[str], exports: Any) -> None:
+    model, report = exports.folder(name)[1], exports.exported(name)
     assert all(e.ok for e in report.errors) and report.logit_error < 1e-4
     assert report.states == ["in_conv_state_0", "in_ssm_state_0"]
     assert Decoder(report.path).fed_facts == facts  # the KV cache is tract state

@@ -17,25 +17,26 @@ import pytest
 import torch
 
 from tests import speech_models
-from tests.test_cli import cli
+from tests.cli_inprocess import run, run_json
 
 pytest.importorskip("transformers")
 import torchlower
 from torchlower import llm
-from torchlower.errors import ArtifactError
 from torchlower.llm.seq2seq_runner import Seq2SeqRunner
 
 START = [1]  # decoder_start_token_id of the tiny config
 
-
-@pytest.fixture(scope="module")
-def whisper(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    return speech_models.whisper_folder(tmp_path_factory.mktemp("whisper") / "hf")
+pytestmark = pytest.mark.xdist_group("whisper")  # one worker exports it once (archive_exports)
 
 
 @pytest.fixture(scope="module")
-def exported(whisper: tuple[Path, Any]) -> Any:
-    return llm.export(whisper[0], whisper[0].parent / "whisper_tract")
+def whisper(exports: Any) -> tuple[Path, Any]:
+    return exports.folder("whisper")
+
+
+@pytest.fixture(scope="module")
+def exported(exports: Any) -> Any:
+    return exports.exported("whisper")
 
 
 def _hf_generate(model: Any, features: torch.Tensor, n: int) -> list[int]:
@@ -128,36 +129,13 @@ def test_f16_and_q4_0_export_load_generate(
         assert torchlower.load(report.path / f"{part}.nnef.tgz").weights
 
 
-def test_every_command_on_the_parts(exported: Any, tmp_path: Path) -> None:
-    for part in ("encoder", "decoder"):
-        path = exported.path / f"{part}.nnef.tgz"
-        for command in ("inspect", "check", "run"):
-            proc = cli(command, path, "--json")
-            assert proc.returncode == 0, (command, part, proc.stderr[-2000:])
-            assert json.loads(proc.stdout)["ok"]
-    summary = json.loads(cli("inspect", exported.path, "--json", "--no-shapes").stdout)
-    assert summary["format"] == "parts" and set(summary["parts"]) == {"encoder", "decoder"}
-    assert summary["parts"]["decoder"]["bundled"]["properties"]["torchlower.llm.max_context"] == 64
-    for command in ("check", "run"):
-        proc = cli(command, exported.path)
-        assert (
-            proc.returncode != 0
-            and "a folder of 2 archives" in proc.stderr
-            and "decoder.nnef.tgz" in proc.stderr
-        )
-    with pytest.raises(ArtifactError, match=r"encoder\.nnef\.tgz"):
-        torchlower.load(exported.path)
-
-
 def test_cli_export(whisper: tuple[Path, Any], tmp_path: Path) -> None:
-    out = tmp_path / "cli_tract"
-    proc = cli("llm", "export", whisper[0], "-o", out, "--json")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    data = json.loads(proc.stdout)
+    """In process (every command on the parts: test_archive_kinds.py)."""
+    data = run_json("llm", "export", whisper[0], "-o", tmp_path / "cli_tract")
     assert data["kind"] == "speech_seq2seq" and data["tokens"] == data["reference_tokens"]
     assert data["parts"]["decoder"]["checked"] and data["max_context"] == 64
-    proc = cli("llm", "export", whisper[0], "-o", tmp_path / "w.nnef.tgz")
-    assert proc.returncode != 0 and "folder" in proc.stderr
+    refused = run("llm", "export", whisper[0], "-o", tmp_path / "w.nnef.tgz")
+    assert refused.returncode == 2 and "folder" in refused.stderr
 
 
 def test_generate_applies_the_generation_config_as_hf(tmp_path: Path) -> None:

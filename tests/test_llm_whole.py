@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests import llm_models, speech_models
-from tests.test_cli import cli
+from tests.cli_inprocess import run
 
 pytest.importorskip("transformers")
 from torchlower import llm
@@ -60,7 +60,7 @@ def test_encoder_decoder_folder_refused_naming_class_and_unused_weights(
     message = str(e)
     assert str(bart[0]) in message and "model.encoder.layers.0.fc1" in message and "--part decoder" in message
     assert not out.exists()
-    proc = cli("llm", "export", bart[0], "-o", out)
+    proc = run("llm", "export", bart[0], "-o", out)  # the CLI's entry point, in process
     assert proc.returncode != 0 and "BartForConditionalGeneration" in proc.stderr
     assert "--part decoder" in proc.stderr and not out.exists()
 

@@ -41,8 +41,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
-    import torchlower
-
     target = Path(args.archive)
     if not target.exists():
         raise usage_error(f"artifact {args.archive!r} does not exist")
@@ -50,6 +48,29 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return lattice_cmd.check(args, out)
     if args.stream:
         return stream_cmd.check(args, out)
+    from torchlower.artifact import bundled
+
+    parts = bundled.parts_of(target)
+    if parts is not None:  # a multi-archive LLM export: every part, each against its own samples
+        if args.inputs or args.expected or args.model or args.save_outputs:
+            raise usage_error(
+                f"{target} is a folder of {len(parts)} archives: --inputs, --expected, --model and"
+                " --save-outputs apply to one graph",
+                f"give one of them, e.g. `torchlower check {next(iter(parts.values()))} --inputs IN.npz`.",
+            )
+        checked = {name: _check_one(part, args, out) for name, part in parts.items()}
+        data = {"ok": True, "path": str(target), "format": "parts", "parts": checked}
+        out.emit(data, lambda console: render_parts(console, data))
+        return 0
+    data = _check_one(target, args, out)
+    out.emit(data, lambda console: render(console, data))
+    return 0
+
+
+def _check_one(target: Path, args: argparse.Namespace, out: Output) -> dict[str, Any]:
+    """``torchlower.check`` of one graph with the command's options, as the JSON the CLI prints."""
+    import torchlower
+
     inputs = specs.read_npz(args.inputs, "--inputs") if args.inputs else None
     expected = specs.read_npz(args.expected, "--expected") if args.expected else None
     if (args.weights or args.trust) and not args.model:
@@ -69,7 +90,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     names = _output_names(target, len(result.outputs))
     if args.save_outputs:
         np.savez(args.save_outputs, **dict(zip(names, result.outputs, strict=True)))
-    data = {
+    return {
         "ok": True,
         "path": str(target),
         "inputs": [
@@ -85,8 +106,6 @@ def run(args: argparse.Namespace, out: Output) -> int:
         "errors": [output_error(e) for e in result.errors],
         "original_errors": [quality_error(e) for e in getattr(result, "original_errors", [])],
     }
-    out.emit(data, lambda console: render(console, data))
-    return 0
 
 
 def _reference(model: Any, expected: Any, result: Any) -> str | None:
@@ -121,6 +140,12 @@ def _input_names(target: Path, arrays: list[Any]) -> list[str]:
 def _array_json(name: str, a: Any) -> dict[str, Any]:
     a = np.asarray(a)
     return {"name": name, "shape": list(a.shape), "dtype": str(a.dtype)}
+
+
+def render_parts(console: Console, data: dict[str, Any]) -> None:
+    console.print(f"{data['path']}: {len(data['parts'])} archives, each checked")
+    for part in data["parts"].values():
+        render(console, part)
 
 
 def render(console: Console, data: dict[str, Any]) -> None:

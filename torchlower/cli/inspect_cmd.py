@@ -111,7 +111,7 @@ def _print_graph(target: Path, out: Output) -> int:
 
 def render(console: Console, data: dict[str, Any]) -> None:
     if data.get("format") == "parts":  # a folder of archives (an encoder-decoder export)
-        console.print(f"{data['path']}: {len(data['parts'])} archives ({data['manifest'].get('format')})")
+        _render_manifest(console, data)
         for part in data["parts"].values():
             render(console, part)
         return
@@ -161,6 +161,39 @@ def render(console: Console, data: dict[str, Any]) -> None:
             f"{p['path']} ({p['nodes']} nodes, {p['edges']} edges, {p['clusters']} clusters;"
             f" drawn by {p['renderer']})",
         )
+    console.print(t)
+
+
+_MANIFEST_KEYS = ("model_type", "architecture", "max_context", "vocab_size", "hidden_size", "precision",
+                  "compress", "decoder_start_token_id", "eos_token_id")  # fmt: skip
+
+
+def _render_manifest(console: Console, data: dict[str, Any]) -> None:
+    """How the archives of a multi-graph export connect: the manifest's identity, each part's
+    inputs, the media placeholder and the encoder's frames."""
+    manifest = data["manifest"]
+    t = Table(
+        title=f"{data['path']}: {len(data['parts'])} archives ({manifest.get('format')})",
+        show_header=False, title_justify="left",
+    )  # fmt: skip
+    t.add_column("item", style="bold")
+    t.add_column("value")
+    for key in _MANIFEST_KEYS:
+        if manifest.get(key) is not None:
+            t.add_row(f"manifest {key}", str(manifest[key]))
+    for name in data["parts"]:
+        entry = manifest.get(name, {})
+        t.add_row(f"part {name}", f"{entry.get('archive')}; inputs {entry.get('inputs')}")
+    media = manifest.get("media")
+    if media:
+        t.add_row("media", f"{media.get('input')} → {media.get('tokens_per_item')} rows per item at token"
+                  f" {media.get('token_id')} ({media.get('part')})")  # fmt: skip
+    frames = (manifest.get("encoder") or {}).get("frames")
+    if frames:
+        t.add_row("encoder frames", f"axis {frames['axis']}: {frames['min']}..{frames['max']}")
+    for key in ("positions", "attention"):
+        if manifest.get(key):
+            t.add_row(key, str(manifest[key].get("kind")))
     console.print(t)
 
 

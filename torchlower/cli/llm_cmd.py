@@ -10,12 +10,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from torchlower.cli import llm_generate_cmd
 from torchlower.cli.console import Output, show_progress
 from torchlower.cli.failures import output_error, short
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    llm = sub.add_parser("llm", help="language models: export a Hugging Face causal LM with KV cache")
+    llm = sub.add_parser(
+        "llm", help="language models: export a Hugging Face causal LM with KV cache; generate in tract"
+    )
     verbs = llm.add_subparsers(dest="llm_command", metavar="VERB", parser_class=type(sub._parser_class()))
     p = verbs.add_parser(
         "export",
@@ -69,6 +72,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--merge-lora", action="store_true", help="with --lora: merge W + scale·B@A into the weights"
     )
     p.set_defaults(run=run)
+    llm_generate_cmd.add_parser(verbs, common)
     llm.set_defaults(run=None)
 
 

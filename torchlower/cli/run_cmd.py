@@ -53,6 +53,16 @@ def run(args: argparse.Namespace, out: Output) -> int:
         raise usage_error(f"artifact {args.archive!r} does not exist")
     if args.time < 0:
         raise usage_error("--time must be >= 0")
+    from torchlower.artifact import bundled
+
+    parts = bundled.parts_of(target)
+    if parts is not None:
+        listing = ", ".join(str(p) for p in parts.values())
+        raise usage_error(
+            f"{target} is a folder of {len(parts)} archives ({listing}): `run` takes one graph",
+            f"run one part (`torchlower run {next(iter(parts.values()))}`), or the whole model with"
+            f" `torchlower llm generate {target} --ids ...`.",
+        )
     if args.stream:
         if args.time:
             raise usage_error("--time times whole runs; --stream reports the time per chunk")

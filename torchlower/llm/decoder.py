@@ -14,6 +14,7 @@ import numpy as np
 
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm.context import ContextLengthError
+from torchlower.llm.manifest import tract_load
 from torchlower.llm.wrapper import KEEP_INPUT
 
 KV_MODES = ("auto", "state", "explicit")
@@ -31,7 +32,7 @@ class Decoder:
         if not path.exists():
             raise InvalidArgumentError(f"{path}: no such artifact")
         nnef = tract.nnef().with_tract_extra().with_tract_transformers()
-        model = nnef.load(str(path))
+        model = tract_load(nnef, path)
         self.n_inputs = model.input_count()
         self.feed = model.input_name(0)  # inputs_embeds: a multimodal LM's decoder (vlm_runner.py)
         if self.n_inputs < 3 or self.feed not in ("input_ids", "inputs_embeds"):
@@ -49,7 +50,7 @@ class Decoder:
         self.shapes = [_empty_shape(f) for f in self.cache_facts]
         self.mode = kv
         if kv in ("auto", "state"):
-            stateful = nnef.load(str(path))
+            stateful = tract_load(nnef, path)
             stateful.transform("detect_kv_cache")
             left = [str(stateful.input_fact(i)) for i in self._cache_inputs(stateful)]
             # what stays an input are fixed-size states (state-space layers), passed explicitly

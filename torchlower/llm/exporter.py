@@ -148,21 +148,21 @@ def export(
     adapter = lora_mod.from_option(source, lora, merge_lora)
     speech = open_speech_seq2seq(source) if part is None else None
     if speech is not None:  # an encoder-decoder: a folder of two archives (seq2seq.py)
-        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts, lora)
+        _refuse_causal_options(embeddings, lm_head, logits, f32_parts, lora)
         from torchlower.llm import seq2seq
 
         return seq2seq.export(
             speech[0], speech[1], path, precision=precision, compress=compress, max_context=max_context,
-            check=check,
+            check=check, io_samples=io_samples,
         )  # fmt: skip
     multimodal = open_named(source, vlm_families.ARCHITECTURES, mapped=True) if part is None else None
     if multimodal is not None:  # a vision/audio LM: a folder of three archives (vlm.py)
-        _refuse_causal_options(embeddings, lm_head, logits, io_samples, f32_parts, lora, "a multimodal LM")
+        _refuse_causal_options(embeddings, lm_head, logits, f32_parts, lora, "a multimodal LM")
         from torchlower.llm import vlm
 
         return vlm.export(
             multimodal[0], multimodal[1], path, precision=precision, compress=compress,
-            max_context=max_context, check=check, mapping=multimodal[2],
+            max_context=max_context, check=check, io_samples=io_samples, mapping=multimodal[2],
         )  # fmt: skip
     storage = table_storage(compress, embeddings, lm_head)
     parts = _f32_parts(precision, f32_parts)
@@ -411,13 +411,12 @@ def _validate_options(
 
 
 def _refuse_causal_options(
-    embeddings: str | None, lm_head: str | None, logits: str, io_samples: bool, f32_parts: Any,
-    lora: Any = None,
+    embeddings: str | None, lm_head: str | None, logits: str, f32_parts: Any, lora: Any = None,
     kind: str = "a speech encoder-decoder (Whisper, Speech2Text, Moonshine)",
 ) -> None:  # fmt: skip
     """Options of the causal-LM export a multi-archive export does not honour yet."""
     given = {"embeddings": embeddings, "lm_head": lm_head, "f32_parts": f32_parts, "lora": lora}
-    given |= {"logits": logits if logits != "last" else None, "io_samples": io_samples or None}
+    given |= {"logits": logits if logits != "last" else None}
     used = [k for k, v in given.items() if v is not None]
     if used:
         raise InvalidArgumentError(

@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.func import functional_call
 
+from torchlower.core import model_io
 from torchlower.core import tolerance as tolerances
 from torchlower.errors import CheckError, InvalidArgumentError
 from torchlower.llm import bundle
@@ -23,6 +25,7 @@ from torchlower.pipeline import capture, optimize, reference, report, request, w
 from torchlower.pipeline import check as checks
 
 F16_TOLERANCE = 3e-2  # of the output scale (llm.exporter.F16_TOLERANCE)
+SAMPLE = "io/example.npz"  # a part's bundled sample (``io_samples``)
 
 
 def export_part(
@@ -30,11 +33,14 @@ def export_part(
     names_out: list[str], axes: dict[str, Any] | None, precision: str, compress: str | None,
     check: bool, extensions: list[str], props: dict[str, Any], files: dict[str, bytes],
     frontend: str = "export", rewrite: Callable[[Any], object] | None = None,
-    keep_float: frozenset[str] = frozenset(), mapping: Any = None,
+    keep_float: frozenset[str] = frozenset(), io_samples: bool = False,
+    mapping: Any = None,
 ) -> tuple[report.ExportReport, dict[str, torch.Tensor] | None]:  # fmt: skip
     """``torchlower.export``'s stages, with the graph's bounds, properties and bundled files;
     ``rewrite(builder)`` runs after the pipeline's passes (e.g. ``precision.keep_f32``);
-    ``keep_float``: parameters q4_0 leaves float (a token table).
+    ``keep_float``: parameters q4_0 leaves float (a token table); ``io_samples`` bundles the
+    example and the part's outputs on it as ``io/example.npz`` (what ``torchlower check`` of
+    the part alone compares with).
 
     Unchecked, the part never runs in PyTorch (the parts' dynamic axes are token and cache
     lengths, which need no probe of multiples; the outputs' shapes come from the graph). With ``mapping``
@@ -63,6 +69,8 @@ def export_part(
         rewrite(builder)
     weights = builder.live_weights()
     builder.example_sizes = req.example_sizes
+    if io_samples:
+        files = files | {SAMPLE: _sample(ref.module, req.example, names_in, names_out, dequantized)}
     graph = bundle.with_header(builder.graph_text(), extensions, bundle.properties_fragment(props))
     release = None
     if mapping is not None:
@@ -83,6 +91,19 @@ def export_part(
             report.record_check(result, outcome)
     result.path = req.target
     return result, dequantized
+
+
+def _sample(
+    module: nn.Module, example: tuple[torch.Tensor, ...], names_in: list[str], names_out: list[str],
+    dequantized: dict[str, torch.Tensor] | None,
+) -> bytes:  # fmt: skip
+    """The example and the part's outputs on it (a compressed part: its dequantized weights, the
+    values tract should reproduce), under the graph's names."""
+    with torch.no_grad():
+        returned = module(*example) if dequantized is None else functional_call(module, dequantized, example)
+    outputs = model_io.flatten_outputs(returned)
+    arrays = dict(zip(names_in, (t.numpy() for t in example), strict=True))
+    return bundle.npz(arrays | dict(zip(names_out, (t.detach().numpy() for t in outputs), strict=True)))
 
 
 def folder_target(path: str | os.PathLike[str], what: str) -> Path:

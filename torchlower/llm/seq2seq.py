@@ -88,8 +88,10 @@ def export(
     compress: str | None = None,
     max_context: int | None = None,
     check: bool = True,
+    io_samples: bool = False,
 ) -> Seq2SeqReport:
-    """Write ``path`` (a folder) with the encoder and decoder archives and their manifest."""
+    """Write ``path`` (a folder) with the encoder and decoder archives and their manifest;
+    ``io_samples`` bundles each part's example and outputs (``io/example.npz``)."""
     started = time.perf_counter()
     target = folder_target(path, "a speech encoder-decoder")
     model = model.eval()
@@ -113,13 +115,14 @@ def export(
                 encoder, (_features(layout),), folder / ENCODER, [layout.input_name],
                 layout.encoder_outputs(), _encoder_axes(layout), precision, compress, check, [],
                 props | {"torchlower.llm.part": "encoder"}, {}, "jit" if layout.dynamic else "export",
+                io_samples=io_samples,
             )  # fmt: skip
         with progress.stage("decoder"):
             dec, dec_weights = export_part(
                 decoder, _decoder_example(layout), folder / DECODER,
                 layout.decoder_inputs(), layout.decoder_outputs(), _decoder_axes(layout, context), precision,
                 compress, check, _bounds(context), props | {"torchlower.llm.part": "decoder"}, files,
-                keep_float=table_names(decoder, model),
+                keep_float=table_names(decoder, model), io_samples=io_samples,
             )  # fmt: skip
         (folder / MANIFEST).write_text(
             json.dumps(_manifest(model, layout, context, precision, compress), indent=1)

@@ -14,10 +14,12 @@ import numpy as np
 
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm.context import ContextLengthError
+from torchlower.llm.manifest import part_path, tract_load
 from torchlower.llm.manifest import read_manifest as read_format_manifest
 
 MANIFEST = "manifest.json"
 FORMAT = "torchlower.speech_seq2seq"
+ENCODER_DECODER = ("encoder", "decoder")
 
 
 def is_seq2seq(path: Path) -> bool:
@@ -37,18 +39,20 @@ class Seq2SeqRunner:
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
         nnef = tract.nnef().with_tract_extra().with_tract_transformers()
-        self.encoder = nnef.load(str(self.folder / self.manifest["encoder"]["archive"])).into_runnable()
-        decoder_path = str(self.folder / self.manifest["decoder"]["archive"])
+        encoder_path, decoder_path = (
+            part_path(self.folder, self.manifest, p) for p in ("encoder", "decoder")
+        )
+        self.encoder = tract_load(nnef, encoder_path).into_runnable()
         self.n_cache = (
             len(self.manifest["decoder"]["inputs"]) - 1 - len(self.manifest["decoder"]["cross_inputs"])
         )
         self.max_context = int(self.manifest["max_context"])
         self.vocab = int(self.manifest["vocab_size"])
-        model = nnef.load(decoder_path)
+        model = tract_load(nnef, decoder_path)
         self.cache_facts = [str(model.input_fact(i)) for i in range(1, 1 + self.n_cache)]
         self.mode = "explicit"
         if kv in ("auto", "state"):
-            stateful = nnef.load(decoder_path)
+            stateful = tract_load(nnef, decoder_path)
             stateful.transform("detect_kv_cache")
             if stateful.input_count() == model.input_count() - self.n_cache:
                 model, self.mode = stateful, "state"

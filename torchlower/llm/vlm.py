@@ -104,10 +104,12 @@ def export(
     compress: str | None = None,
     max_context: int | None = None,
     check: bool = True,
+    io_samples: bool = False,
     mapping: Any = None,
 ) -> MultimodalReport:
     """Write ``path`` (a folder) with the embedding, media encoder and decoder archives and
-    their manifest; ``mapping``: the ``stream.Mapping`` the weights view (``part_export``)."""
+    their manifest; ``io_samples`` bundles each part's example and outputs (``io/example.npz``);
+    ``mapping``: the ``stream.Mapping`` the weights view (``part_export``)."""
     started = time.perf_counter()
     target = folder_target(path, "a multimodal LM")
     model = model.eval()
@@ -124,17 +126,17 @@ def export(
             emb, emb_weights = export_part(
                 embed_part, (ids,), folder / EMBED, ["input_ids"], ["inputs_embeds"],
                 {"input_ids": {1: ("S", 1, context)}}, *common, [], props | {_PART: "embed"}, {},
-                mapping=mapping,
+                io_samples=io_samples, mapping=mapping,
             )  # fmt: skip
         with progress.stage(media.part):
             enc, enc_weights = export_part(
                 encoder, media_example(media, 0), folder / f"{media.part}.nnef.tgz", media.input_names,
                 media.output_names, None, *common, [], props | {_PART: media.part}, {}, media.frontend,
-                mapping=mapping,
+                io_samples=io_samples, mapping=mapping,
             )  # fmt: skip
         with progress.stage("decoder"):
             decoder, (dec, dec_weights) = _export_decoder(
-                model, layout, folder, context, common, props, files, mapping
+                model, layout, folder, context, common, props, files, io_samples, mapping
             )
         manifest = _manifest(model, layout, media, context, precision, compress, files)
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -159,7 +161,7 @@ def export(
 
 def _export_decoder(
     model: nn.Module, layout: CacheLayout, folder: Path, context: int, common: tuple[Any, ...],
-    props: dict[str, Any], files: dict[str, bytes], mapping: Any,
+    props: dict[str, Any], files: dict[str, bytes], io_samples: bool, mapping: Any,
 ) -> tuple[nn.Module, tuple[report.ExportReport, dict[str, torch.Tensor] | None]]:  # fmt: skip
     """The decoder fed embeddings (and Qwen2-VL's positions or Gemma 3's image blocks) with the
     KV cache, and its export."""
@@ -181,7 +183,7 @@ def _export_decoder(
         return decoder, export_part(
             decoder, _decoder_example(layout, hidden, feeds), folder / DECODER, names_in,
             layout.output_names(), axes, *common, _bounds(context), props | {_PART: "decoder"}, files,
-            rewrite=_f32_parts(decoder, common[0]), mapping=mapping,
+            rewrite=_f32_parts(decoder, common[0]), io_samples=io_samples, mapping=mapping,
         )  # fmt: skip
 
 

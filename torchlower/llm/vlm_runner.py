@@ -17,6 +17,7 @@ import numpy as np
 
 from torchlower.errors import InvalidArgumentError
 from torchlower.llm.decoder import Decoder
+from torchlower.llm.manifest import part_path, tract_load
 from torchlower.llm.manifest import read_manifest as read_format_manifest
 from torchlower.llm.mrope import mrope_positions, text_positions
 from torchlower.llm.vlm_parts import scatter_media
@@ -55,12 +56,13 @@ class MultimodalRunner:
         self.media = self.manifest["media"]
         nnef = tract.nnef().with_tract_extra().with_tract_transformers()
 
-        def load(part: str) -> Any:
-            return nnef.load(str(self.folder / self.manifest[part]["archive"])).into_runnable()
-
-        self.embed = load("embed")
-        self.encoder = load(self.media["part"])
-        self.decoder = Decoder(self.folder / self.manifest["decoder"]["archive"], kv=kv)
+        # every archive named before tract loads any: a missing one fails at once, naming it
+        embed, encoder, decoder = (
+            part_path(self.folder, self.manifest, p) for p in ("embed", self.media["part"], "decoder")
+        )
+        self.embed = tract_load(nnef, embed).into_runnable()
+        self.encoder = tract_load(nnef, encoder).into_runnable()
+        self.decoder = Decoder(decoder, kv=kv)
         self.vocab = int(self.manifest["vocab_size"])
         self.positions = self.manifest.get("positions")  # Qwen2-VL's M-RoPE: fed by the runner
         self.next_position = 0
