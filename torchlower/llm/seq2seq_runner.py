@@ -46,7 +46,8 @@ class Seq2SeqRunner:
         self.encoder = tract_load(nnef, encoder_path).into_runnable()
         self.frontend = None  # ``export(frontend=True)``: raw samples → input_features
         if "frontend" in self.manifest:
-            self.frontend = tract_load(nnef, part_path(self.folder, self.manifest, "frontend")).into_runnable()
+            frontend_path = part_path(self.folder, self.manifest, "frontend")
+            self.frontend = tract_load(nnef, frontend_path).into_runnable()
         self.n_cache = (
             len(self.manifest["decoder"]["inputs"]) - 1 - len(self.manifest["decoder"]["cross_inputs"])
         )
