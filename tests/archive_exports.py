@@ -4,7 +4,7 @@ Exports cost seconds each (tracing, Hugging Face and tract runs); the per-model 
 and the every-command matrix (``test_archive_kinds.py``) read the same folder and archive. Each
 kind's tests carry ``pytest.mark.xdist_group(kind)`` so ``--dist loadgroup`` runs them on one
 worker, which then exports once. Every export bundles its samples (``io_samples=True``), which
-``torchlower check`` compares with.
+``torchlower check`` compares with; Whisper's bundles its front end (``frontend=True``).
 """
 
 from __future__ import annotations
@@ -68,5 +68,6 @@ class Exports:
             folder = self.folder(kind)[0]
             single = kind == "llama" or kind in STATE_SPACE
             target = folder.parent / (f"{kind}.nnef.tgz" if single else f"{kind}_tract")
-            self._exports[kind] = llm.export(folder, target, io_samples=True)
+            # Whisper's with its log-mel front end (a third part for every command)
+            self._exports[kind] = llm.export(folder, target, io_samples=True, frontend=kind == "whisper")
         return self._exports[kind]

@@ -58,8 +58,12 @@ def whisper(seed: int = 0, **fields: Any) -> Any:
 
 
 def whisper_folder(path: Path, seed: int = 0) -> tuple[Path, Any]:
+    """The model's folder with the feature extractor's ``preprocessor_config.json``, as shipped."""
+    from transformers import WhisperFeatureExtractor
+
     model = whisper(seed)
     model.save_pretrained(path)
+    WhisperFeatureExtractor(feature_size=WHISPER["num_mel_bins"]).save_pretrained(path)
     return path, model
 
 

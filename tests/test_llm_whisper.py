@@ -8,6 +8,7 @@ inputs); ``torchlower.llm.generate(OUT, start_ids, N, input_features=...)`` in t
 from __future__ import annotations
 
 import json
+import shutil
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tests.cli_inprocess import run, run_json
 pytest.importorskip("transformers")
 import torchlower
 from torchlower import llm
+from torchlower.llm.seq2seq_frontend import fit_samples, speechlike, whisper_frontend
 from torchlower.llm.seq2seq_runner import Seq2SeqRunner
 
 START = [1]  # decoder_start_token_id of the tiny config
@@ -177,3 +179,46 @@ def test_q4_0_packs_the_tied_head_apart_from_the_table(tmp_path: Path) -> None:
         }
     assert headers["proj_out.weight.dat"][48:52] == bytes([0x40, 0x30, 0x52, 0x54])  # Q4_0 blocks
     assert headers["decoder.embed_tokens.weight.dat"][48:50] == bytes([0, 0])  # float
+
+
+def test_audio_through_the_bundled_front_end(
+    whisper: tuple[Path, Any], exported: Any, exports: Any, tmp_path: Path
+) -> None:
+    """``export(frontend=True)``: ``generate(audio=...)`` runs front end → encoder → decoder and
+    gives HF ``generate``'s tokens on ``WhisperFeatureExtractor(audio).input_features``; the
+    tract front end is within 1e-5 of the extractor's numpy features, a short utterance padded
+    and a long one trimmed as the extractor does."""
+    from transformers import WhisperFeatureExtractor
+
+    model = whisper[1]
+    manifest = json.loads((exported.path / "manifest.json").read_text())["frontend"]
+    assert manifest["inputs"] == {"audio": [1, 6400]} and manifest["sampling_rate"] == 16000
+    assert manifest["mel_filters"] == "preprocessor_config.json" and exported.frontend.errors
+    extractor = WhisperFeatureExtractor.from_pretrained(whisper[0])
+    runner = Seq2SeqRunner(exported.path)
+    for audio in (speechlike(6400, 16000, 3)[:5000], speechlike(9000, 16000, 4)):
+        features = extractor(audio, sampling_rate=16000, max_length=6400, return_tensors="pt").input_features
+        by_numpy = extractor._np_extract_fbank_features(fit_samples(audio, 6400, "test"), "cpu")
+        assert np.abs(runner.features(audio) - by_numpy).max() < 1e-5
+        want = _hf_generate(model, features, 32)
+        assert llm.generate(exported.path, START, 32, audio=audio) == want and len(set(want)) > 3
+    np.savez(tmp_path / "a.npz", audio=audio)
+    data = run_json("llm", "generate", exported.path, "--ids", "1", "-n", "32", "--media", tmp_path / "a.npz")
+    assert data["tokens"] == want and data["media"] == {"audio": [9000]}
+    # no preprocessor_config.json: the config's num_mel_bins with the extractor's defaults, the same bank
+    shipped = {"preprocessor_config.json": (whisper[0] / "preprocessor_config.json").read_bytes()}
+    fallback = whisper_frontend(model, {}, 40)
+    assert fallback.filters_from.startswith("config") and fallback.samples == 6400
+    assert torch.equal(fallback.module.filters, whisper_frontend(model, shipped, 40).module.filters)
+    bare = tmp_path / "bare"  # an export without the front end
+    shutil.copytree(exported.path, bare, ignore=shutil.ignore_patterns("frontend.nnef.tgz"))
+    plain = json.loads((bare / "manifest.json").read_text())
+    del plain["frontend"]
+    (bare / "manifest.json").write_text(json.dumps(plain))
+    with pytest.raises(
+        torchlower.errors.InvalidArgumentError, match=r"export with frontend=True .*--frontend"
+    ):
+        llm.generate(bare, START, 4, audio=audio)
+    assert llm.generate(bare, START, 4, input_features=features) == want[:4]
+    with pytest.raises(torchlower.errors.InvalidArgumentError, match="Whisper's log-mel front end"):
+        llm.export(exports.folder("speech2text")[0], tmp_path / "x", frontend=True)

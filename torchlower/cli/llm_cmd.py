@@ -51,6 +51,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--no-check", action="store_true", help="write without comparing with Hugging Face")
     p.add_argument("--io-samples", action="store_true", help="bundle io/*.npz input/output samples")
     p.add_argument(
+        "--frontend", action="store_true",
+        help="Whisper: also the log-mel front end as frontend.nnef.tgz (raw 16 kHz samples → input_features,"
+        " as WhisperFeatureExtractor); then llm generate takes audio",
+    )  # fmt: skip
+    p.add_argument(
         "--f32-parts",
         metavar="PARTS",
         help="with --precision f16: parts computed in f32, comma-separated from attention,norms,lm_head "
@@ -95,6 +100,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
             part=args.part,
             lora=args.lora,
             merge_lora=args.merge_lora,
+            frontend=args.frontend,
         )
     if hasattr(report, "media"):  # a multimodal LM: a folder of three archives
         data = multimodal_json(report)
@@ -181,7 +187,8 @@ def _render_parts(table: Table, data: dict[str, Any]) -> None:
 
 def seq2seq_json(report: Any) -> dict[str, Any]:
     encoder = json.loads((Path(report.path) / "manifest.json").read_text())["encoder"]
-    parts = _parts_json(report, ("encoder", "decoder"))
+    front = ("frontend",) if report.frontend is not None else ()
+    parts = _parts_json(report, (*front, "encoder", "decoder"))
     return {
         "ok": True,
         "path": str(report.path),

@@ -1,7 +1,8 @@
 """``torchlower llm generate ARTIFACT --ids 1,2,3 [-n N] [--media media.npz]``: decode in tract.
 
 The command form of ``torchlower.llm.generate``: a causal-LM or state-space archive, a speech
-encoder-decoder folder (``--media`` holds ``input_features``) or a multimodal LM folder
+encoder-decoder folder (``--media`` holds ``input_features``, or raw ``audio`` samples when
+exported with ``--frontend``) or a multimodal LM folder
 (``pixel_values``, or Qwen2-Audio's ``input_features`` and ``feature_attention_mask``).
 """
 
@@ -18,7 +19,7 @@ from torchlower.cli import specs
 from torchlower.cli.console import Output, show_progress
 from torchlower.cli.failures import usage_error
 
-MEDIA_KEYS = ("pixel_values", "input_features", "feature_attention_mask")
+MEDIA_KEYS = ("pixel_values", "input_features", "feature_attention_mask", "audio")
 
 
 def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
@@ -28,8 +29,8 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
         help="decode new tokens in tract from an exported archive or folder",
         description="Run prefill + decode in tract (torchlower.llm.generate): greedy unless --sample."
         " For a speech encoder-decoder the ids are the decoder's start tokens; media (log-mel"
-        " frames, pixels) come from --media, an .npz whose arrays are named as generate's"
-        f" arguments: {', '.join(MEDIA_KEYS)}.",
+        " frames, pixels, raw audio samples with a bundled --frontend) come from --media, an .npz"
+        f" whose arrays are named as generate's arguments: {', '.join(MEDIA_KEYS)}.",
     )
     p.add_argument("artifact", metavar="ARTIFACT", help="archive, or folder with manifest.json")
     p.add_argument("--ids", required=True, help="prompt token ids, comma-separated (e.g. 1,15043,29892)")

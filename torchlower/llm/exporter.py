@@ -115,6 +115,7 @@ def export(
     part: str | None = None,
     lora: str | os.PathLike[str] | None = None,
     merge_lora: bool = False,
+    frontend: bool = False,
 ) -> ExportReport | Seq2SeqReport | MultimodalReport:
     """Export a causal LM (a ``save_pretrained`` folder or a loaded model) for tract; a
     ``WhisperForConditionalGeneration`` (or Speech2Text's, Moonshine's) becomes a folder of two
@@ -142,6 +143,8 @@ def export(
     model's learned position tables.
     ``lora``: a peft LoRA adapter folder applied to the base (``llm/lora.py``): merged into the
     weights with ``merge_lora=True``, else kept as separate A/B tensors computed in the graph.
+    ``frontend`` (Whisper): also the log-mel front end as its own graph, raw 16 kHz samples → the
+    encoder's ``input_features`` as ``WhisperFeatureExtractor`` computes them (``seq2seq_frontend``).
     """
     started = time.perf_counter()
     _validate_options(precision, compress, embeddings, lm_head, logits, max_context, check, io_samples)
@@ -153,8 +156,13 @@ def export(
 
         return seq2seq.export(
             speech[0], speech[1], path, precision=precision, compress=compress, max_context=max_context,
-            check=check, io_samples=io_samples,
+            check=check, io_samples=io_samples, frontend=frontend,
         )  # fmt: skip
+    if frontend:
+        raise InvalidArgumentError(
+            f"{source}: frontend=True (--frontend) bundles Whisper's log-mel front end; this is not a"
+            " WhisperForConditionalGeneration folder: export without it"
+        )
     multimodal = open_named(source, vlm_families.ARCHITECTURES, mapped=True) if part is None else None
     if multimodal is not None:  # a vision/audio LM: a folder of three archives (vlm.py)
         _refuse_causal_options(embeddings, lm_head, logits, f32_parts, lora, "a multimodal LM")

@@ -41,6 +41,7 @@ def generate(
     pixel_values: Any = None,
     feature_attention_mask: Any = None,
     prefill_chunk: int | None = None,
+    audio: Any = None,
 ) -> list[int]:
     """The new token ids after ``input_ids`` (a list, or a [1, S] array/tensor), run in tract.
 
@@ -50,7 +51,8 @@ def generate(
     Moonshine's audio samples [1, samples]: the manifest's ``encoder.inputs``); decoding is
     greedy with the generation config's ``suppress_tokens`` / ``begin_suppress_tokens`` applied
     and its end-of-text id as the stop, as HF's Whisper ``generate`` does (timestamps and
-    language detection are not done).
+    language detection are not done). ``audio`` instead: raw samples [n] at 16 kHz, through the
+    log-mel front end an ``export(..., frontend=True)`` bundles (as ``WhisperFeatureExtractor``).
 
     Greedy by default (``do_sample=False``: the arg-max, ties to the lowest id as torch does);
     ``do_sample=True`` samples from softmax(logits / temperature), optionally over the
@@ -74,6 +76,8 @@ def generate(
             raise InvalidArgumentError(
                 f"{artifact}: a multimodal LM export decodes greedily (do_sample=False)"
             )
+        if audio is not None:  # its audio encoder takes the processor's features
+            raise InvalidArgumentError(f"{artifact}: audio= is for speech encoder-decoder exports")
         mm = vlm_runner.MultimodalRunner(artifact, kv=kv)
         media = pixel_values if mm.media["input"] == "pixel_values" else input_features
         if media is None and (pixel_values is not None or input_features is not None):
@@ -84,19 +88,22 @@ def generate(
     if pixel_values is not None:
         raise InvalidArgumentError(f"{artifact}: pixel_values= is for multimodal LM exports (LLaVA, …)")
     if seq2seq_runner.is_seq2seq(Path(artifact)):
-        if input_features is None or do_sample:
+        if (input_features is None) == (audio is None) or do_sample:
             raise InvalidArgumentError(
-                f"{artifact}: a speech encoder-decoder needs input_features= (log-mel frames) and decodes"
-                " greedily (do_sample=False)"
+                f"{artifact}: a speech encoder-decoder needs input_features= (log-mel frames) or audio="
+                " (raw samples, with the front end bundled), not both, and decodes greedily (do_sample=False)"
             )
         runner = seq2seq_runner.Seq2SeqRunner(artifact, kv=kv)
+        if audio is not None:
+            input_features = runner.features(audio)
         if max_new_tokens:  # the last new token is not fed back
             runner.refuse_past_context(prompt.shape[1] + max_new_tokens - 1)
         if eos_token_id is None:  # HF's default: the generation config's end of text
             stops = set(runner.manifest.get("generation", {}).get("eos_token_id", []))
         return runner.greedy(prompt[0].tolist(), max_new_tokens, input_features, stops, processors=True)[0]
-    if input_features is not None:
-        raise InvalidArgumentError(f"{artifact}: input_features= is for speech encoder-decoder exports")
+    if input_features is not None or audio is not None:
+        kwarg = "input_features=" if audio is None else "audio="
+        raise InvalidArgumentError(f"{artifact}: {kwarg} is for speech encoder-decoder exports")
     decoder = Decoder(artifact, kv=kv)
     if max_new_tokens:  # the last new token is not fed back
         decoder.refuse_past_context(prompt.shape[1] + max_new_tokens - 1)

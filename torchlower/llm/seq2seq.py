@@ -30,8 +30,10 @@ from torchlower import __version__
 from torchlower.core import progress
 from torchlower.core.staging import staged
 from torchlower.errors import InvalidArgumentError
+from torchlower.llm import seq2seq_frontend
 from torchlower.llm.part_export import dequantized_model, export_part, folder_target, judge_decoding, naming
 from torchlower.llm.seq2seq_families import context_limit, layout_of, parts
+from torchlower.llm.seq2seq_frontend import FrontEnd
 from torchlower.llm.seq2seq_head import table_names, untie_head
 from torchlower.llm.seq2seq_parts import Seq2SeqLayout
 from torchlower.pipeline import report
@@ -39,6 +41,7 @@ from torchlower.pipeline import report
 MANIFEST = "manifest.json"
 FORMAT = "torchlower.speech_seq2seq"
 ENCODER, DECODER = "encoder.nnef.tgz", "decoder.nnef.tgz"
+FRONTEND = "frontend.nnef.tgz"  # ``frontend=True``: raw samples → log-mel (seq2seq_frontend.py)
 # model_type → the class its config names (what ``open_speech_seq2seq`` loads)
 ARCHITECTURES = {
     "whisper": "WhisperForConditionalGeneration",
@@ -63,6 +66,7 @@ class Seq2SeqReport:
     encoder: report.ExportReport
     decoder: report.ExportReport
     archive_bytes: int
+    frontend: report.ExportReport | None = None  # ``frontend=True``: the log-mel graph
     seconds: float = 0.0
     bundled: list[str] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)  # tract's greedy tokens in the check
@@ -71,7 +75,8 @@ class Seq2SeqReport:
 
     @property
     def errors(self) -> list[Any]:
-        return [*self.encoder.errors, *self.decoder.errors]
+        extra = self.frontend.errors if self.frontend is not None else []
+        return [*extra, *self.encoder.errors, *self.decoder.errors]
 
 
 def is_speech_seq2seq(config: Any) -> bool:
@@ -89,9 +94,12 @@ def export(
     max_context: int | None = None,
     check: bool = True,
     io_samples: bool = False,
+    frontend: bool = False,
 ) -> Seq2SeqReport:
     """Write ``path`` (a folder) with the encoder and decoder archives and their manifest;
-    ``io_samples`` bundles each part's example and outputs (``io/example.npz``)."""
+    ``io_samples`` bundles each part's example and outputs (``io/example.npz``); ``frontend``
+    (Whisper) adds the log-mel front end as ``frontend.nnef.tgz``, raw samples → the encoder's
+    ``input_features`` (``generate(..., audio=...)``), in f32 whatever ``precision``."""
     started = time.perf_counter()
     target = folder_target(path, "a speech encoder-decoder")
     model = model.eval()
@@ -104,10 +112,19 @@ def export(
             f" {table}); pass max_context <= {limit}"
         )
     props = _properties(model, layout, context, precision, compress)
+    front = _frontend(model, files, layout) if frontend else None
     encoder, decoder = parts(model, layout)
     aliases = untie_head(decoder, model) if compress == "q4_0" else {}  # the head packs apart
     with staged(target) as folder, naming(folder, target):
         folder.mkdir()
+        front_report = None
+        if front is not None:
+            with progress.stage("front end"):  # f32: log10 of a 1e-10 floor is not f16's
+                front_report, _ = export_part(
+                    front.module, (front.example(),), folder / FRONTEND, [seq2seq_frontend.INPUT],
+                    [seq2seq_frontend.OUTPUT], None, "f32", None, check, [],
+                    props | {"torchlower.llm.part": "frontend"}, {}, io_samples=io_samples,
+                )  # fmt: skip
         with progress.stage("encoder"):
             # a dynamic time axis goes through the jit front end (torch.export specializes the
             # convolutions' lengths and the position table's size tests)
@@ -124,13 +141,14 @@ def export(
                 compress, check, _bounds(context), props | {"torchlower.llm.part": "decoder"}, files,
                 keep_float=table_names(decoder, model), io_samples=io_samples,
             )  # fmt: skip
-        (folder / MANIFEST).write_text(
-            json.dumps(_manifest(model, layout, context, precision, compress), indent=1)
-        )
+        manifest = _manifest(model, layout, context, precision, compress)
+        if front is not None:
+            manifest["frontend"] = front.manifest(FRONTEND)
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
         result = Seq2SeqReport(
             folder, str(model.config.model_type), type(model).__name__,
             sum(p.numel() for p in model.parameters()), layout.layers, context, precision, compress,
-            enc, dec, 0, bundled=sorted(files),
+            enc, dec, 0, frontend=front_report, bundled=sorted(files),
         )  # fmt: skip
         if check:
             reference_model = dequantized_model(
@@ -141,6 +159,8 @@ def export(
         result.archive_bytes = sum(f.stat().st_size for f in folder.iterdir())
     result.path = target
     result.encoder.path, result.decoder.path = target / ENCODER, target / DECODER
+    if result.frontend is not None:
+        result.frontend.path = target / FRONTEND
     result.seconds = time.perf_counter() - started
     return result
 
@@ -188,6 +208,15 @@ def hf_decode(
             tokens.append(int(out.logits[0, -1].argmax()) if forced is None else forced[i])
             feed = torch.tensor([[tokens[-1]]])
     return tokens, np.stack(rows)
+
+
+def _frontend(model: nn.Module, files: dict[str, bytes], layout: Seq2SeqLayout) -> FrontEnd:
+    if str(model.config.model_type) != "whisper":
+        raise InvalidArgumentError(
+            f"frontend=True (--frontend) bundles Whisper's log-mel front end; {type(model).__name__}"
+            " takes its features from its own extractor: export without it"
+        )
+    return seq2seq_frontend.whisper_frontend(model, files, int(layout.frames))
 
 
 def _features(layout: Seq2SeqLayout, seed: int = 0) -> torch.Tensor:

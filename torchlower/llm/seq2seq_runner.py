@@ -16,6 +16,7 @@ from torchlower.errors import InvalidArgumentError
 from torchlower.llm.context import ContextLengthError
 from torchlower.llm.manifest import part_path, tract_load
 from torchlower.llm.manifest import read_manifest as read_format_manifest
+from torchlower.llm.seq2seq_frontend import fit_samples
 
 MANIFEST = "manifest.json"
 FORMAT = "torchlower.speech_seq2seq"
@@ -43,6 +44,10 @@ class Seq2SeqRunner:
             part_path(self.folder, self.manifest, p) for p in ("encoder", "decoder")
         )
         self.encoder = tract_load(nnef, encoder_path).into_runnable()
+        self.frontend = None  # ``export(frontend=True)``: raw samples → input_features
+        if "frontend" in self.manifest:
+            frontend_path = part_path(self.folder, self.manifest, "frontend")
+            self.frontend = tract_load(nnef, frontend_path).into_runnable()
         self.n_cache = (
             len(self.manifest["decoder"]["inputs"]) - 1 - len(self.manifest["decoder"]["cross_inputs"])
         )
@@ -99,6 +104,18 @@ class Seq2SeqRunner:
         # for whisper-tiny's 8 cross tensors of [1, 6, 1500, 64])
         self.cross = list(self.encoder.run([np.ascontiguousarray(array, np.float32)]))
         self.reset()
+
+    def features(self, audio: Any) -> np.ndarray:
+        """The encoder's ``input_features`` of raw ``audio`` samples ([n] or [1, n] at the
+        manifest's sampling rate), padded or trimmed as the feature extractor does, by the
+        bundled front end; ``InvalidArgumentError`` when the export has none."""
+        if self.frontend is None:
+            raise InvalidArgumentError(
+                f"{self.folder}: audio= needs the log-mel front end bundled; export with"
+                " frontend=True (torchlower llm export --frontend), or pass input_features="
+            )
+        samples = int(self.manifest["frontend"]["samples"])
+        return self.frontend.run([fit_samples(audio, samples, str(self.folder))])[0].to_numpy()
 
     def refuse_past_context(self, needed: int) -> None:
         """``ContextLengthError`` if ``needed`` decoder positions do not fit the archive's bound."""
