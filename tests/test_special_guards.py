@@ -57,6 +57,20 @@ def test_clamp_family_keeps_nan_and_negative_zero(frontend: str, tmp_path: Path)
     _equal(Clamps(), (torch.tensor([ROW]),), frontend, tmp_path)
 
 
+class SignedZeroBounds(nn.Module):
+    """A ``-0.0`` bound beside ``0.0`` literals: tract merged the two constants (``-0.0 == 0.0``),
+    so ``clamp_min(sign(x), 0.0)`` gave -0.0 for negative x and ``1 // that`` -inf (the fuzz's
+    case)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        lifted = torch.clamp_min(torch.sign(x), 0.0)
+        return torch.clamp_max(x, -0.0), torch.clamp_min(x, -0.0), 1 // lifted, torch.clamp(x, -0.0, 0.0)
+
+
+def test_a_negative_zero_bound_beside_a_zero_literal(frontend: str, tmp_path: Path) -> None:
+    _equal(SignedZeroBounds(), (torch.tensor([ROW]),), frontend, tmp_path)
+
+
 class Args(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         m = x.reshape(3, 4)

@@ -162,10 +162,15 @@ def neg(b: Builder, x: Value) -> Value:
 
 @rule("aten::sign", "aten::sign_", "aten::sgn")
 def sign(b: Builder, x: Value) -> Value:
-    """sign(Tensor self) -> Tensor"""
+    """sign(Tensor self) -> Tensor
+
+    torch's sign of NaN is 0; tract's is NaN."""
     if x.dtype == torch.bool:
         return x
-    return unary(b, "sign", x)
+    if x.dtype is None or not x.dtype.is_floating_point:
+        return unary(b, "sign", x)
+    nan = b.call("tract_core_is_nan", [x], dtype=torch.bool, shape=x.shape)
+    return select(b, nan, 0.0, unary(b, "sign", x))
 
 
 @rule("aten::log1p", "aten::log1p_")

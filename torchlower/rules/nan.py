@@ -17,13 +17,14 @@ measured cost on a ResNet-18).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
 from torchlower.core.values import Value, constant
 from torchlower.rules.common import Builder, cast
-from torchlower.rules.math import binary, select
+from torchlower.rules.math import binary, select, unary
 
 
 def is_float(x: object) -> bool:
@@ -48,10 +49,10 @@ def bounded(b: Builder, x: Value, lo: float | None, hi: float | None) -> Value:
     ``-0.0`` stays ``-0.0`` against a bound 0 (tract's ``max`` / ``relu`` give the bound, +0)."""
     y = x
     if lo is not None:
-        y = select(b, _compare(b, "lt", y, lo), _operand(b, x, lo), y)
+        y = select(b, _compare(b, "lt", y, abs(lo) if lo == 0 else lo), _bound(b, x, lo), y)
     first = y
     if hi is not None:
-        y = select(b, _compare(b, "gt", y, hi), _operand(b, x, hi), y)
+        y = select(b, _compare(b, "gt", y, abs(hi) if hi == 0 else hi), _bound(b, x, hi), y)
     b.clamps[y.name] = (x, lo, hi, first)  # guards_values.fused_clamps may make it tract's max / min again
     return y
 
@@ -64,6 +65,17 @@ def _compare(b: Builder, op: str, x: Value, bound: float) -> Value:
         return binary(b, op, x, bound)
     finally:
         b.hint = hint
+
+
+def _bound(b: Builder, x: Value, bound: float) -> Value | float:
+    """The value a clamp selects. A ``-0.0`` bound is computed from ``x``: tract merges equal
+    constants and ``-0.0 == 0.0``, so a ``-0.0`` constant and any ``0.0`` literal of the graph
+    become one (both +0 or both -0; docs/reliability.md). ``-|s - s|`` with ``s = sign(x)`` is
+    -0.0 wherever x is not NaN (inf included), and a NaN x never selects the bound."""
+    if bound != 0 or math.copysign(1.0, bound) > 0:
+        return _operand(b, x, bound)
+    s = unary(b, "sign", x)
+    return unary(b, "neg", unary(b, "abs", binary(b, "sub", s, s)))
 
 
 def _operand(b: Builder, x: Value, bound: float) -> Value | float:
