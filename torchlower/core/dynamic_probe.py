@@ -65,12 +65,7 @@ def needed_multiples(spec: Any, run: Any, example: Sequence[torch.Tensor]) -> di
         def runs(value: int, s: str = s, lo: int = lo, hi: int | None = hi) -> bool | None:
             if value < lo or (hi is not None and value > hi):
                 return None
-            try:
-                with torch.no_grad():
-                    run(spec.example_at(example, {**spec.base, s: value}))
-            except Exception:
-                return False
-            return True
+            return _runs_at(run, spec, example, s, value)
 
         if runs(v + 1) is not False:
             continue
@@ -129,12 +124,7 @@ def lowest_size(spec: Any, run: Any, example: Sequence[torch.Tensor], s: str) ->
     lo = spec.bounds.get(s, (1, None))[0]
 
     def runs(value: int) -> bool:
-        try:
-            with torch.no_grad():
-                run(spec.example_at(example, {**spec.base, s: value}))
-        except Exception:
-            return False
-        return True
+        return _runs_at(run, spec, example, s, value)
 
     fails, ok = lo, spec.base[s]
     if fails >= ok or runs(fails):
@@ -143,3 +133,13 @@ def lowest_size(spec: Any, run: Any, example: Sequence[torch.Tensor], s: str) ->
         mid = (fails + ok) // 2
         fails, ok = (fails, mid) if runs(mid) else (mid, ok)
     return ok
+
+
+def _runs_at(run: Any, spec: Any, example: Sequence[torch.Tensor], s: str, value: int) -> bool:
+    """Whether eager PyTorch runs the example with symbol ``s`` at ``value``."""
+    try:
+        with torch.no_grad():
+            run(spec.example_at(example, {**spec.base, s: value}))
+    except Exception:
+        return False
+    return True
